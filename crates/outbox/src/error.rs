@@ -1,0 +1,113 @@
+//! Errors of the store layer and of enqueue.
+//!
+//! One `thiserror` enum per layer: [`Error`] for everything that touches the store
+//! (enqueue, claim, mark, migrate, status), [`crate::sink::PublishError`] for a sink.
+
+use std::time::Duration;
+
+/// An error from the outbox library (enqueue, the store, the relay's store calls).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The message was refused before anything was written: the producer's transaction is
+    /// untouched and may go on or roll back.
+    #[error("invalid message: {0}")]
+    InvalidMessage(String),
+
+    /// Key + headers + payload exceed the store's configured limit.
+    #[error(
+        "message too large: {size} bytes (payload, key and headers) exceed the limit of {limit} bytes; raise max_message_bytes or split the message"
+    )]
+    MessageTooLarge {
+        /// Size of payload + key + header names and values, in bytes.
+        size: usize,
+        /// The configured limit, in bytes.
+        limit: usize,
+    },
+
+    /// A schema or table name that is not a plain SQL identifier.
+    #[error(
+        "invalid identifier {0:?}: use 1-63 characters of a-z, 0-9 and _, starting with a letter or _"
+    )]
+    InvalidIdentifier(String),
+
+    /// The database URL names a store this build does not know.
+    #[error(
+        "unsupported database URL {0:?}: expected postgres://…, postgresql://… or sqlite://PATH"
+    )]
+    UnsupportedDatabaseUrl(String),
+
+    /// The outbox tables are missing or older than this build.
+    #[error(
+        "the outbox schema {schema:?} is not migrated (found version {found}, need {expected}): run `outbox migrate` first"
+    )]
+    NotMigrated {
+        /// Schema (PostgreSQL) or table prefix (SQLite).
+        schema: String,
+        /// The version found in the store (0 when the tables are absent).
+        found: i64,
+        /// The version this build needs.
+        expected: i64,
+    },
+
+    /// A row read from the store does not have the expected shape (for example headers
+    /// that are not a JSON object of strings).
+    #[error("malformed row {id} in the outbox: {reason}")]
+    MalformedRow {
+        /// Primary key of the row.
+        id: i64,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The database failed or could not be reached.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+
+    /// A store operation did not finish in time.
+    #[error("store operation timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+impl Error {
+    /// True when retrying the same call later can succeed (connection loss, timeouts,
+    /// serialization failures, lock timeouts, a busy SQLite database).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Timeout(_) => true,
+            Error::Database(e) => match e {
+                sqlx::Error::Io(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed
+                | sqlx::Error::Protocol(_)
+                | sqlx::Error::Tls(_) => true,
+                sqlx::Error::Database(db) => {
+                    let code = db.code().unwrap_or_default();
+                    // PostgreSQL: 40001 serialization, 40P01 deadlock, 57P01..03 shutdown,
+                    // 08xxx connection; SQLite: 5 BUSY, 6 LOCKED (extended codes end in them).
+                    code.starts_with("08")
+                        || code.starts_with("57P")
+                        || code == "40001"
+                        || code == "40P01"
+                        || code == "55P03"
+                        || is_sqlite_busy(&code)
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}
+
+/// SQLite result codes are numbers (extended codes keep the primary code in the low byte);
+/// PostgreSQL's SQLSTATEs are five characters, so the two cannot be confused.
+fn is_sqlite_busy(code: &str) -> bool {
+    code.len() <= 4
+        && code
+            .parse::<u32>()
+            .is_ok_and(|n| matches!(n & 0xff, 5 | 6))
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

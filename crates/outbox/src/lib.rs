@@ -1,0 +1,31 @@
+//! # outbox — a transactional outbox for Rust services
+//!
+//! A service writes "publish this message" as a row in the same database transaction as
+//! its business change ([`postgres::PgStore::enqueue`], [`sqlite::SqliteStore::enqueue`],
+//! or the `outbox.enqueue(...)` SQL function from any language). A [`Relay`] claims due
+//! rows, publishes them to a [`Sink`], waits for each confirmation, and only then marks
+//! them dispatched: delivery is **at least once**, and every message carries a stable
+//! message id for consumers to deduplicate on.
+//!
+//! Modules: [`message`] (what producers enqueue), [`store`] (where messages live),
+//! [`sink`] (where they go), [`relay`] (the loop between), [`backoff`].
+
+pub mod backoff;
+pub mod error;
+pub mod ident;
+pub mod message;
+pub mod relay;
+pub mod sink;
+pub mod store;
+
+pub use error::{Error, Result};
+pub use ident::Ident;
+pub use message::{Contract, Enqueued, Message, OutgoingMessage};
+pub use relay::{Relay, RelayConfig, RelayError, RelayHandle, RelayStats};
+pub use sink::{PublishError, Sink};
+pub use store::{AnyStore, Counts, Store, StoreConfig};
+
+#[cfg(feature = "postgres")]
+pub use store::postgres;
+#[cfg(feature = "sqlite")]
+pub use store::sqlite;

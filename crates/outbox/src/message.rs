@@ -1,0 +1,344 @@
+//! What a producer enqueues: [`Message`], its builder, and the typed [`Contract`] path.
+
+use crate::error::Error;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use uuid::Uuid;
+
+/// Header names the envelope reserves; they are stored among the headers and sent by every
+/// sink. A user header with one of these names is refused at enqueue.
+pub mod header {
+    /// Correlation id: the request or saga this message belongs to.
+    pub const CORRELATION_ID: &str = "correlation-id";
+    /// Causation id: the message id of the message that caused this one.
+    pub const CAUSATION_ID: &str = "causation-id";
+    /// W3C Trace Context `traceparent` (<https://www.w3.org/TR/trace-context/>).
+    pub const TRACEPARENT: &str = "traceparent";
+    /// W3C Trace Context `tracestate`.
+    pub const TRACESTATE: &str = "tracestate";
+    /// Media type of the payload, e.g. `application/json`.
+    pub const CONTENT_TYPE: &str = "content-type";
+    /// The message id (set by sinks from the row, never stored as a header).
+    pub const MESSAGE_ID: &str = "message-id";
+    /// The topic (set by sinks from the row).
+    pub const TOPIC: &str = "topic";
+    /// The key (set by sinks from the row when present).
+    pub const KEY: &str = "key";
+    /// When the producer enqueued the message, RFC 3339 (set by sinks from the row).
+    pub const OCCURRED_AT: &str = "occurred-at";
+
+    /// Names a producer may not set through [`super::Message::header`]: they come from the
+    /// row itself.
+    pub const RESERVED: [&str; 4] = [MESSAGE_ID, TOPIC, KEY, OCCURRED_AT];
+}
+
+/// Longest topic accepted, in bytes.
+pub const MAX_TOPIC_BYTES: usize = 255;
+
+/// One publication intent: envelope + opaque payload bytes.
+///
+/// Build it with [`Message::new`] (bytes) or [`Message::json`] (serde), then enqueue it with
+/// the store's `enqueue` inside your own transaction.
+///
+/// ```
+/// use outbox::Message;
+/// let msg = Message::new("orders.order-placed.v1", br#"{"order":42}"#.to_vec())
+///     .key("order-42")
+///     .header("tenant", "acme")
+///     .correlation_id("req-7");
+/// assert_eq!(msg.topic(), "orders.order-placed.v1");
+/// ```
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub(crate) message_id: Uuid,
+    pub(crate) topic: String,
+    pub(crate) key: Option<String>,
+    pub(crate) payload: Bytes,
+    pub(crate) headers: BTreeMap<String, String>,
+    pub(crate) available_at: Option<DateTime<Utc>>,
+}
+
+impl Message {
+    /// A message on `topic` carrying `payload` (opaque bytes; never logged). The message id
+    /// is a fresh UUIDv7 unless [`Message::message_id`] sets one.
+    pub fn new(topic: impl Into<String>, payload: impl Into<Bytes>) -> Self {
+        Message {
+            message_id: Uuid::now_v7(),
+            topic: topic.into(),
+            key: None,
+            payload: payload.into(),
+            headers: BTreeMap::new(),
+            available_at: None,
+        }
+    }
+
+    /// A message whose payload is `value` as JSON, with `content-type: application/json`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidMessage`] when `value` cannot be serialized.
+    pub fn json<T: Serialize + ?Sized>(topic: impl Into<String>, value: &T) -> Result<Self, Error> {
+        let payload = serde_json::to_vec(value)
+            .map_err(|e| Error::InvalidMessage(format!("payload is not serializable: {e}")))?;
+        Ok(Message::new(topic, payload).header(header::CONTENT_TYPE, "application/json"))
+    }
+
+    /// A message for a typed [`Contract`]: topic from [`Contract::TOPIC`], JSON payload.
+    ///
+    /// # Errors
+    /// As [`Message::json`].
+    pub fn from_contract<C: Contract>(value: &C) -> Result<Self, Error> {
+        Message::json(C::TOPIC, value)
+    }
+
+    /// Sets the message id. Use a stable id (derived from the business operation) to make a
+    /// retried producer idempotent: enqueue returns the existing row instead of a second one.
+    pub fn message_id(mut self, id: Uuid) -> Self {
+        self.message_id = id;
+        self
+    }
+
+    /// Sets the ordering / partition key (usually the aggregate id).
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Adds a user header (text). Names in [`header::RESERVED`] are refused at enqueue.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+
+    /// Sets the correlation id header.
+    pub fn correlation_id(self, id: impl Into<String>) -> Self {
+        self.header(header::CORRELATION_ID, id)
+    }
+
+    /// Sets the causation id header (usually the message id of the message being handled).
+    pub fn causation_id(self, id: impl Into<String>) -> Self {
+        self.header(header::CAUSATION_ID, id)
+    }
+
+    /// Sets W3C trace context headers (`traceparent`, optional `tracestate`).
+    pub fn trace_context(self, traceparent: impl Into<String>, tracestate: Option<String>) -> Self {
+        let m = self.header(header::TRACEPARENT, traceparent);
+        match tracestate {
+            Some(s) => m.header(header::TRACESTATE, s),
+            None => m,
+        }
+    }
+
+    /// Delays delivery: the relay does not claim the message before `at` (compared with the
+    /// database clock).
+    pub fn available_at(mut self, at: DateTime<Utc>) -> Self {
+        self.available_at = Some(at);
+        self
+    }
+
+    /// The message id.
+    pub fn id(&self) -> Uuid {
+        self.message_id
+    }
+
+    /// The topic.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The payload bytes.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// Bytes counted against the size limit: payload + key + header names and values.
+    pub fn size(&self) -> usize {
+        self.payload.len()
+            + self.topic.len()
+            + self.key.as_ref().map_or(0, String::len)
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
+    }
+
+    /// Checks everything a store needs before writing: topic shape, no NUL in text fields
+    /// (PostgreSQL text and jsonb cannot hold it), reserved header names, the size limit.
+    ///
+    /// # Errors
+    /// [`Error::InvalidMessage`] or [`Error::MessageTooLarge`].
+    pub fn validate(&self, max_message_bytes: usize) -> Result<(), Error> {
+        let t = &self.topic;
+        if t.is_empty() || t.len() > MAX_TOPIC_BYTES {
+            return Err(Error::InvalidMessage(format!(
+                "topic must be 1-{MAX_TOPIC_BYTES} bytes, got {}",
+                t.len()
+            )));
+        }
+        if t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(Error::InvalidMessage(format!(
+                "topic {t:?} contains whitespace or control characters"
+            )));
+        }
+        if self.key.as_deref().is_some_and(|k| k.contains('\0')) {
+            return Err(Error::InvalidMessage("key contains a NUL character".into()));
+        }
+        for (name, value) in &self.headers {
+            if name.is_empty() || name.contains('\0') || value.contains('\0') {
+                return Err(Error::InvalidMessage(format!(
+                    "header {name:?}: names must be non-empty and text must not contain NUL"
+                )));
+            }
+            if header::RESERVED.contains(&name.as_str()) {
+                return Err(Error::InvalidMessage(format!(
+                    "header {name:?} is reserved: it is set from the message itself"
+                )));
+            }
+        }
+        let size = self.size();
+        if size > max_message_bytes {
+            return Err(Error::MessageTooLarge {
+                size,
+                limit: max_message_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn headers_json(&self) -> serde_json::Value {
+        serde_json::Value::Object(
+            self.headers
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect(),
+        )
+    }
+}
+
+/// A typed message contract: a versioned topic name and a serde payload, so services enqueue
+/// `OrderPlacedV1 { .. }` instead of spelling strings.
+///
+/// ```
+/// use outbox::{Contract, Message};
+/// #[derive(serde::Serialize)]
+/// struct OrderPlacedV1 { order_id: u64 }
+/// impl Contract for OrderPlacedV1 { const TOPIC: &'static str = "orders.order-placed.v1"; }
+/// let msg = Message::from_contract(&OrderPlacedV1 { order_id: 7 }).unwrap();
+/// assert_eq!(msg.topic(), "orders.order-placed.v1");
+/// ```
+pub trait Contract: Serialize {
+    /// The versioned topic, e.g. `orders.order-placed.v1`. Change the version when the
+    /// payload changes incompatibly; never derive it from a Rust type name.
+    const TOPIC: &'static str;
+}
+
+/// What enqueue returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    /// Primary key of the row (claim order).
+    pub id: i64,
+    /// The message id.
+    pub message_id: Uuid,
+    /// False when a row with this message id already existed and was returned instead.
+    pub inserted: bool,
+}
+
+/// A claimed message as the relay hands it to a sink: the envelope and the payload.
+#[derive(Debug, Clone)]
+pub struct OutgoingMessage {
+    /// Primary key of the row.
+    pub id: i64,
+    /// The message id (stable across retries; the consumer's deduplication key).
+    pub message_id: Uuid,
+    /// The topic.
+    pub topic: String,
+    /// The ordering / partition key.
+    pub key: Option<String>,
+    /// Opaque payload bytes.
+    pub payload: Bytes,
+    /// User and envelope headers (correlation id, trace context, content type, …).
+    pub headers: BTreeMap<String, String>,
+    /// When the producer enqueued it (database clock).
+    pub occurred_at: DateTime<Utc>,
+    /// Attempts so far, this one included.
+    pub attempts: i32,
+}
+
+impl OutgoingMessage {
+    /// The full envelope as header pairs: message id, topic, key, occurred-at (RFC 3339),
+    /// then the stored headers. Sinks that carry headers send exactly these.
+    pub fn envelope_headers(&self) -> Vec<(&str, String)> {
+        let mut out = Vec::with_capacity(self.headers.len() + 4);
+        out.push((header::MESSAGE_ID, self.message_id.to_string()));
+        out.push((header::TOPIC, self.topic.clone()));
+        if let Some(k) = &self.key {
+            out.push((header::KEY, k.clone()));
+        }
+        out.push((
+            header::OCCURRED_AT,
+            self.occurred_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        ));
+        for (k, v) in &self.headers {
+            out.push((k.as_str(), v.clone()));
+        }
+        out
+    }
+
+    /// Bytes of payload + topic + key + headers (what a broker's size limit counts, roughly).
+    pub fn size(&self) -> usize {
+        self.payload.len()
+            + self.topic.len()
+            + self.key.as_ref().map_or(0, String::len)
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_rejects_bad_input_with_reasons() {
+        let ok = Message::new("a.b.v1", vec![1, 2, 3]);
+        assert!(ok.validate(1024).is_ok());
+        assert!(matches!(
+            Message::new("", vec![]).validate(1024),
+            Err(Error::InvalidMessage(_))
+        ));
+        assert!(matches!(
+            Message::new("a b", vec![]).validate(1024),
+            Err(Error::InvalidMessage(_))
+        ));
+        assert!(matches!(
+            Message::new("t", vec![]).header("topic", "x").validate(1024),
+            Err(Error::InvalidMessage(_))
+        ));
+        assert!(matches!(
+            Message::new("t", vec![]).header("h", "a\0b").validate(1024),
+            Err(Error::InvalidMessage(_))
+        ));
+        let big = Message::new("t", vec![0u8; 1000]).header("h", "x".repeat(30));
+        match big.validate(1024) {
+            Err(Error::MessageTooLarge { size, limit }) => {
+                assert_eq!(size, 1000 + 1 + 1 + 30);
+                assert_eq!(limit, 1024);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn message_ids_are_v7_and_unique() {
+        let a = Message::new("t", vec![]);
+        let b = Message::new("t", vec![]);
+        assert_ne!(a.id(), b.id());
+        assert_eq!(a.id().get_version_num(), 7);
+    }
+}

@@ -1,0 +1,288 @@
+//! The store seam: where messages live, and the operations the relay needs.
+//!
+//! Every implementation keeps the row lifecycle of the design notes:
+//!
+//! ```text
+//! pending(0) --claim--> claimed(1) --confirmed, mark--> dispatched(2)
+//! claimed --transient error--> pending (available_at = now + backoff)
+//! claimed --permanent error or attempts > max--> dead(3)
+//! claimed --lease expired--> claimable again (attempt already counted)
+//! claimed --release on shutdown--> pending (attempt given back)
+//! ```
+//!
+//! Architecture invariants:
+//! - every time comparison uses the database clock, never the relay's;
+//! - every update after a claim is guarded by `claim_token` and `status = 1`, so a stale
+//!   claimant changes nothing;
+//! - no method holds a transaction open after it returns.
+
+use crate::error::Result;
+use crate::ident::Ident;
+use crate::message::OutgoingMessage;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use std::time::Duration;
+use uuid::Uuid;
+
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
+/// Row status codes, as stored in the `status` column.
+pub mod status {
+    /// Waiting to be claimed (possibly not yet available).
+    pub const PENDING: i16 = 0;
+    /// Claimed by a relay until `locked_until`.
+    pub const CLAIMED: i16 = 1;
+    /// The sink confirmed it.
+    pub const DISPATCHED: i16 = 2;
+    /// Quarantined: permanent error or attempts exhausted.
+    pub const DEAD: i16 = 3;
+}
+
+/// Default limit on payload + topic + key + headers, in bytes (4 MiB).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Settings shared by every store.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// PostgreSQL schema, or the SQLite table prefix (`outbox` → `outbox_messages`).
+    pub schema: Ident,
+    /// Largest message enqueue accepts (payload + topic + key + headers), in bytes.
+    pub max_message_bytes: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            schema: Ident::default(),
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+        }
+    }
+}
+
+/// What a relay asks for when it claims.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    /// Written to `claimed_by` for operators (host:pid or a name).
+    pub relay_id: String,
+    /// Most rows to claim at once.
+    pub batch_size: u32,
+    /// How long the claim holds; after it, other relays may claim the rows again.
+    pub lease: Duration,
+}
+
+/// A claimed batch: the token that fences every later update, and the rows (by id order).
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// The claim token written to every row of this claim.
+    pub token: Uuid,
+    /// The claimed messages, ordered by primary key.
+    pub messages: Vec<OutgoingMessage>,
+    /// Claimed rows that could not be read as messages (for example headers written by
+    /// hand that are not a JSON object of strings). The relay quarantines them with the
+    /// reason; they never stop the rest of the batch.
+    pub malformed: Vec<Dead>,
+}
+
+/// A transient failure to reschedule: the row becomes pending again after `delay`
+/// (added to the database clock).
+#[derive(Debug, Clone)]
+pub struct Retry {
+    /// Primary key.
+    pub id: i64,
+    /// Backoff before the row is due again.
+    pub delay: Duration,
+    /// Error text kept in `last_error` (never the payload).
+    pub error: String,
+}
+
+/// A row to quarantine, with the reason kept in `last_error`.
+#[derive(Debug, Clone)]
+pub struct Dead {
+    /// Primary key.
+    pub id: i64,
+    /// Why it was quarantined.
+    pub error: String,
+}
+
+/// Row counts by status, as `outbox status --json` prints them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Counts {
+    /// Rows waiting (including delayed and backed-off ones).
+    pub pending: i64,
+    /// Rows under a claim (live or expired lease).
+    pub claimed: i64,
+    /// Rows the sink confirmed and that retention has not purged yet.
+    pub dispatched: i64,
+    /// Quarantined rows.
+    pub dead: i64,
+    /// Seconds since the oldest pending row was enqueued (database clock); `None` when
+    /// nothing is pending.
+    pub oldest_pending_age_seconds: Option<i64>,
+}
+
+/// The pause switch.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PauseState {
+    /// True while relays must not publish.
+    pub paused: bool,
+    /// Why, as given by whoever paused.
+    pub reason: Option<String>,
+    /// When the switch last changed (database clock).
+    pub changed_at: Option<DateTime<Utc>>,
+}
+
+/// The operations a relay, the CLI and the tests need from a store.
+///
+/// Implementations: [`postgres::PgStore`], [`sqlite::SqliteStore`], and [`AnyStore`] to
+/// pick one from a URL.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Creates or upgrades the schema; idempotent and safe to run concurrently.
+    async fn migrate(&self) -> Result<()>;
+
+    /// Fails with [`crate::Error::NotMigrated`] unless the schema is at this build's version.
+    async fn check_schema(&self) -> Result<()>;
+
+    /// Claims up to `batch_size` due rows in one statement: sets status claimed, a fresh
+    /// claim token, `locked_until = now + lease`, and counts the attempt.
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim>;
+
+    /// Marks confirmed rows dispatched. Returns how many rows changed (rows whose claim
+    /// was lost are not changed).
+    async fn mark_dispatched(&self, token: Uuid, ids: &[i64]) -> Result<u64>;
+
+    /// Puts transiently failed rows back to pending with their backoff and error.
+    async fn reschedule(&self, token: Uuid, retries: &[Retry]) -> Result<u64>;
+
+    /// Moves rows to dead with their error.
+    async fn quarantine(&self, token: Uuid, dead: &[Dead]) -> Result<u64>;
+
+    /// Gives claimed rows back (due now) and gives back the attempt the claim counted.
+    async fn release(&self, token: Uuid, ids: &[i64]) -> Result<u64>;
+
+    /// Reads the pause switch.
+    async fn pause_state(&self) -> Result<PauseState>;
+
+    /// Pauses (`Some(reason)`) or resumes (`None`) every relay of this store.
+    async fn set_pause(&self, reason: Option<&str>) -> Result<()>;
+
+    /// Row counts by status.
+    async fn counts(&self) -> Result<Counts>;
+
+    /// A counter that moves whenever new rows may be due (a `NOTIFY`, a commit seen by the
+    /// store). The relay marks it seen before each claim and, when a claim finds nothing,
+    /// waits for a change or its poll interval, whichever comes first; so a commit between
+    /// the claim and the wait is never missed. Starts the store's watcher on first call.
+    /// A broken wake-up channel never fails the relay: it degrades to polling.
+    fn wakeups(&self) -> tokio::sync::watch::Receiver<u64>;
+}
+
+/// A store chosen at run time from a database URL.
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum AnyStore {
+    /// PostgreSQL.
+    #[cfg(feature = "postgres")]
+    Postgres(postgres::PgStore),
+    /// SQLite.
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlite::SqliteStore),
+}
+
+impl AnyStore {
+    /// Connects to `url`: `postgres://…`/`postgresql://…` or `sqlite://PATH` (the file is
+    /// created when missing; `sqlite::memory:` is refused since relays need a shared file).
+    ///
+    /// # Errors
+    /// [`crate::Error::UnsupportedDatabaseUrl`] for other schemes; database errors when the
+    /// connection fails.
+    pub async fn connect(url: &str, config: StoreConfig) -> Result<Self> {
+        #[cfg(feature = "postgres")]
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(AnyStore::Postgres(
+                postgres::PgStore::connect(url, config).await?,
+            ));
+        }
+        #[cfg(feature = "sqlite")]
+        if url.starts_with("sqlite:") && !url.contains(":memory:") {
+            return Ok(AnyStore::Sqlite(
+                sqlite::SqliteStore::connect(url, config).await?,
+            ));
+        }
+        let _ = config;
+        Err(crate::Error::UnsupportedDatabaseUrl(url.to_owned()))
+    }
+
+    fn inner(&self) -> &dyn Store {
+        match self {
+            #[cfg(feature = "postgres")]
+            AnyStore::Postgres(s) => s,
+            #[cfg(feature = "sqlite")]
+            AnyStore::Sqlite(s) => s,
+        }
+    }
+}
+
+#[async_trait]
+impl Store for AnyStore {
+    async fn migrate(&self) -> Result<()> {
+        self.inner().migrate().await
+    }
+    async fn check_schema(&self) -> Result<()> {
+        self.inner().check_schema().await
+    }
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim> {
+        self.inner().claim(req).await
+    }
+    async fn mark_dispatched(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
+        self.inner().mark_dispatched(token, ids).await
+    }
+    async fn reschedule(&self, token: Uuid, retries: &[Retry]) -> Result<u64> {
+        self.inner().reschedule(token, retries).await
+    }
+    async fn quarantine(&self, token: Uuid, dead: &[Dead]) -> Result<u64> {
+        self.inner().quarantine(token, dead).await
+    }
+    async fn release(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
+        self.inner().release(token, ids).await
+    }
+    async fn pause_state(&self) -> Result<PauseState> {
+        self.inner().pause_state().await
+    }
+    async fn set_pause(&self, reason: Option<&str>) -> Result<()> {
+        self.inner().set_pause(reason).await
+    }
+    async fn counts(&self) -> Result<Counts> {
+        self.inner().counts().await
+    }
+    fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner().wakeups()
+    }
+}
+
+/// Parses the stored headers JSON (an object of strings) of row `id`.
+pub(crate) fn parse_headers(
+    id: i64,
+    value: serde_json::Value,
+) -> Result<std::collections::BTreeMap<String, String>> {
+    match value {
+        serde_json::Value::Object(map) => map
+            .into_iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => Ok((k, s)),
+                other => Err(crate::Error::MalformedRow {
+                    id,
+                    reason: format!("header {k:?} is {other}, not a string"),
+                }),
+            })
+            .collect(),
+        other => Err(crate::Error::MalformedRow {
+            id,
+            reason: format!("headers are {other}, not a JSON object"),
+        }),
+    }
+}

@@ -1,0 +1,537 @@
+//! SQLite store, the embedded default: WAL, a busy timeout and pragmas on every
+//! connection, claims by one `UPDATE … RETURNING`, wake-up by watching `PRAGMA
+//! data_version` (it moves whenever another connection commits).
+//!
+//! Tables are named `{prefix}_messages`, `{prefix}_control`, `{prefix}_schema_migrations`
+//! (SQLite has no schemas). Times are integer milliseconds since the Unix epoch, UTC,
+//! taken from SQLite's clock inside each statement.
+
+use super::{
+    Claim, ClaimRequest, Counts, Dead, PauseState, Retry, Store, StoreConfig, parse_headers,
+};
+use crate::error::{Error, Result};
+use crate::message::{Enqueued, Message, OutgoingMessage};
+use async_trait::async_trait;
+use chrono::{DateTime, TimeZone, Utc};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr, Sqlite, Transaction};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+/// Schema version this build creates and expects.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// The database clock in integer milliseconds (UTC); constant within one statement.
+const NOW_MS: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
+
+/// How often the wake-up watcher reads `PRAGMA data_version` (a shared-memory read, no
+/// disk I/O).
+const WATCH_INTERVAL: Duration = Duration::from_millis(5);
+
+struct Sql {
+    enqueue: SqlStr,
+    existing_id: SqlStr,
+    claim: SqlStr,
+    mark: SqlStr,
+    reschedule: SqlStr,
+    quarantine: SqlStr,
+    release: SqlStr,
+    pause_state: SqlStr,
+    set_pause: SqlStr,
+    counts: SqlStr,
+}
+
+impl Sql {
+    fn new(p: &str) -> Self {
+        let q = |text: String| AssertSqlSafe(text).into_sql_str();
+        let n = NOW_MS;
+        Sql {
+            enqueue: q(format!(
+                "INSERT INTO {p}_messages (message_id, topic, key, payload, headers, available_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, coalesce(?6, {n}))
+                 ON CONFLICT (message_id) DO NOTHING RETURNING id"
+            )),
+            existing_id: q(format!(
+                "SELECT id FROM {p}_messages WHERE message_id = ?1"
+            )),
+            claim: q(format!(
+                "UPDATE {p}_messages
+                 SET status = 1, attempts = attempts + 1, claimed_by = ?1, claim_token = ?2,
+                     locked_until = {n} + ?3, available_at = {n} + ?3
+                 WHERE id IN (SELECT id FROM {p}_messages
+                              WHERE status <= 1 AND available_at <= {n}
+                              ORDER BY available_at, id LIMIT ?4)
+                 RETURNING id, message_id, topic, key, payload, headers, occurred_at, attempts"
+            )),
+            mark: q(format!(
+                "UPDATE {p}_messages
+                 SET status = 2, dispatched_at = {n}, locked_until = NULL, claim_token = NULL,
+                     last_error = NULL
+                 WHERE id IN (SELECT value FROM json_each(?1)) AND claim_token = ?2 AND status = 1"
+            )),
+            reschedule: q(format!(
+                "UPDATE {p}_messages
+                 SET status = 0, available_at = {n} + ?2, last_error = ?3, locked_until = NULL,
+                     claim_token = NULL
+                 WHERE id = ?1 AND claim_token = ?4 AND status = 1"
+            )),
+            quarantine: q(format!(
+                "UPDATE {p}_messages
+                 SET status = 3, last_error = ?2, locked_until = NULL, claim_token = NULL,
+                     available_at = {n}
+                 WHERE id = ?1 AND claim_token = ?3 AND status = 1"
+            )),
+            release: q(format!(
+                "UPDATE {p}_messages
+                 SET status = 0, attempts = max(attempts - 1, 0), available_at = {n},
+                     locked_until = NULL, claim_token = NULL
+                 WHERE id IN (SELECT value FROM json_each(?1)) AND claim_token = ?2 AND status = 1"
+            )),
+            pause_state: q(format!(
+                "SELECT paused, reason, changed_at FROM {p}_control WHERE id = 1"
+            )),
+            set_pause: q(format!(
+                "UPDATE {p}_control SET paused = ?1, reason = ?2, changed_at = {n} WHERE id = 1"
+            )),
+            counts: q(format!(
+                "SELECT coalesce(sum(status = 0), 0), coalesce(sum(status = 1), 0),
+                        coalesce(sum(status = 2), 0), coalesce(sum(status = 3), 0),
+                        ({n} - min(CASE WHEN status = 0 THEN occurred_at END)) / 1000
+                 FROM {p}_messages"
+            )),
+        }
+    }
+}
+
+fn migrations(p: &str) -> Vec<String> {
+    let n = NOW_MS;
+    vec![format!(
+        r#"
+CREATE TABLE IF NOT EXISTS {p}_messages (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    message_id    TEXT NOT NULL UNIQUE,
+    topic         TEXT NOT NULL CHECK (topic <> ''),
+    key           TEXT,
+    payload       BLOB NOT NULL,
+    headers       TEXT NOT NULL DEFAULT '{{}}' CHECK (json_type(headers) = 'object'),
+    occurred_at   INTEGER NOT NULL DEFAULT ({n}),
+    available_at  INTEGER NOT NULL DEFAULT ({n}),
+    status        INTEGER NOT NULL DEFAULT 0 CHECK (status BETWEEN 0 AND 3),
+    attempts      INTEGER NOT NULL DEFAULT 0,
+    claimed_by    TEXT,
+    claim_token   TEXT,
+    locked_until  INTEGER,
+    dispatched_at INTEGER,
+    last_error    TEXT
+);
+CREATE INDEX IF NOT EXISTS {p}_messages_live ON {p}_messages (available_at, id) WHERE status <= 1;
+CREATE TABLE IF NOT EXISTS {p}_control (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    paused     INTEGER NOT NULL DEFAULT 0,
+    reason     TEXT,
+    changed_at INTEGER NOT NULL DEFAULT ({n})
+);
+INSERT OR IGNORE INTO {p}_control (id) VALUES (1);
+"#
+    )]
+}
+
+struct Inner {
+    pool: SqlitePool,
+    options: SqliteConnectOptions,
+    config: StoreConfig,
+    sql: Sql,
+    wake: Arc<watch::Sender<u64>>,
+    watcher: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Ok(mut guard) = self.watcher.lock()
+            && let Some(task) = guard.take()
+        {
+            task.abort();
+        }
+    }
+}
+
+/// The SQLite store. Cheap to clone.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+/// Connection options every connection of the store gets: WAL, `synchronous = FULL` (a
+/// commit that returned survives a power cut), a 5 s busy timeout, foreign keys on.
+/// Applications that enqueue through their own pool should use the same.
+///
+/// # Errors
+/// [`Error::Database`] when `url` is not a SQLite URL.
+pub fn connect_options(url: &str) -> Result<SqliteConnectOptions> {
+    Ok(SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(Duration::from_secs(5))
+        .foreign_keys(true))
+}
+
+impl SqliteStore {
+    /// Opens (creating when missing) the database at `url` (`sqlite://PATH`).
+    ///
+    /// # Errors
+    /// Database errors when the file cannot be opened.
+    pub async fn connect(url: &str, config: StoreConfig) -> Result<Self> {
+        let options = connect_options(url)?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options.clone())
+            .await?;
+        Ok(Self::from_pool(pool, options, config))
+    }
+
+    /// Uses an existing pool; `options` open the watcher's own connection.
+    pub fn from_pool(pool: SqlitePool, options: SqliteConnectOptions, config: StoreConfig) -> Self {
+        let sql = Sql::new(config.schema.as_str());
+        SqliteStore {
+            inner: Arc::new(Inner {
+                pool,
+                options,
+                config,
+                sql,
+                wake: Arc::new(watch::Sender::new(0)),
+                watcher: std::sync::Mutex::new(None),
+            }),
+        }
+    }
+
+    /// The pool this store uses.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.inner.pool
+    }
+
+    /// The store's settings.
+    pub fn config(&self) -> &StoreConfig {
+        &self.inner.config
+    }
+
+    /// Enqueues `msg` inside the caller's transaction; idempotent on the message id (an
+    /// existing row comes back with `inserted: false`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidMessage`] / [`Error::MessageTooLarge`] before any SQL runs;
+    /// [`Error::Database`] from the insert.
+    pub async fn enqueue(&self, tx: &mut Transaction<'_, Sqlite>, msg: &Message) -> Result<Enqueued> {
+        msg.validate(self.inner.config.max_message_bytes)?;
+        let mid = msg.message_id.hyphenated().to_string();
+        let inserted: Option<i64> = sqlx::query_scalar(self.inner.sql.enqueue.clone())
+            .bind(&mid)
+            .bind(&msg.topic)
+            .bind(msg.key.as_deref())
+            .bind(msg.payload.as_ref())
+            .bind(msg.headers_json().to_string())
+            .bind(msg.available_at.map(|t| t.timestamp_millis()))
+            .fetch_optional(&mut **tx)
+            .await?;
+        let (id, inserted) = match inserted {
+            Some(id) => (id, true),
+            None => (
+                sqlx::query_scalar(self.inner.sql.existing_id.clone())
+                    .bind(&mid)
+                    .fetch_one(&mut **tx)
+                    .await?,
+                false,
+            ),
+        };
+        Ok(Enqueued {
+            id,
+            message_id: msg.message_id,
+            inserted,
+        })
+    }
+
+    fn row_to_message(row: &SqliteRow) -> std::result::Result<OutgoingMessage, Dead> {
+        let id: i64 = row.try_get("id").map_err(|e| Dead {
+            id: -1,
+            error: e.to_string(),
+        })?;
+        let read = || -> Result<OutgoingMessage> {
+            let mid: String = row.try_get("message_id")?;
+            let message_id = Uuid::parse_str(&mid).map_err(|e| Error::MalformedRow {
+                id,
+                reason: format!("message_id {mid:?} is not a UUID: {e}"),
+            })?;
+            let headers: String = row.try_get("headers")?;
+            let headers: serde_json::Value =
+                serde_json::from_str(&headers).map_err(|e| Error::MalformedRow {
+                    id,
+                    reason: format!("headers are not JSON: {e}"),
+                })?;
+            let occurred: i64 = row.try_get("occurred_at")?;
+            Ok(OutgoingMessage {
+                id,
+                message_id,
+                topic: row.try_get("topic")?,
+                key: row.try_get("key")?,
+                payload: bytes::Bytes::from(row.try_get::<Vec<u8>, _>("payload")?),
+                headers: parse_headers(id, headers)?,
+                occurred_at: ms_to_time(occurred),
+                attempts: row.try_get("attempts")?,
+            })
+        };
+        read().map_err(|e| Dead {
+            id,
+            error: format!("malformed row: {e}"),
+        })
+    }
+
+    fn start_watcher(&self) {
+        let Ok(mut slot) = self.inner.watcher.lock() else {
+            return;
+        };
+        if slot.is_some() {
+            return;
+        }
+        let options = self.inner.options.clone();
+        let wake = self.inner.wake.clone();
+        *slot = Some(tokio::spawn(async move {
+            let mut last: Option<i64> = None;
+            loop {
+                let Ok(mut conn) = sqlx::SqliteConnection::connect_with(&options).await else {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                };
+                let mut ticker = tokio::time::interval(WATCH_INTERVAL);
+                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    ticker.tick().await;
+                    match sqlx::query_scalar::<_, i64>("PRAGMA data_version")
+                        .fetch_one(&mut conn)
+                        .await
+                    {
+                        Ok(v) => {
+                            if last.is_some_and(|l| l != v) {
+                                wake.send_modify(|n| *n = n.wrapping_add(1));
+                            }
+                            last = Some(v);
+                        }
+                        Err(_) => break,
+                    }
+                }
+                // data_version is per connection: a new connection starts a new sequence.
+                last = None;
+                wake.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        }));
+    }
+}
+
+fn ms_to_time(ms: i64) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(ms).single().unwrap_or_default()
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn ids_json(ids: &[i64]) -> String {
+    serde_json::Value::from(ids.to_vec()).to_string()
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn migrate(&self) -> Result<()> {
+        let p = self.inner.config.schema.as_str();
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE IF NOT EXISTS {p}_schema_migrations (
+                 version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL DEFAULT ({NOW_MS}))"
+        )))
+        .execute(&mut *tx)
+        .await?;
+        let current: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT coalesce(max(version), 0) FROM {p}_schema_migrations"
+        )))
+        .fetch_one(&mut *tx)
+        .await?;
+        for (i, m) in migrations(p).into_iter().enumerate() {
+            let version = i as i64 + 1;
+            if version <= current {
+                continue;
+            }
+            sqlx::raw_sql(AssertSqlSafe(m)).execute(&mut *tx).await?;
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {p}_schema_migrations (version) VALUES (?1)"
+            )))
+            .bind(version)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn check_schema(&self) -> Result<()> {
+        let p = self.inner.config.schema.as_str();
+        let table = format!("{p}_schema_migrations");
+        let exists: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+        )
+        .bind(&table)
+        .fetch_one(&self.inner.pool)
+        .await?;
+        let found: i64 = if exists {
+            sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT coalesce(max(version), 0) FROM {table}"
+            )))
+            .fetch_one(&self.inner.pool)
+            .await?
+        } else {
+            0
+        };
+        if found != SCHEMA_VERSION {
+            return Err(Error::NotMigrated {
+                schema: p.to_owned(),
+                found,
+                expected: SCHEMA_VERSION,
+            });
+        }
+        Ok(())
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim> {
+        let token = Uuid::now_v7();
+        let rows = sqlx::query(self.inner.sql.claim.clone())
+            .bind(&req.relay_id)
+            .bind(token.hyphenated().to_string())
+            .bind(millis(req.lease))
+            .bind(i64::from(req.batch_size))
+            .fetch_all(&self.inner.pool)
+            .await?;
+        let mut messages = Vec::with_capacity(rows.len());
+        let mut malformed = Vec::new();
+        for row in &rows {
+            match Self::row_to_message(row) {
+                Ok(m) => messages.push(m),
+                Err(d) => malformed.push(d),
+            }
+        }
+        messages.sort_by_key(|m| m.id);
+        Ok(Claim {
+            token,
+            messages,
+            malformed,
+        })
+    }
+
+    async fn mark_dispatched(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let r = sqlx::query(self.inner.sql.mark.clone())
+            .bind(ids_json(ids))
+            .bind(token.hyphenated().to_string())
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(r.rows_affected())
+    }
+
+    async fn reschedule(&self, token: Uuid, retries: &[Retry]) -> Result<u64> {
+        if retries.is_empty() {
+            return Ok(0);
+        }
+        let token = token.hyphenated().to_string();
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut n = 0;
+        for r in retries {
+            n += sqlx::query(self.inner.sql.reschedule.clone())
+                .bind(r.id)
+                .bind(millis(r.delay))
+                .bind(&r.error)
+                .bind(&token)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(n)
+    }
+
+    async fn quarantine(&self, token: Uuid, dead: &[Dead]) -> Result<u64> {
+        if dead.is_empty() {
+            return Ok(0);
+        }
+        let token = token.hyphenated().to_string();
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut n = 0;
+        for d in dead {
+            n += sqlx::query(self.inner.sql.quarantine.clone())
+                .bind(d.id)
+                .bind(&d.error)
+                .bind(&token)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(n)
+    }
+
+    async fn release(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let r = sqlx::query(self.inner.sql.release.clone())
+            .bind(ids_json(ids))
+            .bind(token.hyphenated().to_string())
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(r.rows_affected())
+    }
+
+    async fn pause_state(&self) -> Result<PauseState> {
+        let (paused, reason, changed_at): (bool, Option<String>, i64) =
+            sqlx::query_as(self.inner.sql.pause_state.clone())
+                .fetch_one(&self.inner.pool)
+                .await?;
+        Ok(PauseState {
+            paused,
+            reason,
+            changed_at: Some(ms_to_time(changed_at)),
+        })
+    }
+
+    async fn set_pause(&self, reason: Option<&str>) -> Result<()> {
+        sqlx::query(self.inner.sql.set_pause.clone())
+            .bind(reason.is_some())
+            .bind(reason)
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn counts(&self) -> Result<Counts> {
+        let (pending, claimed, dispatched, dead, age): (i64, i64, i64, i64, Option<i64>) =
+            sqlx::query_as(self.inner.sql.counts.clone())
+                .fetch_one(&self.inner.pool)
+                .await?;
+        Ok(Counts {
+            pending,
+            claimed,
+            dispatched,
+            dead,
+            oldest_pending_age_seconds: age.map(|a| a.max(0)),
+        })
+    }
+
+    fn wakeups(&self) -> watch::Receiver<u64> {
+        self.start_watcher();
+        self.inner.wake.subscribe()
+    }
+}
