@@ -1,1 +1,352 @@
-fn main(){}
+//! `outbox`: migrate the schema, enqueue, run the relay, inspect and pause the outbox, and
+//! a self-contained demo. Flags override `OUTBOX_*` environment variables, which override
+//! an optional `outbox.toml` (keys are the long flag names, e.g. `database-url = "…"`).
+
+mod config;
+mod demo;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use outbox::store::Store;
+use outbox::{AnyStore, Ident, Message, Relay, RelayConfig, StoreConfig};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser, Debug)]
+#[command(name = "outbox", version, about = "Transactional outbox: enqueue in your transaction, relay at least once.")]
+struct Cli {
+    /// Database URL: postgres://…, or sqlite://PATH (created on first use).
+    #[arg(long, env = "OUTBOX_DATABASE_URL", default_value = "sqlite://outbox.db", global = true)]
+    database_url: String,
+
+    /// PostgreSQL schema (or SQLite table prefix) holding the outbox tables.
+    #[arg(long, env = "OUTBOX_SCHEMA", default_value = "outbox", global = true)]
+    schema: String,
+
+    /// Largest message accepted at enqueue: payload + topic + key + headers, in bytes.
+    #[arg(long, env = "OUTBOX_MAX_MESSAGE_BYTES", default_value_t = outbox::store::DEFAULT_MAX_MESSAGE_BYTES, global = true)]
+    max_message_bytes: usize,
+
+    /// Config file (TOML; keys are long flag names). Default: ./outbox.toml when present.
+    #[arg(long, env = "OUTBOX_CONFIG", global = true)]
+    config: Option<std::path::PathBuf>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create or upgrade the outbox schema (idempotent).
+    Migrate {
+        /// PostgreSQL: turn the insert trigger that wakes relays on or off (off saves
+        /// producers one pg_notify per inserting statement; relays then poll).
+        #[arg(long, env = "OUTBOX_NOTIFY")]
+        notify: Option<bool>,
+    },
+    /// Enqueue one message in its own transaction (payload from stdin when --payload is absent).
+    Enqueue {
+        /// Topic, e.g. orders.order-placed.v1.
+        #[arg(long)]
+        topic: String,
+        /// Ordering / partition key.
+        #[arg(long)]
+        key: Option<String>,
+        /// Message id (UUID); a fresh UUIDv7 when absent. Re-using one is idempotent.
+        #[arg(long)]
+        id: Option<uuid::Uuid>,
+        /// Header NAME=VALUE (repeatable).
+        #[arg(long = "header", value_parser = parse_header)]
+        headers: Vec<(String, String)>,
+        /// Payload text; read from stdin when absent.
+        #[arg(long)]
+        payload: Option<String>,
+    },
+    /// Run the relay: claim due messages, publish, mark after confirmation.
+    Relay {
+        /// Sink URL: stdout, file:PATH, nats://HOST:PORT.
+        #[arg(long, env = "OUTBOX_SINK", default_value = "stdout")]
+        sink: String,
+        /// Exit once nothing is due.
+        #[arg(long, env = "OUTBOX_DRAIN")]
+        drain: bool,
+        /// Rows per claim.
+        #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 100)]
+        batch_size: u32,
+        /// Claim lease, in ms.
+        #[arg(long, env = "OUTBOX_LEASE_MS", default_value_t = 30_000)]
+        lease_ms: u64,
+        /// Attempts before a failing message is quarantined.
+        #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = 10)]
+        max_attempts: i32,
+        /// Poll interval when no wake-up arrives, in ms.
+        #[arg(long, env = "OUTBOX_POLL_INTERVAL_MS", default_value_t = 1_000)]
+        poll_interval_ms: u64,
+        /// Bound on one batch's publish and confirmations, in ms (below the lease).
+        #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT_MS", default_value_t = 10_000)]
+        publish_timeout_ms: u64,
+        /// First retry delay, in ms (doubles per attempt, with jitter).
+        #[arg(long, env = "OUTBOX_BACKOFF_BASE_MS", default_value_t = 1_000)]
+        backoff_base_ms: u64,
+        /// Largest retry delay, in ms.
+        #[arg(long, env = "OUTBOX_BACKOFF_MAX_MS", default_value_t = 300_000)]
+        backoff_max_ms: u64,
+        /// On SIGTERM/SIGINT, how long in-flight publishes may finish before their claims
+        /// are released, in ms.
+        #[arg(long, env = "OUTBOX_SHUTDOWN_GRACE_MS", default_value_t = 10_000)]
+        shutdown_grace_ms: u64,
+        /// Name written to claimed_by (default HOSTNAME:PID:RANDOM).
+        #[arg(long, env = "OUTBOX_RELAY_ID")]
+        relay_id: Option<String>,
+    },
+    /// Show counts by status and the pause switch.
+    Status {
+        /// One JSON object: pending, claimed, dispatched, dead, oldest_pending_age_seconds.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop every relay from publishing (producers keep writing).
+    Pause {
+        /// Why (shown by `status` and in relay logs).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Let relays publish again.
+    Resume,
+    /// A self-contained run on SQLite in a temporary directory.
+    Demo {
+        /// Orders to place.
+        #[arg(long, default_value_t = 2_000)]
+        orders: u32,
+    },
+}
+
+fn parse_header(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("header {s:?} must be NAME=VALUE"))
+}
+
+fn main() -> ExitCode {
+    // Before any thread exists: outbox.toml values become OUTBOX_* defaults.
+    if let Err(e) = config::apply_config_file() {
+        eprintln!("error: {e:#}");
+        return ExitCode::from(2);
+    }
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn connect(cli: &Cli) -> anyhow::Result<AnyStore> {
+    let config = StoreConfig {
+        schema: Ident::new(&cli.schema)?,
+        max_message_bytes: cli.max_message_bytes,
+    };
+    AnyStore::connect(&cli.database_url, config)
+        .await
+        .with_context(|| format!("cannot open the store at {}", redact(&cli.database_url)))
+}
+
+/// The URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match &cli.command {
+        Command::Demo { orders } => demo::run(*orders).await,
+        Command::Migrate { notify } => {
+            let store = connect(&cli).await?;
+            store.migrate().await.context("migration failed")?;
+            if let Some(on) = notify {
+                match &store {
+                    AnyStore::Postgres(pg) => pg.set_notify(*on).await?,
+                    _ => anyhow::bail!("--notify applies to PostgreSQL only"),
+                }
+            }
+            eprintln!("outbox schema {:?} is up to date", cli.schema);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Enqueue {
+            topic,
+            key,
+            id,
+            headers,
+            payload,
+        } => {
+            let store = connect(&cli).await?;
+            store.check_schema().await?;
+            let payload = match payload {
+                Some(p) => p.clone().into_bytes(),
+                None => {
+                    use tokio::io::AsyncReadExt;
+                    let mut buf = Vec::new();
+                    tokio::io::stdin().read_to_end(&mut buf).await?;
+                    buf
+                }
+            };
+            let mut msg = Message::new(topic.clone(), payload);
+            if let Some(k) = key {
+                msg = msg.key(k.clone());
+            }
+            if let Some(id) = id {
+                msg = msg.message_id(*id);
+            }
+            for (k, v) in headers {
+                msg = msg.header(k.clone(), v.clone());
+            }
+            let enqueued = match &store {
+                AnyStore::Postgres(pg) => {
+                    let mut tx = pg.pool().begin().await?;
+                    let e = pg.enqueue(&mut tx, &msg).await?;
+                    tx.commit().await?;
+                    e
+                }
+                AnyStore::Sqlite(sq) => {
+                    let mut tx = sq.pool().begin().await?;
+                    let e = sq.enqueue(&mut tx, &msg).await?;
+                    tx.commit().await?;
+                    e
+                }
+                _ => anyhow::bail!("this store does not support enqueue from the CLI"),
+            };
+            println!(
+                "{}",
+                serde_json::json!({"id": enqueued.id, "message_id": enqueued.message_id, "inserted": enqueued.inserted})
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Relay {
+            sink,
+            drain,
+            batch_size,
+            lease_ms,
+            max_attempts,
+            poll_interval_ms,
+            publish_timeout_ms,
+            backoff_base_ms,
+            backoff_max_ms,
+            shutdown_grace_ms,
+            relay_id,
+        } => {
+            let store = connect(&cli).await?;
+            let sink = outbox::sink::open(sink).await?;
+            let mut config = RelayConfig {
+                batch_size: *batch_size,
+                lease: Duration::from_millis(*lease_ms),
+                max_attempts: *max_attempts,
+                poll_interval: Duration::from_millis(*poll_interval_ms),
+                publish_timeout: Duration::from_millis(*publish_timeout_ms),
+                backoff_base: Duration::from_millis(*backoff_base_ms),
+                backoff_max: Duration::from_millis(*backoff_max_ms),
+                shutdown_grace: Duration::from_millis(*shutdown_grace_ms),
+                drain: *drain,
+                ..RelayConfig::default()
+            };
+            if let Some(id) = relay_id {
+                config.relay_id = id.clone();
+            }
+            let cancel = CancellationToken::new();
+            tokio::spawn(shutdown_on_signal(cancel.clone()));
+            let relay = Relay::new(Arc::new(store), Arc::from(sink), config);
+            let stats = relay.run(cancel).await?;
+            eprintln!(
+                "relay stopped: {} dispatched, {} retried, {} quarantined, {} released",
+                stats.dispatched, stats.retried, stats.quarantined, stats.released
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { json } => {
+            let store = connect(&cli).await?;
+            store.check_schema().await?;
+            let counts = store.counts().await?;
+            if *json {
+                println!("{}", serde_json::to_string(&counts)?);
+            } else {
+                let pause = store.pause_state().await?;
+                println!("pending     {}", counts.pending);
+                println!("claimed     {}", counts.claimed);
+                println!("dispatched  {}", counts.dispatched);
+                println!("dead        {}", counts.dead);
+                match counts.oldest_pending_age_seconds {
+                    Some(s) => println!("oldest pending age  {s} s"),
+                    None => println!("oldest pending age  -"),
+                }
+                if pause.paused {
+                    println!(
+                        "PAUSED: {}",
+                        pause.reason.as_deref().unwrap_or("(no reason given)")
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Pause { reason } => {
+            let store = connect(&cli).await?;
+            store.check_schema().await?;
+            store.set_pause(Some(reason)).await?;
+            eprintln!("outbox paused: relays stop publishing within about 1 s; producers keep writing");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Resume => {
+            let store = connect(&cli).await?;
+            store.check_schema().await?;
+            store.set_pause(None).await?;
+            eprintln!("outbox resumed");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Cancels on SIGTERM or SIGINT (Ctrl-C).
+async fn shutdown_on_signal(cancel: CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut term) = signal(SignalKind::terminate()) else {
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    tracing::info!("shutdown requested: finishing in-flight messages");
+    cancel.cancel();
+}

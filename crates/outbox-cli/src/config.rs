@@ -1,0 +1,57 @@
+//! `outbox.toml`: optional defaults below environment variables and flags.
+//!
+//! Each key is a long flag name (`database-url`, `sink`, `batch-size`, …); its value
+//! becomes the `OUTBOX_*` environment variable of that flag unless the variable is
+//! already set. Flags still override both.
+
+use anyhow::Context as _;
+use std::path::PathBuf;
+
+/// Reads the config file named by `--config PATH`, `OUTBOX_CONFIG`, or `./outbox.toml`
+/// when it exists, and exports its keys as `OUTBOX_*` defaults. Must run before any other
+/// thread starts.
+pub(crate) fn apply_config_file() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let explicit = args
+        .iter()
+        .position(|a| a == "--config")
+        .and_then(|i| args.get(i + 1).cloned())
+        .or_else(|| {
+            args.iter()
+                .find_map(|a| a.strip_prefix("--config=").map(str::to_owned))
+        })
+        .or_else(|| std::env::var("OUTBOX_CONFIG").ok());
+    let path = match explicit {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let default = PathBuf::from("outbox.toml");
+            if !default.exists() {
+                return Ok(());
+            }
+            default
+        }
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    let table: toml::Table = text
+        .parse()
+        .with_context(|| format!("config file {} is not valid TOML", path.display()))?;
+    for (key, value) in table {
+        let var = format!("OUTBOX_{}", key.to_ascii_uppercase().replace('-', "_"));
+        let value = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            other => anyhow::bail!(
+                "config file {}: key {key:?} must be a string, number or boolean, got {other}",
+                path.display()
+            ),
+        };
+        if std::env::var_os(&var).is_none() {
+            // SAFETY: called from `main` before the runtime or any other thread starts.
+            unsafe { std::env::set_var(&var, value) };
+        }
+    }
+    Ok(())
+}

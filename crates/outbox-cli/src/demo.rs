@@ -1,0 +1,308 @@
+//! `outbox demo`: the whole story on SQLite in a temporary directory.
+//!
+//! An orders service commits orders together with their `orders.order-placed.v1` messages
+//! (and rolls every tenth back); one poison message is injected; a relay delivers to a
+//! file sink and is killed between a confirmation and its mark; a second relay takes over
+//! after the lease; a consumer deduplicates by message id through an inbox table. The run
+//! ends with a table and fails (exit 1) when business effects differ from committed orders.
+
+use outbox::message::OutgoingMessage;
+use outbox::sink::file::{FileSink, payload_from_json_line};
+use outbox::sink::{PublishError, Sink};
+use outbox::sqlite::SqliteStore;
+use outbox::store::Store;
+use outbox::{Contract, Message, Relay, RelayConfig, StoreConfig};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+#[derive(Serialize, Deserialize)]
+struct OrderPlacedV1 {
+    order_id: i64,
+    total_cents: i64,
+}
+
+impl Contract for OrderPlacedV1 {
+    const TOPIC: &'static str = "orders.order-placed.v1";
+}
+
+type Times = Arc<Mutex<HashMap<Uuid, Instant>>>;
+
+/// The demo's sink: the file sink, plus
+/// - a contract check (a JSON topic whose payload is not JSON is refused, permanently);
+/// - the confirmation time of each message (for commit-to-confirm latency);
+/// - on the batch numbered `crash_on_batch`, a crash right after the confirmation: it
+///   signals `crashed` and never returns, so the relay never marks that batch.
+struct DemoSink {
+    inner: FileSink,
+    confirmed: Times,
+    batches: AtomicU32,
+    crash_on_batch: Option<u32>,
+    crashed: Arc<Notify>,
+}
+
+#[async_trait::async_trait]
+impl Sink for DemoSink {
+    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
+        let mut results = vec![Ok(()); batch.len()];
+        let mut valid = Vec::new();
+        let mut index = Vec::new();
+        for (i, m) in batch.iter().enumerate() {
+            let json = m.headers.get("content-type").map(String::as_str) == Some("application/json");
+            if json && serde_json::from_slice::<serde_json::Value>(&m.payload).is_err() {
+                results[i] = Err(PublishError::permanent(format!(
+                    "payload of {} is not valid JSON although content-type says so",
+                    m.message_id
+                )));
+            } else {
+                valid.push(m.clone());
+                index.push(i);
+            }
+        }
+        let inner = self.inner.publish(&valid).await;
+        let now = Instant::now();
+        {
+            let mut confirmed = self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+            for (r, m) in inner.iter().zip(&valid) {
+                if r.is_ok() {
+                    confirmed.entry(m.message_id).or_insert(now);
+                }
+            }
+        }
+        for (i, r) in index.into_iter().zip(inner) {
+            results[i] = r;
+        }
+        let n = self.batches.fetch_add(1, Ordering::SeqCst) + 1;
+        if Some(n) == self.crash_on_batch {
+            self.crashed.notify_one();
+            std::future::pending::<()>().await;
+        }
+        results
+    }
+
+    fn describe(&self) -> String {
+        format!("demo({})", self.inner.describe())
+    }
+}
+
+pub(crate) async fn run(orders: u32) -> anyhow::Result<ExitCode> {
+    let dir = tempfile::tempdir()?;
+    let db_url = format!("sqlite://{}", dir.path().join("orders.db").display());
+    let delivered_path = dir.path().join("delivered.jsonl");
+    println!("outbox demo in {}", dir.path().display());
+
+    let store = SqliteStore::connect(&db_url, StoreConfig::default()).await?;
+    store.migrate().await?;
+    sqlx::query(
+        "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer TEXT NOT NULL, total_cents INTEGER NOT NULL)",
+    )
+    .execute(store.pool())
+    .await?;
+
+    let committed_at: Times = Arc::default();
+    let confirmed: Times = Arc::default();
+    let crashed = Arc::new(Notify::new());
+    let sink = async |crash_on_batch| -> anyhow::Result<_> {
+        Ok(DemoSink {
+            inner: FileSink::open(&delivered_path).await?,
+            confirmed: confirmed.clone(),
+            batches: AtomicU32::new(0),
+            crash_on_batch,
+            crashed: crashed.clone(),
+        })
+    };
+    let relay_config = RelayConfig {
+        relay_id: "demo-relay-1".into(),
+        batch_size: 50,
+        lease: Duration::from_secs(2),
+        publish_timeout: Duration::from_secs(1),
+        poll_interval: Duration::from_millis(200),
+        max_attempts: 5,
+        ..RelayConfig::default()
+    };
+    let started = Instant::now();
+    let relay1 = Relay::new(
+        Arc::new(store.clone()),
+        Arc::new(sink(Some(3)).await?),
+        relay_config.clone(),
+    )
+    .spawn();
+
+    // The orders service: one transaction per order; every tenth rolls back.
+    let producer = {
+        let store = store.clone();
+        let committed_at = committed_at.clone();
+        tokio::spawn(async move {
+            let (mut committed, mut rolled_back) = (0u32, 0u32);
+            for i in 0..orders {
+                let mut tx = store.pool().begin().await?;
+                let total = 1_000 + i64::from(i % 97) * 10;
+                let order_id: i64 = sqlx::query_scalar(
+                    "INSERT INTO orders (customer, total_cents) VALUES (?1, ?2) RETURNING id",
+                )
+                .bind(format!("customer-{}", i % 13))
+                .bind(total)
+                .fetch_one(&mut *tx)
+                .await?;
+                let msg = Message::from_contract(&OrderPlacedV1 {
+                    order_id,
+                    total_cents: total,
+                })?
+                .key(format!("order-{order_id}"));
+                store.enqueue(&mut tx, &msg).await?;
+                if i % 10 == 9 {
+                    tx.rollback().await?;
+                    rolled_back += 1;
+                } else {
+                    tx.commit().await?;
+                    committed_at
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(msg.id(), Instant::now());
+                    committed += 1;
+                }
+                if i == orders / 2 {
+                    // A poison message: says JSON, is not.
+                    let mut tx = store.pool().begin().await?;
+                    let poison = Message::new(OrderPlacedV1::TOPIC, vec![0xff, 0xfe, b'{'])
+                        .header("content-type", "application/json");
+                    store.enqueue(&mut tx, &poison).await?;
+                    tx.commit().await?;
+                }
+            }
+            anyhow::Ok((committed, rolled_back))
+        })
+    };
+
+    // The crash: relay 1 confirmed batch 3 and dies before marking it.
+    tokio::time::timeout(Duration::from_secs(60), crashed.notified())
+        .await
+        .map_err(|_| anyhow::anyhow!("relay 1 never reached its third batch"))?;
+    relay1.abort();
+    println!("relay 1 crashed after a confirmation, before the mark; relay 2 takes over after the 2 s lease");
+    let relay2 = Relay::new(
+        Arc::new(store.clone()),
+        Arc::new(sink(None).await?),
+        RelayConfig {
+            relay_id: "demo-relay-2".into(),
+            ..relay_config
+        },
+    )
+    .spawn();
+
+    let (committed, rolled_back) = producer.await??;
+    // Wait until nothing is pending or claimed.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let c = store.counts().await?;
+        if c.pending == 0 && c.claimed == 0 {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "relay did not finish: {c:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let relay_elapsed = started.elapsed();
+    let stats = relay2.shutdown().await?;
+    let counts = store.counts().await?;
+
+    // The consumer: an inbox row first, under a unique key, in the same transaction as the
+    // business effect (a shipment per order).
+    let consumer_url = format!("sqlite://{}", dir.path().join("shipping.db").display());
+    let consumer = sqlx::SqlitePool::connect_with(outbox::sqlite::connect_options(&consumer_url)?).await?;
+    sqlx::raw_sql(
+        "CREATE TABLE inbox (message_id TEXT PRIMARY KEY);
+         CREATE TABLE shipments (order_id INTEGER PRIMARY KEY, total_cents INTEGER NOT NULL);",
+    )
+    .execute(&consumer)
+    .await?;
+    let text = tokio::fs::read_to_string(&delivered_path).await?;
+    let (mut delivered, mut duplicates, mut effects) = (0u64, 0u64, 0u64);
+    for line in text.lines() {
+        delivered += 1;
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        let id = v["message_id"].as_str().unwrap_or_default().to_owned();
+        let payload = payload_from_json_line(&v).unwrap_or_default();
+        let event: OrderPlacedV1 = serde_json::from_slice(&payload)?;
+        let mut tx = consumer.begin().await?;
+        let fresh = sqlx::query("INSERT INTO inbox (message_id) VALUES (?1) ON CONFLICT DO NOTHING")
+            .bind(&id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if fresh == 0 {
+            duplicates += 1;
+            tx.rollback().await?;
+            continue;
+        }
+        sqlx::query("INSERT INTO shipments (order_id, total_cents) VALUES (?1, ?2)")
+            .bind(event.order_id)
+            .bind(event.total_cents)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        effects += 1;
+    }
+
+    let mut latencies: Vec<Duration> = {
+        let c = committed_at.lock().unwrap_or_else(|e| e.into_inner());
+        let f = confirmed.lock().unwrap_or_else(|e| e.into_inner());
+        c.iter()
+            .filter_map(|(id, t0)| f.get(id).map(|t1| t1.saturating_duration_since(*t0)))
+            .collect()
+    };
+    latencies.sort();
+    let pct = |p: f64| -> f64 {
+        if latencies.is_empty() {
+            return f64::NAN;
+        }
+        let i = ((latencies.len() as f64 - 1.0) * p).round() as usize;
+        latencies[i].as_secs_f64() * 1000.0
+    };
+    let orders_in_db: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(store.pool())
+        .await?;
+
+    let rows: [(&str, String); 10] = [
+        ("orders committed", committed.to_string()),
+        ("orders rolled back (no message)", rolled_back.to_string()),
+        ("messages delivered (file lines)", delivered.to_string()),
+        ("duplicates seen by the consumer", duplicates.to_string()),
+        ("business effects applied", effects.to_string()),
+        ("quarantined (dead)", counts.dead.to_string()),
+        ("dispatched rows", counts.dispatched.to_string()),
+        (
+            "relay throughput",
+            format!(
+                "{:.0} msg/s over {:.2} s (paced by the producer)",
+                counts.dispatched as f64 / relay_elapsed.as_secs_f64(),
+                relay_elapsed.as_secs_f64()
+            ),
+        ),
+        ("commit-to-confirm p50", format!("{:.1} ms (first confirmation)", pct(0.50))),
+        ("commit-to-confirm p99", format!("{:.1} ms", pct(0.99))),
+    ];
+    println!();
+    for (k, v) in &rows {
+        println!("  {k:<34} {v}");
+    }
+    println!();
+    let ok = effects == u64::from(committed)
+        && orders_in_db == i64::from(committed)
+        && counts.dead == 1
+        && counts.dispatched == i64::from(committed);
+    if ok {
+        println!(
+            "OK: every committed order produced exactly one business effect; the crash caused {duplicates} duplicate deliveries, all absorbed by the inbox; the poison message is quarantined (relay 2 retried {}, quarantined {}).",
+            stats.retried, stats.quarantined
+        );
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("FAILED: the figures above do not add up");
+        Ok(ExitCode::FAILURE)
+    }
+}
