@@ -53,7 +53,8 @@ impl Sink for DemoSink {
         let mut valid = Vec::new();
         let mut index = Vec::new();
         for (i, m) in batch.iter().enumerate() {
-            let json = m.headers.get("content-type").map(String::as_str) == Some("application/json");
+            let json =
+                m.headers.get("content-type").map(String::as_str) == Some("application/json");
             if json && serde_json::from_slice::<serde_json::Value>(&m.payload).is_err() {
                 results[i] = Err(PublishError::permanent(format!(
                     "payload of {} is not valid JSON although content-type says so",
@@ -184,7 +185,9 @@ pub(crate) async fn run(orders: u32) -> anyhow::Result<ExitCode> {
         .await
         .map_err(|_| anyhow::anyhow!("relay 1 never reached its third batch"))?;
     relay1.abort();
-    println!("relay 1 crashed after a confirmation, before the mark; relay 2 takes over after the 2 s lease");
+    println!(
+        "relay 1 crashed after a confirmation, before the mark; relay 2 takes over after the 2 s lease"
+    );
     let relay2 = Relay::new(
         Arc::new(store.clone()),
         Arc::new(sink(None).await?),
@@ -213,7 +216,8 @@ pub(crate) async fn run(orders: u32) -> anyhow::Result<ExitCode> {
     // The consumer: an inbox row first, under a unique key, in the same transaction as the
     // business effect (a shipment per order).
     let consumer_url = format!("sqlite://{}", dir.path().join("shipping.db").display());
-    let consumer = sqlx::SqlitePool::connect_with(outbox::sqlite::connect_options(&consumer_url)?).await?;
+    let consumer =
+        sqlx::SqlitePool::connect_with(outbox::sqlite::connect_options(&consumer_url)?).await?;
     sqlx::raw_sql(
         "CREATE TABLE inbox (message_id TEXT PRIMARY KEY);
          CREATE TABLE shipments (order_id INTEGER PRIMARY KEY, total_cents INTEGER NOT NULL);",
@@ -229,11 +233,12 @@ pub(crate) async fn run(orders: u32) -> anyhow::Result<ExitCode> {
         let payload = payload_from_json_line(&v).unwrap_or_default();
         let event: OrderPlacedV1 = serde_json::from_slice(&payload)?;
         let mut tx = consumer.begin().await?;
-        let fresh = sqlx::query("INSERT INTO inbox (message_id) VALUES (?1) ON CONFLICT DO NOTHING")
-            .bind(&id)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
+        let fresh =
+            sqlx::query("INSERT INTO inbox (message_id) VALUES (?1) ON CONFLICT DO NOTHING")
+                .bind(&id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
         if fresh == 0 {
             duplicates += 1;
             tx.rollback().await?;
@@ -283,7 +288,10 @@ pub(crate) async fn run(orders: u32) -> anyhow::Result<ExitCode> {
                 relay_elapsed.as_secs_f64()
             ),
         ),
-        ("commit-to-confirm p50", format!("{:.1} ms (first confirmation)", pct(0.50))),
+        (
+            "commit-to-confirm p50",
+            format!("{:.1} ms (first confirmation)", pct(0.50)),
+        ),
         ("commit-to-confirm p99", format!("{:.1} ms", pct(0.99))),
     ];
     println!();

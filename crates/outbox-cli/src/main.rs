@@ -15,10 +15,19 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser, Debug)]
-#[command(name = "outbox", version, about = "Transactional outbox: enqueue in your transaction, relay at least once.")]
+#[command(
+    name = "outbox",
+    version,
+    about = "Transactional outbox: enqueue in your transaction, relay at least once."
+)]
 struct Cli {
     /// Database URL: postgres://…, or sqlite://PATH (created on first use).
-    #[arg(long, env = "OUTBOX_DATABASE_URL", default_value = "sqlite://outbox.db", global = true)]
+    #[arg(
+        long,
+        env = "OUTBOX_DATABASE_URL",
+        default_value = "sqlite://outbox.db",
+        global = true
+    )]
     database_url: String,
 
     /// PostgreSQL schema (or SQLite table prefix) holding the outbox tables.
@@ -144,7 +153,10 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
@@ -317,7 +329,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let store = connect(&cli).await?;
             store.check_schema().await?;
             store.set_pause(Some(reason)).await?;
-            eprintln!("outbox paused: relays stop publishing within about 1 s; producers keep writing");
+            eprintln!(
+                "outbox paused: relays stop publishing within about 1 s; producers keep writing"
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Resume => {

@@ -103,10 +103,7 @@ impl Error {
 /// SQLite result codes are numbers (extended codes keep the primary code in the low byte);
 /// PostgreSQL's SQLSTATEs are five characters, so the two cannot be confused.
 fn is_sqlite_busy(code: &str) -> bool {
-    code.len() <= 4
-        && code
-            .parse::<u32>()
-            .is_ok_and(|n| matches!(n & 0xff, 5 | 6))
+    code.len() <= 4 && code.parse::<u32>().is_ok_and(|n| matches!(n & 0xff, 5 | 6))
 }
 
 /// Shorthand for results of this crate.

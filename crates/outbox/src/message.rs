@@ -317,7 +317,9 @@ mod tests {
             Err(Error::InvalidMessage(_))
         ));
         assert!(matches!(
-            Message::new("t", vec![]).header("topic", "x").validate(1024),
+            Message::new("t", vec![])
+                .header("topic", "x")
+                .validate(1024),
             Err(Error::InvalidMessage(_))
         ));
         assert!(matches!(

@@ -300,7 +300,10 @@ impl Relay {
                             });
                         }
                         if paused && !paused_logged {
-                            tracing::warn!(reason = p.reason.as_deref().unwrap_or(""), "outbox paused: not publishing");
+                            tracing::warn!(
+                                reason = p.reason.as_deref().unwrap_or(""),
+                                "outbox paused: not publishing"
+                            );
                             paused_logged = true;
                         } else if !paused && paused_logged {
                             tracing::info!("outbox resumed");
@@ -495,7 +498,10 @@ impl Relay {
                 .await;
             if let Some(n) = n {
                 add(&c.retried, n);
-                add(&c.lost_claims, retries.len() as u64 - n.min(retries.len() as u64));
+                add(
+                    &c.lost_claims,
+                    retries.len() as u64 - n.min(retries.len() as u64),
+                );
             }
         }
         if !dead.is_empty() {
@@ -511,7 +517,9 @@ impl Relay {
         }
         if !release.is_empty() {
             let n = self
-                .store_retry("releasing", deadline, || self.store.release(token, &release))
+                .store_retry("releasing", deadline, || {
+                    self.store.release(token, &release)
+                })
                 .await;
             if let Some(n) = n {
                 add(&c.released, n);
@@ -559,7 +567,10 @@ impl Failing {
         } else {
             self.delay = (self.delay * 2).min(Duration::from_secs(5));
         }
-        if self.last_log.is_none_or(|t| now - t >= Duration::from_secs(30)) {
+        if self
+            .last_log
+            .is_none_or(|t| now - t >= Duration::from_secs(30))
+        {
             tracing::warn!(error = %e, "store error while {what}; retrying with backoff");
             self.last_log = Some(now);
         }

@@ -15,7 +15,10 @@ use tokio::sync::Mutex;
 
 enum Target {
     Stdout,
-    File { path: PathBuf, file: tokio::fs::File },
+    File {
+        path: PathBuf,
+        file: tokio::fs::File,
+    },
 }
 
 /// The stdout / file sink.
@@ -103,12 +106,14 @@ impl Sink for FileSink {
                     Err(e) => Err(e),
                 }
             }
-            Target::File { file, .. } => async {
-                file.write_all(&buf).await?;
-                file.flush().await?;
-                file.sync_data().await
+            Target::File { file, .. } => {
+                async {
+                    file.write_all(&buf).await?;
+                    file.flush().await?;
+                    file.sync_data().await
+                }
+                .await
             }
-            .await,
         };
         let outcome = result.map_err(|e| {
             let place = match &*target {

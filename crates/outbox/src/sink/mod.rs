@@ -76,9 +76,7 @@ impl std::error::Error for PublishError {}
 #[non_exhaustive]
 pub enum SinkError {
     /// The URL's form is not one this build knows.
-    #[error(
-        "invalid sink URL {url:?}: {reason} (expected stdout, file:PATH or nats://HOST:PORT)"
-    )]
+    #[error("invalid sink URL {url:?}: {reason} (expected stdout, file:PATH or nats://HOST:PORT)")]
     InvalidUrl {
         /// The URL as given.
         url: String,
@@ -141,7 +139,9 @@ pub async fn open(url: &str) -> Result<Box<dyn Sink>, SinkError> {
     }
     if url.starts_with("nats://") {
         #[cfg(feature = "nats")]
-        return Ok(Box::new(nats::NatsSink::connect(url, nats::NatsOptions::default()).await?));
+        return Ok(Box::new(
+            nats::NatsSink::connect(url, nats::NatsOptions::default()).await?,
+        ));
         #[cfg(not(feature = "nats"))]
         return Err(invalid("this build has no nats feature"));
     }

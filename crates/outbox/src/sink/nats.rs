@@ -110,9 +110,9 @@ impl NatsSink {
             Err(e) if matches!(e.kind(), K::InvalidSubject) => {
                 PublishError::permanent(format!("{subject:?} is not a valid NATS subject"))
             }
-            Ok(_) => PublishError::transient(format!(
-                "stream for subject {subject:?} did not answer"
-            )),
+            Ok(_) => {
+                PublishError::transient(format!("stream for subject {subject:?} did not answer"))
+            }
             Err(e) => PublishError::transient(format!("JetStream unavailable: {e}")),
         }
     }
@@ -185,9 +185,9 @@ enum Err_ {
 
 fn classify(kind: PublishErrorKind, text: String, topic: &str) -> Err_ {
     match kind {
-        PublishErrorKind::MaxPayloadExceeded => Err_::Classified(PublishError::permanent(
-            format!("message on {topic:?} exceeds the NATS server's max_payload: {text}"),
-        )),
+        PublishErrorKind::MaxPayloadExceeded => Err_::Classified(PublishError::permanent(format!(
+            "message on {topic:?} exceeds the NATS server's max_payload: {text}"
+        ))),
         PublishErrorKind::StreamNotFound => Err_::NoStream,
         // Timeouts, a broken pipe, too many acks pending, and anything unexpected are
         // transient, so a server hiccup never quarantines healthy messages.

@@ -160,6 +160,7 @@ CREATE OR REPLACE FUNCTION {s}.enqueue(
     headers jsonb DEFAULT '{{}}',
     available_at timestamptz DEFAULT NULL
 ) RETURNS bigint LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
 DECLARE
     mid uuid := coalesce(enqueue.message_id, {s}.uuid_v7());
     hdr jsonb := coalesce(enqueue.headers, '{{}}'::jsonb);

@@ -57,9 +57,7 @@ impl Sql {
                  VALUES (?1, ?2, ?3, ?4, ?5, coalesce(?6, {n}))
                  ON CONFLICT (message_id) DO NOTHING RETURNING id"
             )),
-            existing_id: q(format!(
-                "SELECT id FROM {p}_messages WHERE message_id = ?1"
-            )),
+            existing_id: q(format!("SELECT id FROM {p}_messages WHERE message_id = ?1")),
             claim: q(format!(
                 "UPDATE {p}_messages
                  SET status = 1, attempts = attempts + 1, claimed_by = ?1, claim_token = ?2,
@@ -227,7 +225,11 @@ impl SqliteStore {
     /// # Errors
     /// [`Error::InvalidMessage`] / [`Error::MessageTooLarge`] before any SQL runs;
     /// [`Error::Database`] from the insert.
-    pub async fn enqueue(&self, tx: &mut Transaction<'_, Sqlite>, msg: &Message) -> Result<Enqueued> {
+    pub async fn enqueue(
+        &self,
+        tx: &mut Transaction<'_, Sqlite>,
+        msg: &Message,
+    ) -> Result<Enqueued> {
         msg.validate(self.inner.config.max_message_bytes)?;
         let mid = msg.message_id.hyphenated().to_string();
         let inserted: Option<i64> = sqlx::query_scalar(self.inner.sql.enqueue.clone())

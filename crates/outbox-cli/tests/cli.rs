@@ -1,0 +1,381 @@
+//! The `outbox` binary end to end, against the real PostgreSQL and NATS JetStream on this
+//! machine (see the README for how to start them).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const PG: &str = "postgres://postgres@127.0.0.1:5432/test";
+const NATS: &str = "nats://127.0.0.1:4222";
+
+fn outbox() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_outbox"));
+    c.env_remove("OUTBOX_DATABASE_URL")
+        .env_remove("OUTBOX_SINK")
+        .env("OUTBOX_LOG", "warn");
+    c
+}
+
+fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}",
+        uuid::Uuid::new_v4().simple().to_string()[..10].to_owned()
+    )
+}
+
+fn psql(sql: &str) -> String {
+    let mut child = Command::new("psql")
+        .args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", PG])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("psql must be installed; PostgreSQL must listen on 127.0.0.1:5432 (start: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start)");
+    let _ = child.stdin.take().unwrap().write_all(sql.as_bytes());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "psql failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn status(schema: &str) -> serde_json::Value {
+    let out = run_ok(outbox().args(["--database-url", PG, "--schema", schema, "status", "--json"]));
+    serde_json::from_str(out.trim()).unwrap()
+}
+
+async fn jetstream() -> async_nats::jetstream::Context {
+    let client = async_nats::connect(NATS).await.expect(
+        "NATS with JetStream must listen on 127.0.0.1:4222 (start: start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server)",
+    );
+    async_nats::jetstream::new(client)
+}
+
+/// The acceptance run: 2,000 committed transactions (and 100 rolled back) that insert a
+/// business row and call `outbox.enqueue(...)` from psql; `outbox relay --drain` to
+/// JetStream delivers exactly the committed message ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psql_producers_to_jetstream_exactly_the_committed_ids() {
+    let schema = unique("acc");
+    let prefix = format!("orders.{}", &schema[4..]);
+    run_ok(outbox().args(["--database-url", PG, "--schema", &schema, "migrate"]));
+    psql(&format!(
+        "CREATE TABLE {schema}.orders (id bigserial PRIMARY KEY, total_cents bigint NOT NULL);"
+    ));
+
+    let js = jetstream().await;
+    let stream_name = schema.to_uppercase();
+    let mut stream = js
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: stream_name.clone(),
+            subjects: vec![format!("{prefix}.>")],
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+    let mut sql = String::new();
+    let mut committed = HashSet::new();
+    for i in 0..2_100u32 {
+        let id = uuid::Uuid::now_v7();
+        let commit = i % 21 != 20; // 100 of 2,100 roll back
+        sql.push_str(&format!(
+            "BEGIN;\nINSERT INTO {schema}.orders (total_cents) VALUES ({i});\n\
+             SELECT {schema}.enqueue('{prefix}.order-placed.v1', convert_to('{{\"n\":{i}}}', 'UTF8'), 'order-{i}', '{id}', '{{\"content-type\":\"application/json\"}}');\n{};\n",
+            if commit { "COMMIT" } else { "ROLLBACK" }
+        ));
+        if commit {
+            committed.insert(id.to_string());
+        }
+    }
+    psql(&sql);
+    assert_eq!(committed.len(), 2_000);
+    assert_eq!(
+        psql(&format!("SELECT count(*) FROM {schema}.orders")).trim(),
+        "2000"
+    );
+
+    run_ok(outbox().args([
+        "--database-url",
+        PG,
+        "--schema",
+        &schema,
+        "relay",
+        "--sink",
+        NATS,
+        "--drain",
+        "--batch-size",
+        "500",
+    ]));
+
+    let info = stream.info().await.unwrap().clone();
+    assert_eq!(
+        info.state.messages, 2_000,
+        "stream holds exactly the committed messages"
+    );
+    let mut seen = HashSet::new();
+    for seq in info.state.first_sequence..=info.state.last_sequence {
+        let m = stream.get_raw_message(seq).await.unwrap();
+        let id = m.headers.get("Nats-Msg-Id").unwrap().as_str().to_owned();
+        assert_eq!(m.headers.get("message-id").unwrap().as_str(), id);
+        assert!(m.headers.get("occurred-at").is_some());
+        assert_eq!(
+            m.headers.get("content-type").unwrap().as_str(),
+            "application/json"
+        );
+        seen.insert(id);
+    }
+    assert_eq!(seen, committed);
+
+    let s = status(&schema);
+    assert_eq!(s["pending"], 0);
+    assert_eq!(s["claimed"], 0);
+    assert_eq!(s["dispatched"], 2_000);
+    assert_eq!(s["dead"], 0);
+    assert!(s["oldest_pending_age_seconds"].is_null());
+
+    js.delete_stream(&stream_name).await.unwrap();
+    psql(&format!("DROP SCHEMA {schema} CASCADE"));
+}
+
+/// 20,000 messages; the relay is SIGKILLed mid-stream and restarted: every message id
+/// arrives at least once and every row ends dispatched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_stream_loses_nothing() {
+    let schema = unique("kill");
+    run_ok(outbox().args(["--database-url", PG, "--schema", &schema, "migrate"]));
+    psql(&format!(
+        "SELECT {schema}.enqueue('kill.test.v1', convert_to('payload ' || g, 'UTF8'), 'k' || (g % 7))
+         FROM generate_series(1, 20000) g;"
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("out.jsonl");
+    let sink = format!("file:{}", file.display());
+    let relay_args = |extra: &[&str]| {
+        let mut c = outbox();
+        c.args([
+            "--database-url",
+            PG,
+            "--schema",
+            &schema,
+            "relay",
+            "--sink",
+            &sink,
+            "--batch-size",
+            "200",
+            "--lease-ms",
+            "2000",
+            "--publish-timeout-ms",
+            "1500",
+        ])
+        .args(extra);
+        c
+    };
+    let mut child = relay_args(&[]).stdout(Stdio::null()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let lines = std::fs::read_to_string(&file)
+            .map(|t| t.lines().count())
+            .unwrap_or(0);
+        if lines >= 4_000 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "relay made no progress");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let before = status(&schema);
+    assert!(
+        before["dispatched"].as_i64().unwrap() < 20_000,
+        "the kill must land mid-stream: {before}"
+    );
+
+    run_ok(&mut relay_args(&["--drain"]));
+    // Rows the killed relay had claimed come back after the 2 s lease; drain may finish
+    // before that, so drain again until nothing is left.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status(&schema)["dispatched"] != 20_000 {
+        assert!(
+            Instant::now() < deadline,
+            "not all dispatched: {}",
+            status(&schema)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        run_ok(&mut relay_args(&["--drain"]));
+    }
+
+    let text = std::fs::read_to_string(&file).unwrap();
+    let mut arrivals: HashMap<String, u32> = HashMap::new();
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        *arrivals
+            .entry(v["message_id"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    let ids = psql(&format!("SELECT message_id FROM {schema}.messages"));
+    let ids: Vec<&str> = ids.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(ids.len(), 20_000);
+    for id in &ids {
+        assert!(arrivals.contains_key(*id), "message {id} never arrived");
+    }
+    let s = status(&schema);
+    assert_eq!(
+        (
+            s["pending"].as_i64(),
+            s["claimed"].as_i64(),
+            s["dead"].as_i64()
+        ),
+        (Some(0), Some(0), Some(0))
+    );
+    psql(&format!("DROP SCHEMA {schema} CASCADE"));
+}
+
+/// The demo runs and adds up.
+#[test]
+fn demo_adds_up() {
+    let out = run_ok(outbox().args(["demo", "--orders", "400"]));
+    assert!(out.contains("OK: every committed order"), "{out}");
+    assert!(
+        out.contains("orders committed                   360"),
+        "{out}"
+    );
+}
+
+/// Clear errors, non-zero exits, nothing written.
+#[test]
+fn bad_input_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("x.db").display());
+
+    let out = outbox()
+        .args(["--database-url", &db, "status"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("run `outbox migrate` first"));
+
+    run_ok(outbox().args(["--database-url", &db, "migrate"]));
+    let out = outbox()
+        .args([
+            "--database-url",
+            &db,
+            "relay",
+            "--sink",
+            "kafka+bogus://x",
+            "--drain",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid sink URL"));
+
+    let out = outbox()
+        .args([
+            "--database-url",
+            &db,
+            "--max-message-bytes",
+            "100",
+            "enqueue",
+            "--topic",
+            "t.v1",
+            "--payload",
+            &"x".repeat(200),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("message too large"));
+
+    let out = outbox()
+        .args(["--database-url", "mysql://nope", "status"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unsupported database URL"));
+
+    let s = run_ok(outbox().args(["--database-url", &db, "status", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(s.trim()).unwrap();
+    assert_eq!(v["pending"], 0, "the refused message was not written");
+}
+
+/// `pause` stops `relay --drain` with a clear error; `resume` lets it deliver.
+#[test]
+fn pause_and_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("p.db").display());
+    run_ok(outbox().args(["--database-url", &db, "migrate"]));
+    run_ok(outbox().args([
+        "--database-url",
+        &db,
+        "pause",
+        "--reason",
+        "broker maintenance",
+    ]));
+    run_ok(outbox().args([
+        "--database-url",
+        &db,
+        "enqueue",
+        "--topic",
+        "t.v1",
+        "--payload",
+        "x",
+    ]));
+    let out = outbox()
+        .args(["--database-url", &db, "relay", "--drain"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("broker maintenance"));
+    let text = run_ok(outbox().args(["--database-url", &db, "status"]));
+    assert!(text.contains("PAUSED: broker maintenance"), "{text}");
+    run_ok(outbox().args(["--database-url", &db, "resume"]));
+    let delivered = run_ok(outbox().args(["--database-url", &db, "relay", "--drain"]));
+    assert_eq!(delivered.lines().count(), 1);
+}
+
+/// outbox.toml supplies defaults; environment variables and flags override it.
+#[test]
+fn config_file_then_env_then_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = format!("sqlite://{}", dir.path().join("a.db").display());
+    let b = format!("sqlite://{}", dir.path().join("b.db").display());
+    std::fs::write(
+        dir.path().join("outbox.toml"),
+        format!("database-url = \"{a}\"\n"),
+    )
+    .unwrap();
+    run_ok(outbox().current_dir(dir.path()).arg("migrate"));
+    assert!(dir.path().join("a.db").exists());
+    run_ok(
+        outbox()
+            .current_dir(dir.path())
+            .env("OUTBOX_DATABASE_URL", &b)
+            .arg("migrate"),
+    );
+    assert!(dir.path().join("b.db").exists());
+    let c = format!("sqlite://{}", dir.path().join("c.db").display());
+    run_ok(
+        outbox()
+            .current_dir(dir.path())
+            .env("OUTBOX_DATABASE_URL", &b)
+            .args(["--database-url", &c, "migrate"]),
+    );
+    assert!(dir.path().join("c.db").exists());
+}
