@@ -52,6 +52,9 @@ pub struct RelayConfig {
     pub shutdown_grace: Duration,
     /// Exit once a claim finds nothing due, instead of waiting for more.
     pub drain: bool,
+    /// Batches in flight at once (default 2): while one batch waits for its
+    /// confirmations, another is claimed or marked. Each has its own claim token.
+    pub in_flight_batches: u32,
 }
 
 impl Default for RelayConfig {
@@ -67,6 +70,7 @@ impl Default for RelayConfig {
             backoff_max: Duration::from_secs(300),
             shutdown_grace: Duration::from_secs(10),
             drain: false,
+            in_flight_batches: 2,
         }
     }
 }
@@ -273,8 +277,29 @@ impl Relay {
                 cfg.publish_timeout, cfg.lease
             )));
         }
+        if cfg.in_flight_batches == 0 {
+            return Err(RelayError::Config(
+                "in_flight_batches must be at least 1".into(),
+            ));
+        }
         self.store.check_schema().await?;
-        tracing::info!(relay_id = %cfg.relay_id, sink = %self.sink.describe(), batch_size = cfg.batch_size, "relay started");
+        tracing::info!(relay_id = %cfg.relay_id, sink = %self.sink.describe(), batch_size = cfg.batch_size, in_flight_batches = cfg.in_flight_batches, "relay started");
+        // Each worker claims, publishes and settles its own batches; SKIP LOCKED keeps
+        // their claims apart, and one worker's publish overlaps another's claim and mark.
+        let results = futures::future::join_all(
+            (0..cfg.in_flight_batches).map(|_| self.worker(&cancel)),
+        )
+        .await;
+        self.sink.close().await;
+        let stats = self.counters.snapshot();
+        tracing::info!(?stats, "relay stopped");
+        results.into_iter().collect::<Result<Vec<()>, _>>()?;
+        Ok(stats)
+    }
+
+    /// One claim → publish → settle loop.
+    async fn worker(&self, cancel: &CancellationToken) -> Result<(), RelayError> {
+        let cfg = &self.config;
         let mut wake = self.store.wakeups();
         let request = ClaimRequest {
             relay_id: cfg.relay_id.clone(),
@@ -300,10 +325,7 @@ impl Relay {
                             });
                         }
                         if paused && !paused_logged {
-                            tracing::warn!(
-                                reason = p.reason.as_deref().unwrap_or(""),
-                                "outbox paused: not publishing"
-                            );
+                            tracing::warn!(reason = p.reason.as_deref().unwrap_or(""), "outbox paused: not publishing");
                             paused_logged = true;
                         } else if !paused && paused_logged {
                             tracing::info!("outbox resumed");
@@ -312,13 +334,13 @@ impl Relay {
                     }
                     Err(e) => {
                         failing.store_error("reading the pause switch", &e);
-                        sleep_or_cancel(failing.delay(), &cancel).await;
+                        sleep_or_cancel(failing.delay(), cancel).await;
                         continue;
                     }
                 }
             }
             if paused {
-                sleep_or_cancel(Duration::from_secs(1), &cancel).await;
+                sleep_or_cancel(Duration::from_secs(1), cancel).await;
                 continue;
             }
 
@@ -329,7 +351,7 @@ impl Relay {
                 }
                 Err(e) => {
                     failing.store_error("claiming", &e);
-                    sleep_or_cancel(failing.delay(), &cancel).await;
+                    sleep_or_cancel(failing.delay(), cancel).await;
                     continue;
                 }
             };
@@ -338,6 +360,7 @@ impl Relay {
                 if cfg.drain {
                     break;
                 }
+                // Idle: wait for the store's wake-up, the poll interval, or shutdown.
                 tokio::select! {
                     _ = wake.changed() => {}
                     _ = tokio::time::sleep(cfg.poll_interval) => {}
@@ -347,19 +370,12 @@ impl Relay {
             }
             add(&self.counters.batches, 1);
             add(&self.counters.claimed, n as u64);
-            let stop = self.process(claim, &cancel).await;
-            if stop {
+            if self.process(claim, cancel).await {
                 break;
             }
-            // A full batch means more may be due: claim again at once.
-            if n < cfg.batch_size as usize && !cfg.drain {
-                // fall through to the wait on the next empty claim
-            }
+            // A batch was found: claim again at once (more may be due).
         }
-        self.sink.close().await;
-        let stats = self.counters.snapshot();
-        tracing::info!(?stats, "relay stopped");
-        Ok(stats)
+        Ok(())
     }
 
     /// Publishes one claim and settles it. Returns true when shutdown grace ran out.

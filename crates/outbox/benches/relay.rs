@@ -1,0 +1,334 @@
+//! Relay benchmark: PostgreSQL → NATS JetStream on this machine. Prints figures; asserts
+//! nothing about speed. Run: `cargo bench -p outbox --bench relay` (PostgreSQL and NATS
+//! must be running; see the README).
+//!
+//! Figures, each measured in the same run so ratios survive a noisy machine:
+//! 1. baselines: the store alone (claim + mark, no broker) and JetStream alone (pipelined
+//!    publishes, no database);
+//! 2. relay throughput draining a backlog, batch 100 and 1,000;
+//! 3. relay throughput while producers insert at full speed (the claim-plan trap);
+//! 4. commit-to-confirm latency p50/p99 at a steady producer rate, batch 100 and 1,000;
+//! 5. the producer-side cost of the NOTIFY trigger (single-row transactions, on vs off).
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use async_trait::async_trait;
+use outbox::postgres::PgStore;
+use outbox::sink::nats::{NatsOptions, NatsSink};
+use outbox::sink::{PublishError, Sink};
+use outbox::store::Store;
+use outbox::{Ident, Message, OutgoingMessage, Relay, RelayConfig, StoreConfig};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+const PG: &str = "postgres://postgres@127.0.0.1:5432/test";
+const NATS: &str = "nats://127.0.0.1:4222";
+
+type Times = Arc<Mutex<HashMap<Uuid, Instant>>>;
+
+/// Confirms at once (the store-only baseline).
+struct NullSink;
+
+#[async_trait]
+impl Sink for NullSink {
+    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
+        vec![Ok(()); batch.len()]
+    }
+    fn describe(&self) -> String {
+        "null".into()
+    }
+}
+
+/// Records when each message was confirmed.
+struct Timed<S> {
+    inner: S,
+    confirmed: Times,
+}
+
+#[async_trait]
+impl<S: Sink> Sink for Timed<S> {
+    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
+        let r = self.inner.publish(batch).await;
+        let now = Instant::now();
+        let mut c = self.confirmed.lock().unwrap();
+        for (m, r) in batch.iter().zip(&r) {
+            if r.is_ok() {
+                c.entry(m.message_id).or_insert(now);
+            }
+        }
+        r
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+async fn fresh_store(tag: &str) -> PgStore {
+    let schema = format!("bench_{tag}_{}", &Uuid::new_v4().simple().to_string()[..8]);
+    let store = PgStore::connect(
+        PG,
+        StoreConfig {
+            schema: Ident::new(&schema).unwrap(),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("PostgreSQL must listen on 127.0.0.1:5432");
+    store.migrate().await.unwrap();
+    store
+}
+
+async fn drop_store(store: &PgStore) {
+    let s = store.config().schema.clone();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {s} CASCADE")))
+        .execute(store.pool())
+        .await
+        .unwrap();
+}
+
+/// Inserts `n` messages in transactions of 1,000 with a 100-byte payload.
+async fn prefill(store: &PgStore, topic: &str, n: usize) {
+    let payload = vec![b'x'; 100];
+    for chunk in 0..n.div_ceil(1000) {
+        let mut tx = store.pool().begin().await.unwrap();
+        for i in 0..1000.min(n - chunk * 1000) {
+            let m = Message::new(topic.to_owned(), payload.clone()).key(format!("k{}", i % 16));
+            store.enqueue(&mut tx, &m).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+}
+
+fn relay_config(batch: u32, in_flight: u32) -> RelayConfig {
+    RelayConfig {
+        batch_size: batch,
+        in_flight_batches: in_flight,
+        drain: true,
+        lease: Duration::from_secs(60),
+        publish_timeout: Duration::from_secs(30),
+        poll_interval: Duration::from_millis(100),
+        ..RelayConfig::default()
+    }
+}
+
+async fn drain(store: &PgStore, sink: Arc<dyn Sink>, batch: u32, in_flight: u32) -> (u64, Duration) {
+    let t = Instant::now();
+    let stats = Relay::new(Arc::new(store.clone()), sink, relay_config(batch, in_flight))
+        .run(Default::default())
+        .await
+        .unwrap();
+    (stats.dispatched, t.elapsed())
+}
+
+async fn stream(js: &async_nats::jetstream::Context, subject_root: &str) -> String {
+    let name = subject_root.replace('.', "_").to_uppercase();
+    let _ = js.delete_stream(&name).await;
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("{subject_root}.>")],
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .expect("NATS with JetStream must listen on 127.0.0.1:4222");
+    name
+}
+
+fn pct(v: &mut [Duration], p: f64) -> f64 {
+    v.sort();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e3
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let n: usize = std::env::var("BENCH_MESSAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30_000);
+    let root = format!("bench{}", &Uuid::new_v4().simple().to_string()[..6]);
+    let client = async_nats::connect(NATS).await.expect("NATS must listen on 127.0.0.1:4222");
+    let js = async_nats::jetstream::new(client);
+    let stream_name = stream(&js, &root).await;
+    let topic = format!("{root}.orders.v1");
+    println!("relay benchmark: PostgreSQL 127.0.0.1:5432 -> NATS JetStream 127.0.0.1:4222, {n} messages of 100 bytes");
+
+    // 1a. JetStream alone: pipelined publishes of n messages, then all acks.
+    let nats = NatsSink::connect(NATS, NatsOptions::default()).await.unwrap();
+    let msgs: Vec<OutgoingMessage> = (0..n)
+        .map(|i| OutgoingMessage {
+            id: i as i64,
+            message_id: Uuid::now_v7(),
+            topic: topic.clone(),
+            key: None,
+            payload: vec![b'x'; 100].into(),
+            headers: Default::default(),
+            occurred_at: chrono::Utc::now(),
+            attempts: 1,
+        })
+        .collect();
+    let t = Instant::now();
+    for chunk in msgs.chunks(1000) {
+        let r = nats.publish(chunk).await;
+        assert!(r.iter().all(Result::is_ok));
+    }
+    let nats_rate = n as f64 / t.elapsed().as_secs_f64();
+    println!("baseline  JetStream alone (batches of 1,000 pipelined)      {nats_rate:>9.0} msg/s");
+
+    let mut store_rates = HashMap::new();
+    for batch in [100u32, 1000] {
+        // 1b. The store alone: claim + mark, confirming at once.
+        let store = fresh_store("base").await;
+        prefill(&store, &topic, n).await;
+        let (done, el) = drain(&store, Arc::new(NullSink), batch, 1).await;
+        assert_eq!(done as usize, n);
+        let store_rate = done as f64 / el.as_secs_f64();
+        store_rates.insert(batch, store_rate);
+        println!("baseline  PostgreSQL claim+mark alone, batch {batch:>5}          {store_rate:>9.0} msg/s");
+        drop_store(&store).await;
+
+        // 2. The relay, PostgreSQL -> JetStream, draining a backlog.
+        for in_flight in [1u32, 2, 4] {
+            let store = fresh_store("relay").await;
+            prefill(&store, &topic, n).await;
+            let sink = NatsSink::connect(NATS, NatsOptions::default()).await.unwrap();
+            let (done, el) = drain(&store, Arc::new(sink), batch, in_flight).await;
+            assert_eq!(done as usize, n);
+            let rate = done as f64 / el.as_secs_f64();
+            let bound = store_rate.min(nats_rate);
+            println!(
+                "relay     PostgreSQL -> JetStream backlog, batch {batch:>5}, {in_flight} in flight {rate:>9.0} msg/s  ({:.0}% of the slower baseline)",
+                100.0 * rate / bound
+            );
+            drop_store(&store).await;
+        }
+    }
+
+    // 3. Draining while two producers insert transactions of 100 at full speed, from an
+    //    empty outbox that fills up (the claim-plan trap).
+    {
+        let store = fresh_store("conc").await;
+        let sink = NatsSink::connect(NATS, NatsOptions::default()).await.unwrap();
+        let mut cfg = relay_config(1000, 2);
+        cfg.drain = false;
+        let handle = Relay::new(Arc::new(store.clone()), Arc::new(sink), cfg).spawn();
+        let t = Instant::now();
+        let run_for = Duration::from_secs(8);
+        let mut producers = Vec::new();
+        for _ in 0..2 {
+            let store = store.clone();
+            let topic = topic.clone();
+            producers.push(tokio::spawn(async move {
+                let mut inserted = 0u64;
+                while t.elapsed() < run_for {
+                    let mut tx = store.pool().begin().await.unwrap();
+                    for _ in 0..100 {
+                        store
+                            .enqueue(&mut tx, &Message::new(topic.clone(), vec![b'x'; 100]))
+                            .await
+                            .unwrap();
+                    }
+                    tx.commit().await.unwrap();
+                    inserted += 100;
+                }
+                inserted
+            }));
+        }
+        let mut inserted = 0;
+        for p in producers {
+            inserted += p.await.unwrap();
+        }
+        let produced_in = t.elapsed();
+        let dispatched_during = handle.stats().dispatched;
+        // Let it catch up, then stop.
+        while store.counts().await.unwrap().pending > 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let caught_up = t.elapsed();
+        let stats = handle.shutdown().await.unwrap();
+        println!(
+            "relay     under 2 producers (tx of 100): produced {:>7.0} msg/s, relayed {:>7.0} msg/s meanwhile; backlog cleared {:.2} s after producers stopped ({} dispatched)",
+            inserted as f64 / produced_in.as_secs_f64(),
+            dispatched_during as f64 / produced_in.as_secs_f64(),
+            (caught_up - produced_in).as_secs_f64(),
+            stats.dispatched
+        );
+        drop_store(&store).await;
+    }
+
+    // 4. Commit-to-confirm latency at a steady 500 msg/s (single-message transactions).
+    for batch in [100u32, 1000] {
+        let store = fresh_store("lat").await;
+        let confirmed: Times = Arc::default();
+        let sink = Timed {
+            inner: NatsSink::connect(NATS, NatsOptions::default()).await.unwrap(),
+            confirmed: confirmed.clone(),
+        };
+        let mut cfg = relay_config(batch, 2);
+        cfg.drain = false;
+        let handle = Relay::new(Arc::new(store.clone()), Arc::new(sink), cfg).spawn();
+        tokio::time::sleep(Duration::from_millis(200)).await; // listener connected
+        let mut committed = HashMap::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(2));
+        for _ in 0..3_000 {
+            tick.tick().await;
+            let mut tx = store.pool().begin().await.unwrap();
+            let m = Message::new(topic.clone(), vec![b'x'; 100]);
+            store.enqueue(&mut tx, &m).await.unwrap();
+            tx.commit().await.unwrap();
+            committed.insert(m.id(), Instant::now());
+        }
+        while store.counts().await.unwrap().pending > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        handle.shutdown().await.unwrap();
+        let c = confirmed.lock().unwrap();
+        let mut lat: Vec<Duration> = committed
+            .iter()
+            .filter_map(|(id, t0)| c.get(id).map(|t1| t1.saturating_duration_since(*t0)))
+            .collect();
+        println!(
+            "latency   commit -> PubAck at 500 msg/s, batch {batch:>5}:  p50 {:.2} ms  p99 {:.2} ms  ({} samples)",
+            pct(&mut lat, 0.5),
+            pct(&mut lat, 0.99),
+            lat.len()
+        );
+        drop_store(&store).await;
+    }
+
+    // 5. What the NOTIFY trigger costs producers: single-row transactions, on vs off.
+    {
+        let store = fresh_store("notify").await;
+        let mut rates = Vec::new();
+        for round in 0..4 {
+            let on = round % 2 == 0;
+            store.set_notify(on).await.unwrap();
+            let t = Instant::now();
+            for _ in 0..2_000 {
+                let mut tx = store.pool().begin().await.unwrap();
+                store
+                    .enqueue(&mut tx, &Message::new(topic.clone(), vec![b'x'; 100]))
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+            }
+            rates.push((on, 2_000.0 / t.elapsed().as_secs_f64()));
+        }
+        let avg = |want: bool| {
+            let v: Vec<f64> = rates.iter().filter(|(on, _)| *on == want).map(|r| r.1).collect();
+            v.iter().sum::<f64>() / v.len() as f64
+        };
+        println!(
+            "producer  single-row tx: NOTIFY on {:.0} tx/s, off {:.0} tx/s (on/off = {:.2})",
+            avg(true),
+            avg(false),
+            avg(true) / avg(false)
+        );
+        drop_store(&store).await;
+    }
+    let _ = js.delete_stream(&stream_name).await;
+    let _ = store_rates;
+}

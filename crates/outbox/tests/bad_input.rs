@@ -1,0 +1,224 @@
+//! Bad input is refused where it enters, with an error that names it: an oversized message
+//! at enqueue (the producer's transaction goes on), a relay on an unmigrated store, an
+//! unknown sink URL, and a NATS subject that no stream covers (quarantined at once).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{
+    RecordingWrapper, Seen, TestStream, nats_connect, nats_url, pg_store_unmigrated, pg_store_with,
+    relay_config, sqlite_store_unmigrated, sqlite_store_with, wait_until,
+};
+use outbox::sink::SinkError;
+use outbox::sink::nats::{NatsOptions, NatsSink};
+use outbox::{Error, Message, Relay, RelayError, Store};
+use sqlx::AssertSqlSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+const LIMIT: usize = 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pg_message_too_large_is_refused_and_the_transaction_goes_on() {
+    let (store, schema) = pg_store_with("big", LIMIT).await;
+    let s = &schema.name;
+    let mut tx = store.pool().begin().await.unwrap();
+    let small = store
+        .enqueue(&mut tx, &Message::new("t.big.v1", vec![1u8; 10]))
+        .await
+        .unwrap();
+    // Payload alone fits, but the headers push it over: size counts them too.
+    let big = Message::new("t.big.v1", vec![0u8; LIMIT - 20]).header("tenant", "x".repeat(40));
+    match store.enqueue(&mut tx, &big).await {
+        Err(Error::MessageTooLarge { size, limit }) => {
+            assert_eq!(limit, LIMIT);
+            assert_eq!(size, LIMIT - 20 + "t.big.v1".len() + "tenant".len() + 40);
+        }
+        other => panic!("expected MessageTooLarge, got {other:?}"),
+    }
+    let after = store
+        .enqueue(&mut tx, &Message::new("t.big.v1", vec![2u8; 10]))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let ids: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT id FROM {s}.messages ORDER BY id"
+    )))
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(ids, vec![small.id, after.id]);
+    let hit: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {s}.messages WHERE message_id = $1"
+    )))
+    .bind(big.id())
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(hit, 0);
+
+    // The SQL function applies the same limit (taken from the store config at migrate).
+    let err = sqlx::query(AssertSqlSafe(format!("SELECT {s}.enqueue('t.big.v1', $1)")))
+        .bind(vec![0u8; LIMIT + 1])
+        .execute(store.pool())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("message too large"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_message_too_large_is_refused_and_the_transaction_goes_on() {
+    let (store, _dir) = sqlite_store_with(LIMIT).await;
+    let mut tx = store.pool().begin().await.unwrap();
+    store
+        .enqueue(&mut tx, &Message::new("t.big.v1", vec![1u8; 10]))
+        .await
+        .unwrap();
+    let big = Message::new("t.big.v1", vec![0u8; LIMIT + 1]);
+    assert!(
+        matches!(
+            store.enqueue(&mut tx, &big).await,
+            Err(Error::MessageTooLarge { limit: LIMIT, .. })
+        ),
+        "oversized message must be refused"
+    );
+    store
+        .enqueue(&mut tx, &Message::new("t.big.v1", vec![2u8; 10]))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(store.counts().await.unwrap().pending, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn relay_on_unmigrated_store_fails_with_not_migrated() {
+    let (pg, schema) = pg_store_unmigrated("unmig", LIMIT).await;
+    let (sink, _seen) = common::RecordingSink::new();
+    let r = Relay::new(Arc::new(pg), sink.clone(), relay_config("unmigrated"))
+        .spawn()
+        .wait()
+        .await;
+    match r {
+        Err(RelayError::Store(Error::NotMigrated {
+            schema: got,
+            found,
+            expected,
+        })) => {
+            assert_eq!(got, schema.name);
+            assert_eq!(found, 0);
+            assert_eq!(expected, outbox::postgres::SCHEMA_VERSION);
+        }
+        other => panic!("expected NotMigrated, got {other:?}"),
+    }
+
+    let (lite, _dir) = sqlite_store_unmigrated(LIMIT).await;
+    let r = Relay::new(Arc::new(lite), sink, relay_config("unmigrated"))
+        .spawn()
+        .wait()
+        .await;
+    assert!(
+        matches!(
+            r,
+            Err(RelayError::Store(Error::NotMigrated { found: 0, .. }))
+        ),
+        "{r:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unknown_sink_url_is_invalid() {
+    for url in ["kafka+bogus://x", "file:", "ftp://host/x"] {
+        match outbox::sink::open(url).await {
+            Err(SinkError::InvalidUrl { url: got, .. }) => assert_eq!(got, url),
+            Err(other) => panic!("{url}: expected InvalidUrl, got {other}"),
+            Ok(s) => panic!("{url}: expected InvalidUrl, got a sink {}", s.describe()),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nats_subject_without_stream_is_quarantined_at_once() {
+    let client = nats_connect().await;
+    let stream = TestStream::shared(&client).await;
+    let (store, schema) = pg_store_with("nostream", outbox::store::DEFAULT_MAX_MESSAGE_BYTES).await;
+    let db = common::TestDb::Pg(store, schema);
+    // A subject next to the stream's, but outside it.
+    let uncovered = format!("{}x.orders", stream.prefix);
+    let msgs = vec![
+        Message::new(stream.subject("ok1"), b"1".to_vec()),
+        Message::new(uncovered.clone(), b"2".to_vec()),
+        Message::new(stream.subject("ok2"), b"3".to_vec()),
+        // Text a store holds but NATS headers cannot carry.
+        Message::new(stream.subject("crlf"), b"4".to_vec()).header("note", "a\r\nb"),
+    ];
+    let enq = db.enqueue_all(&msgs).await;
+    // A row written by hand with headers that are not a JSON object of strings.
+    let malformed_id: i64 = match &db {
+        common::TestDb::Pg(s, g) => sqlx::query_scalar(AssertSqlSafe(format!(
+            "INSERT INTO {}.messages (message_id, topic, payload, headers)
+             VALUES (gen_random_uuid(), $1, '\\x00', '{{\"n\": 1}}') RETURNING id",
+            g.name
+        )))
+        .bind(stream.subject("malformed"))
+        .fetch_one(s.pool())
+        .await
+        .unwrap(),
+        common::TestDb::Sqlite(..) => unreachable!(),
+    };
+
+    let sink = NatsSink::connect(
+        &nats_url(),
+        NatsOptions {
+            ack_timeout: Duration::from_secs(2),
+        },
+    )
+    .await
+    .unwrap();
+    let seen: Seen = Arc::default();
+    let sink = Arc::new(RecordingWrapper {
+        inner: sink,
+        seen: seen.clone(),
+    });
+    let mut cfg = relay_config("nostream");
+    cfg.max_attempts = 5;
+    let handle = Relay::new(db.store(), sink, cfg).spawn();
+    let store = db.store();
+    wait_until("2 dispatched and 3 dead", Duration::from_secs(15), || {
+        let store = store.clone();
+        async move {
+            let c = store.counts().await.unwrap();
+            if c.dispatched == 2 && c.dead == 3 && c.pending == 0 && c.claimed == 0 {
+                Ok(())
+            } else {
+                Err(format!("{c:?}"))
+            }
+        }
+    })
+    .await;
+    handle.shutdown().await.unwrap();
+
+    let dead = db.row(enq[1].id).await;
+    assert_eq!(dead.status, 3);
+    assert_eq!(dead.attempts, 1, "a permanent error is not retried");
+    let err = dead.last_error.unwrap_or_default();
+    assert!(err.contains("no JetStream stream covers"), "{err}");
+    assert!(err.contains(&uncovered), "{err}");
+    assert_eq!(seen.lock().unwrap()[&msgs[1].id()], 1);
+
+    let crlf = db.row(enq[3].id).await;
+    assert_eq!((crlf.status, crlf.attempts), (3, 1));
+    let err = crlf.last_error.unwrap_or_default();
+    assert!(err.contains("CR or LF") && err.contains("note"), "{err}");
+
+    let malformed = db.row(malformed_id).await;
+    assert_eq!(malformed.status, 3);
+    let err = malformed.last_error.unwrap_or_default();
+    assert!(err.contains("malformed row"), "{err}");
+    assert!(
+        !seen.lock().unwrap().contains_key(&malformed.message_id),
+        "a malformed row never reaches the sink"
+    );
+
+    assert_eq!(stream.message_count(&client).await, 2);
+}

@@ -1,0 +1,226 @@
+//! A broker outage delays delivery and loses nothing: with a private `nats-server` down,
+//! rows stay pending with their attempts and last error (none quarantined while
+//! `max_attempts` allows); once the server is back, every message is delivered exactly
+//! once into the stream.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use async_nats::jetstream::stream::StorageType;
+use common::{NatsServer, TestDb, TestStream, messages, relay_config, wait_until};
+use outbox::Relay;
+use outbox::sink::nats::{NatsOptions, NatsSink};
+use outbox::store::status;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+const N: usize = 50;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nats_outage_keeps_rows_pending_then_delivers_all() {
+    let mut server = NatsServer::start().await;
+    let admin = server.connect().await;
+    let stream = TestStream::create(&admin, &server.url(), StorageType::File).await;
+    drop(admin);
+    server.stop();
+
+    let db = TestDb::pg("outage").await;
+    let store = db.store();
+    let enq = db
+        .enqueue_all(&messages(&stream.subject("orders"), N))
+        .await;
+
+    // The sink connects in the background: a broker that is down at start does not fail it.
+    let sink = NatsSink::connect(
+        &server.url(),
+        NatsOptions {
+            ack_timeout: Duration::from_secs(1),
+        },
+    )
+    .await
+    .unwrap();
+    let mut cfg = relay_config("relay-outage");
+    cfg.publish_timeout = Duration::from_secs(1);
+    cfg.lease = Duration::from_secs(5);
+    cfg.backoff_base = Duration::from_millis(100);
+    cfg.backoff_max = Duration::from_millis(500);
+    cfg.max_attempts = 1000;
+    cfg.batch_size = 20; // several batches in flight over the outage
+    let handle = Relay::new(store.clone(), Arc::new(sink), cfg).spawn();
+
+    // While the broker is down: every row was tried (more than once) and carries the error;
+    // none is dispatched or dead.
+    let d = &db;
+    wait_until(
+        "every row retried with an error",
+        Duration::from_secs(20),
+        || async move {
+            let rows = d.rows().await;
+            let settled: Vec<_> = rows.iter().filter(|r| r.status >= 2).collect();
+            assert!(
+                settled.is_empty(),
+                "rows settled while the broker was down: {settled:?}"
+            );
+            let retried = rows
+                .iter()
+                .filter(|r| r.attempts >= 2 && r.last_error.is_some())
+                .count();
+            if retried == N {
+                Ok(())
+            } else {
+                Err(format!("{retried}/{N} rows retried with an error"))
+            }
+        },
+    )
+    .await;
+    let rows = db.rows().await;
+    let mut pending = 0;
+    for r in &rows {
+        assert!(r.status == i32::from(status::PENDING) || r.status == i32::from(status::CLAIMED));
+        pending += usize::from(r.status == i32::from(status::PENDING));
+        let e = r.last_error.as_deref().unwrap();
+        assert!(e.starts_with("transient"), "{e}");
+        assert_eq!(r.dispatched_at, None);
+    }
+    assert!(pending > 0, "rows wait in pending between attempts");
+    eprintln!(
+        "during the outage: attempts {:?}, last_error {:?}",
+        rows.iter().map(|r| r.attempts).collect::<Vec<_>>(),
+        rows[0].last_error
+    );
+    let c = store.counts().await.unwrap();
+    assert_eq!((c.dispatched, c.dead), (0, 0), "{c:?}");
+    assert_eq!(handle.stats().dispatched, 0);
+
+    // The broker comes back on the same port and store.
+    server.restart().await;
+    let back = std::time::Instant::now();
+    let s = store.clone();
+    wait_until(
+        "all delivered after the restart",
+        Duration::from_secs(20),
+        || {
+            let s = s.clone();
+            async move {
+                let c = s.counts().await.unwrap();
+                if c.dispatched == N as i64 {
+                    Ok(())
+                } else {
+                    Err(format!("{c:?}"))
+                }
+            }
+        },
+    )
+    .await;
+    eprintln!("delivered {:?} after the restart", back.elapsed());
+    let stats = handle.shutdown().await.unwrap();
+    assert_eq!(stats.dispatched, N as u64, "{stats:?}");
+    assert_eq!(stats.quarantined, 0, "{stats:?}");
+
+    let c = store.counts().await.unwrap();
+    assert_eq!(
+        (c.pending, c.claimed, c.dispatched, c.dead),
+        (0, 0, N as i64, 0)
+    );
+    for r in db.rows().await {
+        assert_eq!(r.last_error, None, "a mark clears the error");
+    }
+    let admin = server.connect().await;
+    assert_eq!(
+        stream.message_count(&admin).await,
+        N as u64,
+        "exactly one copy each"
+    );
+    let in_stream: HashSet<String> = stream.msg_ids(&admin).await.into_iter().collect();
+    let ours: HashSet<String> = enq.iter().map(|e| e.message_id.to_string()).collect();
+    assert_eq!(in_stream, ours);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nats_killed_mid_run_then_restarted_loses_nothing() {
+    let mut server = NatsServer::start().await;
+    let admin = server.connect().await;
+    let stream = TestStream::create(&admin, &server.url(), StorageType::File).await;
+    drop(admin);
+
+    let db = TestDb::pg("midrun").await;
+    let store = db.store();
+    let sink = NatsSink::connect(
+        &server.url(),
+        NatsOptions {
+            ack_timeout: Duration::from_secs(1),
+        },
+    )
+    .await
+    .unwrap();
+    let mut cfg = relay_config("relay-midrun");
+    cfg.publish_timeout = Duration::from_secs(1);
+    cfg.lease = Duration::from_secs(5);
+    cfg.backoff_base = Duration::from_millis(100);
+    cfg.backoff_max = Duration::from_millis(500);
+    cfg.max_attempts = 1000;
+    let handle = Relay::new(store.clone(), Arc::new(sink), cfg).spawn();
+
+    // Healthy first.
+    let mut enq = db.enqueue_all(&messages(&stream.subject("a"), 20)).await;
+    let dispatched = |n: i64| {
+        let s = store.clone();
+        move || {
+            let s = s.clone();
+            async move {
+                let c = s.counts().await.unwrap();
+                if c.dispatched == n {
+                    Ok(())
+                } else {
+                    Err(format!("{c:?}"))
+                }
+            }
+        }
+    };
+    wait_until("healthy delivery", Duration::from_secs(10), dispatched(20)).await;
+
+    // The broker dies under the running relay (SIGKILL), producers go on.
+    server.stop();
+    enq.extend(db.enqueue_all(&messages(&stream.subject("b"), 30)).await);
+    let d = &db;
+    wait_until(
+        "new rows retried with an error",
+        Duration::from_secs(15),
+        || async move {
+            let rows = d.rows().await;
+            assert_eq!(rows.iter().filter(|r| r.status == 3).count(), 0);
+            let retried = rows
+                .iter()
+                .filter(|r| r.status != 2 && r.attempts >= 1 && r.last_error.is_some())
+                .count();
+            if retried == 30 {
+                Ok(())
+            } else {
+                Err(format!("{retried}/30 retried"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(store.counts().await.unwrap().dispatched, 20);
+
+    server.restart().await;
+    wait_until(
+        "delivery after the restart",
+        Duration::from_secs(15),
+        dispatched(50),
+    )
+    .await;
+    let stats = handle.shutdown().await.unwrap();
+    assert_eq!(stats.quarantined, 0, "{stats:?}");
+    let admin = server.connect().await;
+    assert_eq!(
+        stream.message_count(&admin).await,
+        50,
+        "the file store kept the first 20"
+    );
+    let in_stream: HashSet<String> = stream.msg_ids(&admin).await.into_iter().collect();
+    let ours: HashSet<String> = enq.iter().map(|e| e.message_id.to_string()).collect();
+    assert_eq!(in_stream, ours);
+}
