@@ -112,12 +112,21 @@ fn relay_config(batch: u32, in_flight: u32) -> RelayConfig {
     }
 }
 
-async fn drain(store: &PgStore, sink: Arc<dyn Sink>, batch: u32, in_flight: u32) -> (u64, Duration) {
+async fn drain(
+    store: &PgStore,
+    sink: Arc<dyn Sink>,
+    batch: u32,
+    in_flight: u32,
+) -> (u64, Duration) {
     let t = Instant::now();
-    let stats = Relay::new(Arc::new(store.clone()), sink, relay_config(batch, in_flight))
-        .run(Default::default())
-        .await
-        .unwrap();
+    let stats = Relay::new(
+        Arc::new(store.clone()),
+        sink,
+        relay_config(batch, in_flight),
+    )
+    .run(Default::default())
+    .await
+    .unwrap();
     (stats.dispatched, t.elapsed())
 }
 
@@ -150,14 +159,20 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(30_000);
     let root = format!("bench{}", &Uuid::new_v4().simple().to_string()[..6]);
-    let client = async_nats::connect(NATS).await.expect("NATS must listen on 127.0.0.1:4222");
+    let client = async_nats::connect(NATS)
+        .await
+        .expect("NATS must listen on 127.0.0.1:4222");
     let js = async_nats::jetstream::new(client);
     let stream_name = stream(&js, &root).await;
     let topic = format!("{root}.orders.v1");
-    println!("relay benchmark: PostgreSQL 127.0.0.1:5432 -> NATS JetStream 127.0.0.1:4222, {n} messages of 100 bytes");
+    println!(
+        "relay benchmark: PostgreSQL 127.0.0.1:5432 -> NATS JetStream 127.0.0.1:4222, {n} messages of 100 bytes"
+    );
 
     // 1a. JetStream alone: pipelined publishes of n messages, then all acks.
-    let nats = NatsSink::connect(NATS, NatsOptions::default()).await.unwrap();
+    let nats = NatsSink::connect(NATS, NatsOptions::default())
+        .await
+        .unwrap();
     let msgs: Vec<OutgoingMessage> = (0..n)
         .map(|i| OutgoingMessage {
             id: i as i64,
@@ -187,14 +202,18 @@ async fn main() {
         assert_eq!(done as usize, n);
         let store_rate = done as f64 / el.as_secs_f64();
         store_rates.insert(batch, store_rate);
-        println!("baseline  PostgreSQL claim+mark alone, batch {batch:>5}          {store_rate:>9.0} msg/s");
+        println!(
+            "baseline  PostgreSQL claim+mark alone, batch {batch:>5}          {store_rate:>9.0} msg/s"
+        );
         drop_store(&store).await;
 
         // 2. The relay, PostgreSQL -> JetStream, draining a backlog.
         for in_flight in [1u32, 2, 4] {
             let store = fresh_store("relay").await;
             prefill(&store, &topic, n).await;
-            let sink = NatsSink::connect(NATS, NatsOptions::default()).await.unwrap();
+            let sink = NatsSink::connect(NATS, NatsOptions::default())
+                .await
+                .unwrap();
             let (done, el) = drain(&store, Arc::new(sink), batch, in_flight).await;
             assert_eq!(done as usize, n);
             let rate = done as f64 / el.as_secs_f64();
@@ -211,7 +230,9 @@ async fn main() {
     //    empty outbox that fills up (the claim-plan trap).
     {
         let store = fresh_store("conc").await;
-        let sink = NatsSink::connect(NATS, NatsOptions::default()).await.unwrap();
+        let sink = NatsSink::connect(NATS, NatsOptions::default())
+            .await
+            .unwrap();
         let mut cfg = relay_config(1000, 2);
         cfg.drain = false;
         let handle = Relay::new(Arc::new(store.clone()), Arc::new(sink), cfg).spawn();
@@ -264,7 +285,9 @@ async fn main() {
         let store = fresh_store("lat").await;
         let confirmed: Times = Arc::default();
         let sink = Timed {
-            inner: NatsSink::connect(NATS, NatsOptions::default()).await.unwrap(),
+            inner: NatsSink::connect(NATS, NatsOptions::default())
+                .await
+                .unwrap(),
             confirmed: confirmed.clone(),
         };
         let mut cfg = relay_config(batch, 2);
@@ -285,11 +308,13 @@ async fn main() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         handle.shutdown().await.unwrap();
-        let c = confirmed.lock().unwrap();
-        let mut lat: Vec<Duration> = committed
-            .iter()
-            .filter_map(|(id, t0)| c.get(id).map(|t1| t1.saturating_duration_since(*t0)))
-            .collect();
+        let mut lat: Vec<Duration> = {
+            let c = confirmed.lock().unwrap();
+            committed
+                .iter()
+                .filter_map(|(id, t0)| c.get(id).map(|t1| t1.saturating_duration_since(*t0)))
+                .collect()
+        };
         println!(
             "latency   commit -> PubAck at 500 msg/s, batch {batch:>5}:  p50 {:.2} ms  p99 {:.2} ms  ({} samples)",
             pct(&mut lat, 0.5),
@@ -318,7 +343,11 @@ async fn main() {
             rates.push((on, 2_000.0 / t.elapsed().as_secs_f64()));
         }
         let avg = |want: bool| {
-            let v: Vec<f64> = rates.iter().filter(|(on, _)| *on == want).map(|r| r.1).collect();
+            let v: Vec<f64> = rates
+                .iter()
+                .filter(|(on, _)| *on == want)
+                .map(|r| r.1)
+                .collect();
             v.iter().sum::<f64>() / v.len() as f64
         };
         println!(

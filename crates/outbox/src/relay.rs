@@ -286,10 +286,9 @@ impl Relay {
         tracing::info!(relay_id = %cfg.relay_id, sink = %self.sink.describe(), batch_size = cfg.batch_size, in_flight_batches = cfg.in_flight_batches, "relay started");
         // Each worker claims, publishes and settles its own batches; SKIP LOCKED keeps
         // their claims apart, and one worker's publish overlaps another's claim and mark.
-        let results = futures::future::join_all(
-            (0..cfg.in_flight_batches).map(|_| self.worker(&cancel)),
-        )
-        .await;
+        let results =
+            futures::future::join_all((0..cfg.in_flight_batches).map(|_| self.worker(&cancel)))
+                .await;
         self.sink.close().await;
         let stats = self.counters.snapshot();
         tracing::info!(?stats, "relay stopped");
@@ -325,7 +324,10 @@ impl Relay {
                             });
                         }
                         if paused && !paused_logged {
-                            tracing::warn!(reason = p.reason.as_deref().unwrap_or(""), "outbox paused: not publishing");
+                            tracing::warn!(
+                                reason = p.reason.as_deref().unwrap_or(""),
+                                "outbox paused: not publishing"
+                            );
                             paused_logged = true;
                         } else if !paused && paused_logged {
                             tracing::info!("outbox resumed");

@@ -126,7 +126,7 @@ async fn four_relays_publish_each_message_exactly_once_and_dead_claims_return() 
         .claim(&ClaimRequest {
             relay_id: "relay-killed".into(),
             batch_size: 100,
-            lease: Duration::from_secs(1),
+            lease: Duration::from_millis(1500),
         })
         .await
         .unwrap();

@@ -158,7 +158,7 @@ async fn pause_stops_relays_not_producers(db: TestDb) {
     // Paused again under the running relay: once it has seen the switch (it reads it at
     // most a second apart), new rows wait.
     store.set_pause(Some("again")).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    tokio::time::sleep(Duration::from_millis(1600)).await;
     db.enqueue_all(&messages("t.pause.v1", 3)).await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(total(&seen), 10, "{name}: published while paused");

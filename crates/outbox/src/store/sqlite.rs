@@ -313,12 +313,14 @@ impl SqliteStore {
         let wake = self.inner.wake.clone();
         *slot = Some(tokio::spawn(async move {
             let look = || {
-                files.iter().map(|f| {
-                    std::fs::metadata(f)
-                        .ok()
-                        .map(|m| (m.len(), m.modified().ok()))
-                })
-                .collect::<Vec<_>>()
+                files
+                    .iter()
+                    .map(|f| {
+                        std::fs::metadata(f)
+                            .ok()
+                            .map(|m| (m.len(), m.modified().ok()))
+                    })
+                    .collect::<Vec<_>>()
             };
             let mut last = look();
             let mut interval = WATCH_MIN;

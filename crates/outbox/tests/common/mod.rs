@@ -82,7 +82,7 @@ pub(crate) fn relay_config(relay_id: &str) -> RelayConfig {
     }
 }
 
-/// `n` messages on `topic`, payload `"<i>"`.
+/// `n` messages on `topic`, payload `payload-<i>`.
 pub(crate) fn messages(topic: &str, n: usize) -> Vec<Message> {
     (0..n)
         .map(|i| Message::new(topic, format!("payload-{i}").into_bytes()))
@@ -424,8 +424,7 @@ impl TestStream {
         loop {
             match js.create_stream(config.clone()).await {
                 Ok(_) => break,
-                Err(e) if start.elapsed() < Duration::from_secs(10) => {
-                    let _ = e;
+                Err(_) if start.elapsed() < Duration::from_secs(10) => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 Err(e) => panic!(
