@@ -72,7 +72,8 @@ async fn jetstream() -> async_nats::jetstream::Context {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn psql_producers_to_jetstream_exactly_the_committed_ids() {
     let schema = unique("acc");
-    let prefix = format!("orders.{}", &schema[4..]);
+    // Own subject space: a stream on the shared server may already cover "orders.>".
+    let prefix = format!("{schema}.orders");
     run_ok(outbox().args(["--database-url", PG, "--schema", &schema, "migrate"]));
     psql(&format!(
         "CREATE TABLE {schema}.orders (id bigserial PRIMARY KEY, total_cents bigint NOT NULL);"

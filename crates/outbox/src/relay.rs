@@ -3,7 +3,7 @@
 //!
 //! Where each guarantee is enforced:
 //! - *publish-then-mark*: a row is marked only after its own `Ok` from the sink
-//!   ([`Relay::settle`]); a crash in between leaves it claimed, and it is published again
+//!   (`Relay::settle`); a crash in between leaves it claimed, and it is published again
 //!   with the same message id after the lease.
 //! - *no transaction across a publish*: every store call is one statement (or one short
 //!   transaction) that has returned before the sink is called.

@@ -57,6 +57,11 @@ impl NatsSink {
         let client = async_nats::ConnectOptions::new()
             .retry_on_initial_connect()
             .max_reconnects(None)
+            // Reconnect quickly after a broker restart: 50 ms doubling to at most 1 s.
+            .reconnect_delay_callback(|attempts| {
+                Duration::from_millis(50u64.saturating_mul(1 << attempts.min(5)))
+                    .min(Duration::from_secs(1))
+            })
             .connection_timeout(Duration::from_secs(2))
             .connect(url)
             .await
