@@ -124,6 +124,19 @@ enum Command {
     },
     /// Let relays publish again.
     Resume,
+    /// Delete dispatched rows older than the retention, in bounded batches (pending,
+    /// claimed and dead rows are never touched).
+    Purge {
+        /// Keep dispatched rows younger than this many seconds.
+        #[arg(long, env = "OUTBOX_RETENTION_S", default_value_t = 7 * 24 * 3600)]
+        older_than_s: u64,
+        /// Rows per delete statement.
+        #[arg(long, env = "OUTBOX_PURGE_BATCH_SIZE", default_value_t = 1_000)]
+        batch_size: u32,
+        /// Pause between batches, in ms (gives producers room on a busy database).
+        #[arg(long, default_value_t = 0)]
+        pause_ms: u64,
+    },
     /// A self-contained run on SQLite in a temporary directory.
     Demo {
         /// Orders to place.
@@ -333,6 +346,35 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             eprintln!(
                 "outbox paused: relays stop publishing within about 1 s; producers keep writing"
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Purge {
+            older_than_s,
+            batch_size,
+            pause_ms,
+        } => {
+            let store = connect(&cli).await?;
+            store.check_schema().await?;
+            anyhow::ensure!(*batch_size > 0, "--batch-size must be at least 1");
+            let mut total = 0u64;
+            loop {
+                let b = store
+                    .purge(Duration::from_secs(*older_than_s), *batch_size)
+                    .await?;
+                if b.locked_out {
+                    anyhow::bail!(
+                        "another purge is running on this outbox; deleted {total} rows before stopping"
+                    );
+                }
+                total += b.deleted;
+                if b.deleted < u64::from(*batch_size) {
+                    break;
+                }
+                if *pause_ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(*pause_ms)).await;
+                }
+            }
+            println!("{}", serde_json::json!({ "deleted": total }));
             Ok(ExitCode::SUCCESS)
         }
         Command::Resume => {

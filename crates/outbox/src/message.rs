@@ -58,6 +58,7 @@ pub struct Message {
     pub(crate) payload: Bytes,
     pub(crate) headers: BTreeMap<String, String>,
     pub(crate) available_at: Option<DateTime<Utc>>,
+    pub(crate) delay: std::time::Duration,
 }
 
 impl Message {
@@ -71,6 +72,7 @@ impl Message {
             payload: payload.into(),
             headers: BTreeMap::new(),
             available_at: None,
+            delay: std::time::Duration::ZERO,
         }
     }
 
@@ -130,11 +132,23 @@ impl Message {
         }
     }
 
-    /// Delays delivery: the relay does not claim the message before `at` (compared with the
-    /// database clock).
+    /// Delays delivery until the absolute time `at` (UTC). The relay compares it with the
+    /// database clock, so a producer whose clock is off shifts the delivery time by its
+    /// error: prefer [`Message::delay`] unless the time comes from the database or a user.
     pub fn available_at(mut self, at: DateTime<Utc>) -> Self {
         self.available_at = Some(at);
         self
+    }
+
+    /// Delays delivery by `delay` after the enqueue, measured on the database clock (the
+    /// producer's clock plays no part). Ignored when [`Message::available_at`] is set.
+    pub fn delay(mut self, delay: std::time::Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    pub(crate) fn delay_ms(&self) -> i64 {
+        i64::try_from(self.delay.as_millis()).unwrap_or(i64::MAX)
     }
 
     /// The message id.

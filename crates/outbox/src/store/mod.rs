@@ -124,6 +124,15 @@ pub struct Counts {
     pub oldest_pending_age_seconds: Option<i64>,
 }
 
+/// What one purge batch did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PurgeBatch {
+    /// Dispatched rows deleted.
+    pub deleted: u64,
+    /// True when another purger holds the purge lock: nothing was deleted, try later.
+    pub locked_out: bool,
+}
+
 /// The pause switch.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PauseState {
@@ -172,6 +181,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Row counts by status.
     async fn counts(&self) -> Result<Counts>;
+
+    /// Deletes at most `batch_size` dispatched rows whose `dispatched_at` is older than
+    /// `older_than` (database clock), by primary key, in one short transaction. Pending,
+    /// claimed and dead rows are never touched. One purger runs at a time per store; the
+    /// others get `locked_out`. Call it in a loop until `deleted < batch_size`.
+    async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch>;
 
     /// A counter that moves whenever new rows may be due (a `NOTIFY`, a commit seen by the
     /// store). The relay marks it seen before each claim and, when a claim finds nothing,
@@ -258,6 +273,9 @@ impl Store for AnyStore {
     }
     async fn counts(&self) -> Result<Counts> {
         self.inner().counts().await
+    }
+    async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
+        self.inner().purge(older_than, batch_size).await
     }
     fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
         self.inner().wakeups()

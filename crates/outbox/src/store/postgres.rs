@@ -4,7 +4,8 @@
 //! Supported: PostgreSQL 13 and later (`gen_random_uuid()` in core).
 
 use super::{
-    Claim, ClaimRequest, Counts, Dead, PauseState, Retry, Store, StoreConfig, parse_headers,
+    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Retry, Store, StoreConfig,
+    parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::message::{Enqueued, Message, OutgoingMessage};
@@ -18,7 +19,7 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 /// Schema version this build creates and expects.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// SQL text built once per store from the validated schema name.
 struct Sql {
@@ -32,6 +33,7 @@ struct Sql {
     set_pause: SqlStr,
     counts: SqlStr,
     version: SqlStr,
+    purge: SqlStr,
 }
 
 impl Sql {
@@ -40,7 +42,7 @@ impl Sql {
         Sql {
             enqueue: q(format!(
                 "INSERT INTO {s}.messages (message_id, topic, key, payload, headers, available_at)
-                 VALUES ($1, $2, $3, $4, $5, coalesce($6, now()))
+                 VALUES ($1, $2, $3, $4, $5, coalesce($6, now() + $7 * interval '1 millisecond'))
                  ON CONFLICT (message_id) DO NOTHING RETURNING id"
             )),
             claim: q(format!(
@@ -101,14 +103,22 @@ impl Sql {
             version: q(format!(
                 "SELECT coalesce(max(version), 0) FROM {s}.schema_migrations"
             )),
+            purge: q(format!(
+                "DELETE FROM {s}.messages WHERE id IN (
+                   SELECT id FROM {s}.messages
+                   WHERE status = 2 AND dispatched_at < now() - $1 * interval '1 millisecond'
+                   ORDER BY id LIMIT $2
+                   FOR UPDATE SKIP LOCKED)"
+            )),
         }
     }
 }
 
 /// The migrations, in order; each is applied once, in its own transaction.
 fn migrations(s: &str) -> Vec<String> {
-    vec![format!(
-        r#"
+    vec![
+        format!(
+            r#"
 CREATE SCHEMA IF NOT EXISTS {s};
 CREATE TABLE IF NOT EXISTS {s}.messages (
     id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -208,7 +218,14 @@ DROP TRIGGER IF EXISTS messages_notify ON {s}.messages;
 CREATE TRIGGER messages_notify AFTER INSERT ON {s}.messages
     FOR EACH STATEMENT EXECUTE FUNCTION {s}.notify_relays();
 "#
-    )]
+        ),
+        format!(
+            r#"
+-- Retention: the purge reads dispatched rows by age only.
+CREATE INDEX IF NOT EXISTS messages_dispatched ON {s}.messages (dispatched_at) WHERE status = 2;
+"#
+        ),
+    ]
 }
 
 struct Inner {
@@ -311,6 +328,7 @@ impl PgStore {
             .bind(msg.payload.as_ref())
             .bind(msg.headers_json())
             .bind(msg.available_at)
+            .bind(msg.delay_ms())
             .fetch_optional(&mut **tx)
             .await?;
         match inserted {
@@ -627,6 +645,31 @@ impl Store for PgStore {
             dispatched,
             dead,
             oldest_pending_age_seconds: age.map(|a| a.max(0)),
+        })
+    }
+
+    async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
+        let s = &self.inner.config.schema;
+        let mut tx = self.inner.pool.begin().await?;
+        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
+            .bind(format!("outbox-purge-{s}"))
+            .fetch_one(&mut *tx)
+            .await?;
+        if !got {
+            return Ok(PurgeBatch {
+                deleted: 0,
+                locked_out: true,
+            });
+        }
+        let r = sqlx::query(self.inner.sql.purge.clone())
+            .bind(millis(older_than))
+            .bind(i64::from(batch_size))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(PurgeBatch {
+            deleted: r.rows_affected(),
+            locked_out: false,
         })
     }
 

@@ -7,7 +7,8 @@
 //! taken from SQLite's clock inside each statement.
 
 use super::{
-    Claim, ClaimRequest, Counts, Dead, PauseState, Retry, Store, StoreConfig, parse_headers,
+    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Retry, Store, StoreConfig,
+    parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::message::{Enqueued, Message, OutgoingMessage};
@@ -25,7 +26,7 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 /// Schema version this build creates and expects.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// The database clock in integer milliseconds (UTC); constant within one statement.
 const NOW_MS: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
@@ -47,6 +48,7 @@ struct Sql {
     pause_state: SqlStr,
     set_pause: SqlStr,
     counts: SqlStr,
+    purge: SqlStr,
 }
 
 impl Sql {
@@ -56,7 +58,7 @@ impl Sql {
         Sql {
             enqueue: q(format!(
                 "INSERT INTO {p}_messages (message_id, topic, key, payload, headers, available_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, coalesce(?6, {n}))
+                 VALUES (?1, ?2, ?3, ?4, ?5, coalesce(?6, {n} + ?7))
                  ON CONFLICT (message_id) DO NOTHING RETURNING id"
             )),
             existing_id: q(format!("SELECT id FROM {p}_messages WHERE message_id = ?1")),
@@ -105,14 +107,21 @@ impl Sql {
                         ({n} - min(CASE WHEN status = 0 THEN occurred_at END)) / 1000
                  FROM {p}_messages"
             )),
+            purge: q(format!(
+                "DELETE FROM {p}_messages WHERE id IN (
+                   SELECT id FROM {p}_messages
+                   WHERE status = 2 AND dispatched_at < {n} - ?1
+                   ORDER BY id LIMIT ?2)"
+            )),
         }
     }
 }
 
 fn migrations(p: &str) -> Vec<String> {
     let n = NOW_MS;
-    vec![format!(
-        r#"
+    vec![
+        format!(
+            r#"
 CREATE TABLE IF NOT EXISTS {p}_messages (
     id            INTEGER PRIMARY KEY AUTOINCREMENT,
     message_id    TEXT NOT NULL UNIQUE,
@@ -139,7 +148,13 @@ CREATE TABLE IF NOT EXISTS {p}_control (
 );
 INSERT OR IGNORE INTO {p}_control (id) VALUES (1);
 "#
-    )]
+        ),
+        format!(
+            r#"
+CREATE INDEX IF NOT EXISTS {p}_messages_dispatched ON {p}_messages (dispatched_at) WHERE status = 2;
+"#
+        ),
+    ]
 }
 
 struct Inner {
@@ -241,6 +256,7 @@ impl SqliteStore {
             .bind(msg.payload.as_ref())
             .bind(msg.headers_json().to_string())
             .bind(msg.available_at.map(|t| t.timestamp_millis()))
+            .bind(msg.delay_ms())
             .fetch_optional(&mut **tx)
             .await?;
         let (id, inserted) = match inserted {
@@ -414,13 +430,17 @@ impl Store for SqliteStore {
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim> {
         let token = Uuid::now_v7();
+        // BEGIN IMMEDIATE takes the write lock up front (waiting under the busy timeout),
+        // so the claim never fails half-way as a read that cannot upgrade to a write.
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
         let rows = sqlx::query(self.inner.sql.claim.clone())
             .bind(&req.relay_id)
             .bind(token.hyphenated().to_string())
             .bind(millis(req.lease))
             .bind(i64::from(req.batch_size))
-            .fetch_all(&self.inner.pool)
+            .fetch_all(&mut *tx)
             .await?;
+        tx.commit().await?;
         let mut messages = Vec::with_capacity(rows.len());
         let mut malformed = Vec::new();
         for row in &rows {
@@ -534,6 +554,19 @@ impl Store for SqliteStore {
             dispatched,
             dead,
             oldest_pending_age_seconds: age.map(|a| a.max(0)),
+        })
+    }
+
+    async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
+        // SQLite has one writer at a time: the write lock is the purge lock.
+        let r = sqlx::query(self.inner.sql.purge.clone())
+            .bind(millis(older_than))
+            .bind(i64::from(batch_size))
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(PurgeBatch {
+            deleted: r.rows_affected(),
+            locked_out: false,
         })
     }
 
