@@ -21,7 +21,8 @@ use tokio_util::sync::CancellationToken;
     about = "Transactional outbox: enqueue in your transaction, relay at least once."
 )]
 struct Cli {
-    /// Database URL: postgres://…, or sqlite://PATH (created on first use).
+    /// Database URL: postgres://…, mysql://… (or mariadb://…), or sqlite://PATH (created on
+    /// first use).
     #[arg(
         long,
         env = "OUTBOX_DATABASE_URL",
@@ -263,6 +264,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 AnyStore::Sqlite(sq) => {
                     let mut tx = sq.pool().begin().await?;
                     let e = sq.enqueue(&mut tx, &msg).await?;
+                    tx.commit().await?;
+                    e
+                }
+                AnyStore::MySql(my) => {
+                    let mut tx = my.pool().begin().await?;
+                    let e = my.enqueue(&mut tx, &msg).await?;
                     tx.commit().await?;
                     e
                 }

@@ -33,7 +33,7 @@ pub enum Error {
 
     /// The database URL names a store this build does not know.
     #[error(
-        "unsupported database URL {0:?}: expected postgres://…, postgresql://… or sqlite://PATH"
+        "unsupported database URL {0:?}: expected postgres://…, mysql://…, mariadb://… or sqlite://PATH"
     )]
     UnsupportedDatabaseUrl(String),
 
@@ -82,6 +82,16 @@ impl Error {
                 | sqlx::Error::WorkerCrashed
                 | sqlx::Error::Protocol(_)
                 | sqlx::Error::Tls(_) => true,
+                #[cfg(feature = "mysql")]
+                sqlx::Error::Database(_)
+                    if crate::store::mysql::error_number(e).is_some_and(|n| {
+                        // lock wait timeout, deadlock, too many connections, shutdown,
+                        // interrupted, connection killed (MariaDB)
+                        matches!(n, 1205 | 1213 | 1040 | 1053 | 1317 | 1927)
+                    }) =>
+                {
+                    true
+                }
                 sqlx::Error::Database(db) => {
                     let code = db.code().unwrap_or_default();
                     // PostgreSQL: 40001 serialization, 40P01 deadlock, 57P01..03 shutdown,

@@ -25,6 +25,8 @@ pub use relay::{Relay, RelayConfig, RelayError, RelayHandle, RelayStats};
 pub use sink::{PublishError, Sink};
 pub use store::{AnyStore, Counts, Store, StoreConfig};
 
+#[cfg(feature = "mysql")]
+pub use store::mysql;
 #[cfg(feature = "postgres")]
 pub use store::postgres;
 #[cfg(feature = "sqlite")]

@@ -25,6 +25,8 @@ use serde::Serialize;
 use std::time::Duration;
 use uuid::Uuid;
 
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "sqlite")]
@@ -206,10 +208,14 @@ pub enum AnyStore {
     /// SQLite.
     #[cfg(feature = "sqlite")]
     Sqlite(sqlite::SqliteStore),
+    /// MySQL / MariaDB.
+    #[cfg(feature = "mysql")]
+    MySql(mysql::MySqlStore),
 }
 
 impl AnyStore {
-    /// Connects to `url`: `postgres://…`/`postgresql://…` or `sqlite://PATH` (the file is
+    /// Connects to `url`: `postgres://…`/`postgresql://…`, `mysql://…`/`mariadb://…`, or
+    /// `sqlite://PATH` (the file is
     /// created when missing; `sqlite::memory:` is refused since relays need a shared file).
     ///
     /// # Errors
@@ -220,6 +226,13 @@ impl AnyStore {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             return Ok(AnyStore::Postgres(
                 postgres::PgStore::connect(url, config).await?,
+            ));
+        }
+        #[cfg(feature = "mysql")]
+        if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+            let url = url.replacen("mariadb://", "mysql://", 1);
+            return Ok(AnyStore::MySql(
+                mysql::MySqlStore::connect(&url, config).await?,
             ));
         }
         #[cfg(feature = "sqlite")]
@@ -238,6 +251,8 @@ impl AnyStore {
             AnyStore::Postgres(s) => s,
             #[cfg(feature = "sqlite")]
             AnyStore::Sqlite(s) => s,
+            #[cfg(feature = "mysql")]
+            AnyStore::MySql(s) => s,
         }
     }
 }

@@ -1,0 +1,714 @@
+//! MySQL / MariaDB store: MariaDB ≥ 10.6 or MySQL ≥ 8.0.13 (`SKIP LOCKED`, expression
+//! defaults, stored generated columns). Tested here on MariaDB 10.11.
+//!
+//! Tables are `{prefix}_messages`, `{prefix}_control`, `{prefix}_schema_migrations` in the
+//! connected database, plus the procedure `{prefix}_enqueue(...)`. Times are
+//! `DATETIME(6)` in UTC, always from `UTC_TIMESTAMP(6)`, so neither the session time zone
+//! nor the relay's clock matters.
+//!
+//! Locking: the relay's connections use `READ COMMITTED`, where InnoDB takes no gap locks
+//! for searches, so claims, marks and purges never block a producer's insert. The claim is
+//! one short transaction: `SELECT … FOR UPDATE SKIP LOCKED` over the live-row index, then
+//! an `UPDATE` by primary key. InnoDB has no partial indexes: the stored generated column
+//! `live_at` (= `available_at` while status ≤ 1, else NULL) and its index play the part of
+//! PostgreSQL's partial index, so the claim range never reaches dispatched rows.
+
+use super::{
+    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Retry, Store, StoreConfig,
+    parse_headers,
+};
+use crate::error::{Error, Result};
+use crate::message::{Enqueued, Message, OutgoingMessage};
+use async_trait::async_trait;
+use chrono::{DateTime, NaiveDateTime, Utc};
+use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::{AssertSqlSafe, Executor, MySql, Row, SqlSafeStr, SqlStr, Transaction};
+use std::fmt::Write as _;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+/// Schema version this build creates and expects.
+pub const SCHEMA_VERSION: i64 = 1;
+
+const NOW: &str = "UTC_TIMESTAMP(6)";
+
+/// The wake-up probe's interval: 5 ms right after new rows, growing by half each quiet
+/// probe up to 200 ms (one primary-key `MAX(id)` read each).
+const PROBE_MIN: Duration = Duration::from_millis(5);
+const PROBE_MAX: Duration = Duration::from_millis(200);
+
+struct Sql {
+    enqueue: SqlStr,
+    existing_id: SqlStr,
+    claim_select: SqlStr,
+    reschedule: SqlStr,
+    quarantine: SqlStr,
+    pause_state: SqlStr,
+    set_pause: SqlStr,
+    counts: SqlStr,
+    purge: SqlStr,
+    max_id: SqlStr,
+}
+
+impl Sql {
+    fn new(p: &str) -> Self {
+        let q = |text: String| AssertSqlSafe(text).into_sql_str();
+        let n = NOW;
+        Sql {
+            enqueue: q(format!(
+                "INSERT INTO {p}_messages (message_id, topic, `key`, payload, headers, available_at)
+                 VALUES (?, ?, ?, ?, ?, COALESCE(?, TIMESTAMPADD(MICROSECOND, ? * 1000, {n})))"
+            )),
+            existing_id: q(format!(
+                "SELECT id FROM {p}_messages WHERE message_id = ? LOCK IN SHARE MODE"
+            )),
+            claim_select: q(format!(
+                "SELECT id FROM {p}_messages
+                 WHERE live_at <= {n}
+                 ORDER BY live_at, id
+                 LIMIT ?
+                 FOR UPDATE SKIP LOCKED"
+            )),
+            reschedule: q(format!(
+                "UPDATE {p}_messages
+                 SET status = 0, available_at = TIMESTAMPADD(MICROSECOND, ? * 1000, {n}),
+                     last_error = ?, locked_until = NULL, claim_token = NULL
+                 WHERE id = ? AND claim_token = ? AND status = 1"
+            )),
+            quarantine: q(format!(
+                "UPDATE {p}_messages
+                 SET status = 3, last_error = ?, locked_until = NULL, claim_token = NULL,
+                     available_at = {n}
+                 WHERE id = ? AND claim_token = ? AND status = 1"
+            )),
+            pause_state: q(format!(
+                "SELECT paused, reason, changed_at FROM {p}_control WHERE id = 1"
+            )),
+            set_pause: q(format!(
+                "UPDATE {p}_control SET paused = ?, reason = ?, changed_at = {n} WHERE id = 1"
+            )),
+            counts: q(format!(
+                "SELECT CAST(COALESCE(SUM(status = 0), 0) AS SIGNED),
+                        CAST(COALESCE(SUM(status = 1), 0) AS SIGNED),
+                        CAST(COALESCE(SUM(status = 2), 0) AS SIGNED),
+                        CAST(COALESCE(SUM(status = 3), 0) AS SIGNED),
+                        CAST(TIMESTAMPDIFF(SECOND, MIN(CASE WHEN status = 0 THEN occurred_at END), {n}) AS SIGNED)
+                 FROM {p}_messages"
+            )),
+            purge: q(format!(
+                "DELETE FROM {p}_messages
+                 WHERE status = 2 AND dispatched_at < TIMESTAMPADD(MICROSECOND, -? * 1000, {n})
+                 ORDER BY id LIMIT ?"
+            )),
+            max_id: q(format!("SELECT CAST(COALESCE(MAX(id), 0) AS SIGNED) FROM {p}_messages")),
+        }
+    }
+}
+
+/// A UUIDv7 built in SQL (RFC 9562 section 5.7): 48-bit Unix ms, version 7, variant 10,
+/// the rest from MD5 of RAND() and UUID().
+fn uuid_v7_sql() -> &'static str {
+    "LOWER(CONCAT(
+        SUBSTR(LPAD(HEX(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000)), 12, '0'), 1, 8), '-',
+        SUBSTR(LPAD(HEX(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000)), 12, '0'), 9, 4), '-7',
+        SUBSTR(@outbox_r := MD5(CONCAT(RAND(), UUID())), 1, 3), '-',
+        HEX(8 | (CONV(SUBSTR(@outbox_r, 4, 1), 16, 10) & 3)), SUBSTR(@outbox_r, 5, 3), '-',
+        SUBSTR(@outbox_r, 8, 12)))"
+}
+
+/// Each migration is a list of statements, run one by one (MySQL DDL commits implicitly).
+fn migrations(p: &str) -> Vec<Vec<String>> {
+    let n = NOW;
+    let uuid = uuid_v7_sql();
+    vec![vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS {p}_messages (
+                id            BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+                message_id    CHAR(36) CHARACTER SET ascii NOT NULL,
+                topic         VARCHAR(255) NOT NULL,
+                `key`         VARCHAR(1024),
+                payload       LONGBLOB NOT NULL,
+                headers       LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL CHECK (JSON_VALID(headers)),
+                occurred_at   DATETIME(6) NOT NULL DEFAULT ({n}),
+                available_at  DATETIME(6) NOT NULL DEFAULT ({n}),
+                status        TINYINT NOT NULL DEFAULT 0 CHECK (status BETWEEN 0 AND 3),
+                attempts      INT NOT NULL DEFAULT 0,
+                claimed_by    VARCHAR(255),
+                claim_token   CHAR(36) CHARACTER SET ascii,
+                locked_until  DATETIME(6),
+                dispatched_at DATETIME(6),
+                last_error    TEXT,
+                live_at       DATETIME(6) GENERATED ALWAYS AS (CASE WHEN status <= 1 THEN available_at END) STORED,
+                UNIQUE KEY {p}_messages_message_id (message_id),
+                KEY {p}_messages_live (live_at, id),
+                KEY {p}_messages_dispatched (status, dispatched_at)
+            ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {p}_control (
+                id                TINYINT NOT NULL PRIMARY KEY CHECK (id = 1),
+                paused            BOOLEAN NOT NULL DEFAULT FALSE,
+                reason            TEXT,
+                changed_at        DATETIME(6) NOT NULL DEFAULT ({n}),
+                max_message_bytes BIGINT NOT NULL DEFAULT 4194304
+            ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4"
+        ),
+        format!("INSERT IGNORE INTO {p}_control (id) VALUES (1)"),
+        format!("DROP PROCEDURE IF EXISTS {p}_enqueue"),
+        format!(
+            "CREATE PROCEDURE {p}_enqueue(
+                IN p_topic VARCHAR(255), IN p_payload LONGBLOB, IN p_key VARCHAR(1024),
+                IN p_message_id CHAR(36), IN p_headers LONGTEXT)
+             BEGIN
+                DECLARE v_headers LONGTEXT DEFAULT COALESCE(p_headers, '{{}}');
+                DECLARE v_id CHAR(36) DEFAULT LOWER(p_message_id);
+                DECLARE v_limit BIGINT;
+                DECLARE v_size BIGINT;
+                IF p_topic IS NULL OR p_topic = '' OR p_topic REGEXP '[[:space:][:cntrl:]]' THEN
+                    SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = '{p}_enqueue: topic must be non-empty without whitespace';
+                END IF;
+                IF p_payload IS NULL THEN
+                    SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = '{p}_enqueue: payload must not be NULL (use an empty string)';
+                END IF;
+                IF JSON_VALID(v_headers) = 0 OR JSON_TYPE(v_headers) <> 'OBJECT' THEN
+                    SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = '{p}_enqueue: headers must be a JSON object of strings';
+                END IF;
+                IF v_id IS NULL THEN
+                    SET v_id = {uuid};
+                END IF;
+                SELECT max_message_bytes INTO v_limit FROM {p}_control WHERE id = 1;
+                SET v_size = OCTET_LENGTH(p_payload) + OCTET_LENGTH(p_topic)
+                           + COALESCE(OCTET_LENGTH(p_key), 0) + OCTET_LENGTH(v_headers);
+                IF v_size > v_limit THEN
+                    SIGNAL SQLSTATE '22001' SET MESSAGE_TEXT = '{p}_enqueue: message too large for max_message_bytes';
+                END IF;
+                INSERT INTO {p}_messages (message_id, topic, `key`, payload, headers)
+                VALUES (v_id, p_topic, p_key, p_payload, v_headers)
+                ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id);
+                SELECT LAST_INSERT_ID() AS id;
+             END"
+        ),
+    ]]
+}
+
+struct Inner {
+    pool: MySqlPool,
+    config: StoreConfig,
+    sql: Sql,
+    max_packet: usize,
+    wake: Arc<watch::Sender<u64>>,
+    watcher: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Ok(mut guard) = self.watcher.lock()
+            && let Some(task) = guard.take()
+        {
+            task.abort();
+        }
+    }
+}
+
+/// The MySQL / MariaDB store. Cheap to clone.
+#[derive(Clone)]
+pub struct MySqlStore {
+    inner: Arc<Inner>,
+}
+
+/// The MySQL error number of `e`, if it is a server error.
+pub(crate) fn error_number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .map(|m| m.number()),
+        _ => None,
+    }
+}
+
+impl MySqlStore {
+    /// Connects a pool of its own to `url` (`mysql://user:pass@host:port/database`). Its
+    /// connections use `READ COMMITTED` and the UTC session time zone.
+    ///
+    /// # Errors
+    /// Database errors when the connection fails.
+    pub async fn connect(url: &str, config: StoreConfig) -> Result<Self> {
+        let options = MySqlConnectOptions::from_str(url)?.timezone(Some("+00:00".to_owned()));
+        let pool = MySqlPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(10))
+            .after_connect(|conn, _meta| {
+                Box::pin(async move {
+                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await?;
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await?;
+        Self::from_pool(pool, config).await
+    }
+
+    /// Uses an existing pool. Give its connections `READ COMMITTED` (see
+    /// [`MySqlStore::connect`]) if the relay uses it, or claims may take gap locks.
+    ///
+    /// # Errors
+    /// Database errors reading `max_allowed_packet`.
+    pub async fn from_pool(pool: MySqlPool, config: StoreConfig) -> Result<Self> {
+        let max_packet: i64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS SIGNED)")
+            .fetch_one(&pool)
+            .await?;
+        let sql = Sql::new(config.schema.as_str());
+        Ok(MySqlStore {
+            inner: Arc::new(Inner {
+                pool,
+                config,
+                sql,
+                max_packet: usize::try_from(max_packet).unwrap_or(usize::MAX),
+                wake: Arc::new(watch::Sender::new(0)),
+                watcher: std::sync::Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The pool this store uses.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.inner.pool
+    }
+
+    /// The store's settings.
+    pub fn config(&self) -> &StoreConfig {
+        &self.inner.config
+    }
+
+    /// Enqueues `msg` inside the caller's transaction. Idempotent on the message id: a
+    /// duplicate returns the existing row's id with `inserted: false`; the duplicate-key
+    /// error is the only one absorbed (unlike `INSERT IGNORE`), and InnoDB rolls back only
+    /// that statement, so the transaction stays usable.
+    ///
+    /// # Errors
+    /// [`Error::InvalidMessage`] / [`Error::MessageTooLarge`] before any SQL runs (the
+    /// limit is the smaller of `max_message_bytes` and the server's `max_allowed_packet`
+    /// less 64 KiB for the statement around the payload); [`Error::Database`] otherwise.
+    pub async fn enqueue(
+        &self,
+        tx: &mut Transaction<'_, MySql>,
+        msg: &Message,
+    ) -> Result<Enqueued> {
+        let limit = self
+            .inner
+            .config
+            .max_message_bytes
+            .min(self.inner.max_packet.saturating_sub(64 * 1024));
+        msg.validate(limit)?;
+        let mid = msg.message_id.hyphenated().to_string();
+        let inserted = sqlx::query(self.inner.sql.enqueue.clone())
+            .bind(&mid)
+            .bind(&msg.topic)
+            .bind(msg.key.as_deref())
+            .bind(msg.payload.as_ref())
+            .bind(msg.headers_json().to_string())
+            .bind(msg.available_at.map(|t| t.naive_utc()))
+            .bind(msg.delay_ms())
+            .execute(&mut **tx)
+            .await;
+        match inserted {
+            Ok(r) => Ok(Enqueued {
+                id: i64::try_from(r.last_insert_id()).unwrap_or(i64::MAX),
+                message_id: msg.message_id,
+                inserted: true,
+            }),
+            Err(e) if error_number(&e) == Some(1062) && e.to_string().contains("message_id") => {
+                let id: i64 = sqlx::query_scalar(self.inner.sql.existing_id.clone())
+                    .bind(&mid)
+                    .fetch_one(&mut **tx)
+                    .await?;
+                Ok(Enqueued {
+                    id,
+                    message_id: msg.message_id,
+                    inserted: false,
+                })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn row_to_message(row: &MySqlRow) -> std::result::Result<OutgoingMessage, Dead> {
+        let id: i64 = row.try_get("id").map_err(|e| Dead {
+            id: -1,
+            error: e.to_string(),
+        })?;
+        let read = || -> Result<OutgoingMessage> {
+            let mid: String = row.try_get("message_id")?;
+            let message_id = Uuid::parse_str(&mid).map_err(|e| Error::MalformedRow {
+                id,
+                reason: format!("message_id {mid:?} is not a UUID: {e}"),
+            })?;
+            let headers: String = row.try_get("headers")?;
+            let headers: serde_json::Value =
+                serde_json::from_str(&headers).map_err(|e| Error::MalformedRow {
+                    id,
+                    reason: format!("headers are not JSON: {e}"),
+                })?;
+            let occurred: NaiveDateTime = row.try_get("occurred_at")?;
+            Ok(OutgoingMessage {
+                id,
+                message_id,
+                topic: row.try_get("topic")?,
+                key: row.try_get("key")?,
+                payload: bytes::Bytes::from(row.try_get::<Vec<u8>, _>("payload")?),
+                headers: parse_headers(id, headers)?,
+                occurred_at: occurred.and_utc(),
+                attempts: row.try_get("attempts")?,
+            })
+        };
+        read().map_err(|e| Dead {
+            id,
+            error: format!("malformed row: {e}"),
+        })
+    }
+
+    fn start_watcher(&self) {
+        let Ok(mut slot) = self.inner.watcher.lock() else {
+            return;
+        };
+        if slot.is_some() {
+            return;
+        }
+        let pool = self.inner.pool.clone();
+        let sql = self.inner.sql.max_id.clone();
+        let wake = self.inner.wake.clone();
+        *slot = Some(tokio::spawn(async move {
+            let mut last: Option<i64> = None;
+            let mut interval = PROBE_MIN;
+            loop {
+                tokio::time::sleep(interval).await;
+                match sqlx::query_scalar::<_, i64>(sql.clone())
+                    .fetch_one(&pool)
+                    .await
+                {
+                    Ok(max) if last != Some(max) => {
+                        if last.is_some() {
+                            wake.send_modify(|n| *n = n.wrapping_add(1));
+                        }
+                        last = Some(max);
+                        interval = PROBE_MIN;
+                    }
+                    Ok(_) => interval = (interval * 3 / 2).min(PROBE_MAX),
+                    Err(_) => interval = Duration::from_secs(1),
+                }
+            }
+        }));
+    }
+
+    /// `id IN (…)` for ids from the store itself (integers, formatted, never user text).
+    fn id_list(ids: &[i64]) -> String {
+        let mut s = String::with_capacity(ids.len() * 8);
+        for (i, id) in ids.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            let _ = write!(s, "{id}");
+        }
+        s
+    }
+
+    async fn update_ids(&self, set: &str, ids: &[i64], token: Uuid) -> Result<u64> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let p = &self.inner.config.schema;
+        let sql = format!(
+            "UPDATE {p}_messages SET {set} WHERE id IN ({}) AND claim_token = ? AND status = 1",
+            Self::id_list(ids)
+        );
+        let r = sqlx::query(AssertSqlSafe(sql))
+            .persistent(false)
+            .bind(token.hyphenated().to_string())
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(r.rows_affected())
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl Store for MySqlStore {
+    async fn migrate(&self) -> Result<()> {
+        let p = self.inner.config.schema.as_str();
+        let mut conn = self.inner.pool.acquire().await?;
+        let lock = format!("outbox_migrate_{p}");
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
+            .bind(&lock)
+            .fetch_one(&mut *conn)
+            .await?;
+        if got != Some(1) {
+            return Err(Error::Timeout(Duration::from_secs(60)));
+        }
+        let result = async {
+            sqlx::query(AssertSqlSafe(format!(
+                "CREATE TABLE IF NOT EXISTS {p}_schema_migrations (
+                    version BIGINT NOT NULL PRIMARY KEY,
+                    applied_at DATETIME(6) NOT NULL DEFAULT ({NOW})) ENGINE = InnoDB"
+            )))
+            .execute(&mut *conn)
+            .await?;
+            let current: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM {p}_schema_migrations"
+            )))
+            .fetch_one(&mut *conn)
+            .await?;
+            for (i, statements) in migrations(p).into_iter().enumerate() {
+                let version = i as i64 + 1;
+                if version <= current {
+                    continue;
+                }
+                for statement in statements {
+                    sqlx::raw_sql(AssertSqlSafe(statement))
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                sqlx::query(AssertSqlSafe(format!(
+                    "INSERT INTO {p}_schema_migrations (version) VALUES (?)"
+                )))
+                .bind(version)
+                .execute(&mut *conn)
+                .await?;
+            }
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {p}_control SET max_message_bytes = ? WHERE id = 1"
+            )))
+            .bind(i64::try_from(self.inner.config.max_message_bytes).unwrap_or(i64::MAX))
+            .execute(&mut *conn)
+            .await?;
+            Ok::<_, Error>(())
+        }
+        .await;
+        let _ = sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(&lock)
+            .execute(&mut *conn)
+            .await;
+        result
+    }
+
+    async fn check_schema(&self) -> Result<()> {
+        let p = self.inner.config.schema.as_str();
+        let table = format!("{p}_schema_migrations");
+        let exists: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.tables
+             WHERE table_schema = DATABASE() AND table_name = ?",
+        )
+        .bind(&table)
+        .fetch_one(&self.inner.pool)
+        .await?;
+        let found: i64 = if exists > 0 {
+            sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM {table}"
+            )))
+            .fetch_one(&self.inner.pool)
+            .await?
+        } else {
+            0
+        };
+        if found != SCHEMA_VERSION {
+            return Err(Error::NotMigrated {
+                schema: p.to_owned(),
+                found,
+                expected: SCHEMA_VERSION,
+            });
+        }
+        Ok(())
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim> {
+        let token = Uuid::now_v7();
+        let p = &self.inner.config.schema;
+        let mut tx = self.inner.pool.begin().await?;
+        let ids: Vec<i64> = sqlx::query_scalar(self.inner.sql.claim_select.clone())
+            .bind(i64::from(req.batch_size))
+            .fetch_all(&mut *tx)
+            .await?;
+        if ids.is_empty() {
+            tx.commit().await?;
+            return Ok(Claim {
+                token,
+                messages: Vec::new(),
+                malformed: Vec::new(),
+            });
+        }
+        let list = Self::id_list(&ids);
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {p}_messages
+             SET status = 1, attempts = attempts + 1, claimed_by = ?, claim_token = ?,
+                 locked_until = TIMESTAMPADD(MICROSECOND, ? * 1000, {NOW}),
+                 available_at = TIMESTAMPADD(MICROSECOND, ? * 1000, {NOW})
+             WHERE id IN ({list})"
+        )))
+        .persistent(false)
+        .bind(&req.relay_id)
+        .bind(token.hyphenated().to_string())
+        .bind(millis(req.lease))
+        .bind(millis(req.lease))
+        .execute(&mut *tx)
+        .await?;
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT id, message_id, topic, `key`, payload, headers, occurred_at, attempts
+             FROM {p}_messages WHERE id IN ({list}) ORDER BY id"
+        )))
+        .persistent(false)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let mut messages = Vec::with_capacity(rows.len());
+        let mut malformed = Vec::new();
+        for row in &rows {
+            match Self::row_to_message(row) {
+                Ok(m) => messages.push(m),
+                Err(d) => malformed.push(d),
+            }
+        }
+        Ok(Claim {
+            token,
+            messages,
+            malformed,
+        })
+    }
+
+    async fn mark_dispatched(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
+        self.update_ids(
+            &format!(
+                "status = 2, dispatched_at = {NOW}, locked_until = NULL, claim_token = NULL, last_error = NULL"
+            ),
+            ids,
+            token,
+        )
+        .await
+    }
+
+    async fn reschedule(&self, token: Uuid, retries: &[Retry]) -> Result<u64> {
+        if retries.is_empty() {
+            return Ok(0);
+        }
+        let token = token.hyphenated().to_string();
+        let mut tx = self.inner.pool.begin().await?;
+        let mut n = 0;
+        for r in retries {
+            n += sqlx::query(self.inner.sql.reschedule.clone())
+                .bind(millis(r.delay))
+                .bind(&r.error)
+                .bind(r.id)
+                .bind(&token)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(n)
+    }
+
+    async fn quarantine(&self, token: Uuid, dead: &[Dead]) -> Result<u64> {
+        if dead.is_empty() {
+            return Ok(0);
+        }
+        let token = token.hyphenated().to_string();
+        let mut tx = self.inner.pool.begin().await?;
+        let mut n = 0;
+        for d in dead {
+            n += sqlx::query(self.inner.sql.quarantine.clone())
+                .bind(&d.error)
+                .bind(d.id)
+                .bind(&token)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(n)
+    }
+
+    async fn release(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
+        self.update_ids(
+            &format!(
+                "status = 0, attempts = GREATEST(attempts - 1, 0), available_at = {NOW}, locked_until = NULL, claim_token = NULL"
+            ),
+            ids,
+            token,
+        )
+        .await
+    }
+
+    async fn pause_state(&self) -> Result<PauseState> {
+        let (paused, reason, changed_at): (bool, Option<String>, NaiveDateTime) =
+            sqlx::query_as(self.inner.sql.pause_state.clone())
+                .fetch_one(&self.inner.pool)
+                .await?;
+        Ok(PauseState {
+            paused,
+            reason,
+            changed_at: Some(DateTime::<Utc>::from_naive_utc_and_offset(changed_at, Utc)),
+        })
+    }
+
+    async fn set_pause(&self, reason: Option<&str>) -> Result<()> {
+        sqlx::query(self.inner.sql.set_pause.clone())
+            .bind(reason.is_some())
+            .bind(reason)
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn counts(&self) -> Result<Counts> {
+        let (pending, claimed, dispatched, dead, age): (i64, i64, i64, i64, Option<i64>) =
+            sqlx::query_as(self.inner.sql.counts.clone())
+                .fetch_one(&self.inner.pool)
+                .await?;
+        Ok(Counts {
+            pending,
+            claimed,
+            dispatched,
+            dead,
+            oldest_pending_age_seconds: age.map(|a| a.max(0)),
+        })
+    }
+
+    async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
+        let p = &self.inner.config.schema;
+        let mut conn = self.inner.pool.acquire().await?;
+        let lock = format!("outbox_purge_{p}");
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+            .bind(&lock)
+            .fetch_one(&mut *conn)
+            .await?;
+        if got != Some(1) {
+            return Ok(PurgeBatch {
+                deleted: 0,
+                locked_out: true,
+            });
+        }
+        let r = sqlx::query(self.inner.sql.purge.clone())
+            .bind(millis(older_than))
+            .bind(i64::from(batch_size))
+            .execute(&mut *conn)
+            .await;
+        let _ = sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(&lock)
+            .execute(&mut *conn)
+            .await;
+        Ok(PurgeBatch {
+            deleted: r?.rows_affected(),
+            locked_out: false,
+        })
+    }
+
+    fn wakeups(&self) -> watch::Receiver<u64> {
+        self.start_watcher();
+        self.inner.wake.subscribe()
+    }
+}
