@@ -183,6 +183,92 @@ pub(crate) async fn pg_store_unmigrated(
 }
 
 // ---------------------------------------------------------------------------------------
+// MySQL / MariaDB
+// ---------------------------------------------------------------------------------------
+
+/// MariaDB of this machine (root, empty password); `OUTBOX_TEST_MYSQL_URL` overrides it.
+pub(crate) fn mysql_url() -> String {
+    std::env::var("OUTBOX_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+/// Connects a plain connection, failing loudly with how to start MariaDB.
+pub(crate) async fn mysql_connect() -> sqlx::MySqlConnection {
+    let url = mysql_url();
+    match sqlx::MySqlConnection::connect(&url).await {
+        Ok(c) => c,
+        Err(e) => panic!(
+            "MariaDB is not reachable at {url} ({e}). Start it with \
+             `start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd` \
+             (Debian package mariadb-server); user root must connect over TCP with an empty \
+             password and a database `test` must exist \
+             (`mariadb -uroot -e 'CREATE DATABASE IF NOT EXISTS test'`). Set \
+             OUTBOX_TEST_MYSQL_URL to use another server."
+        ),
+    }
+}
+
+/// A table prefix of its own for one test (`<prefix>_messages`, …); the tables, the
+/// procedure and any `<prefix>_*` table a test made are dropped (best effort) when the guard
+/// drops, even when the test panicked.
+pub(crate) struct MySqlPrefix {
+    pub(crate) name: String,
+}
+
+impl MySqlPrefix {
+    pub(crate) fn new(label: &str) -> Self {
+        MySqlPrefix {
+            name: format!("t_{label}_{}", unique()),
+        }
+    }
+
+    pub(crate) fn ident(&self) -> Ident {
+        Ident::new(&self.name).unwrap()
+    }
+}
+
+impl Drop for MySqlPrefix {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async {
+                let Ok(mut c) = sqlx::MySqlConnection::connect(&mysql_url()).await else {
+                    return;
+                };
+                let _ = sqlx::query("SET SESSION lock_wait_timeout = 5")
+                    .execute(&mut c)
+                    .await;
+                let tables: Vec<String> = sqlx::query_scalar(
+                    "SELECT CAST(table_name AS CHAR) FROM information_schema.tables
+                     WHERE table_schema = DATABASE() AND table_name LIKE CONCAT(?, '\\_%')",
+                )
+                .bind(&name)
+                .fetch_all(&mut c)
+                .await
+                .unwrap_or_default();
+                for t in tables {
+                    let _ = sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS `{t}`")))
+                        .execute(&mut c)
+                        .await;
+                }
+                let _ = sqlx::query(AssertSqlSafe(format!(
+                    "DROP PROCEDURE IF EXISTS {name}_enqueue"
+                )))
+                .execute(&mut c)
+                .await;
+            });
+        })
+        .join();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // SQLite
 // ---------------------------------------------------------------------------------------
 
