@@ -126,6 +126,9 @@ pub struct RelayStats {
     /// Rows this relay settled whose claim had already passed to another relay (its update
     /// changed nothing).
     pub lost_claims: u64,
+    /// Store calls that failed transiently (connection loss, SQLite busy, deadlock, lock
+    /// wait) and were retried.
+    pub store_retries: u64,
 }
 
 #[derive(Default)]
@@ -137,6 +140,7 @@ struct Counters {
     quarantined: AtomicU64,
     released: AtomicU64,
     lost_claims: AtomicU64,
+    store_retries: AtomicU64,
 }
 
 impl Counters {
@@ -150,6 +154,7 @@ impl Counters {
             quarantined: g(&self.quarantined),
             released: g(&self.released),
             lost_claims: g(&self.lost_claims),
+            store_retries: g(&self.store_retries),
         }
     }
 }
@@ -335,6 +340,7 @@ impl Relay {
                         }
                     }
                     Err(e) => {
+                        add(&self.counters.store_retries, 1);
                         failing.store_error("reading the pause switch", &e);
                         sleep_or_cancel(failing.delay(), cancel).await;
                         continue;
@@ -352,6 +358,7 @@ impl Relay {
                     c
                 }
                 Err(e) => {
+                    add(&self.counters.store_retries, 1);
                     failing.store_error("claiming", &e);
                     sleep_or_cancel(failing.delay(), cancel).await;
                     continue;
@@ -555,6 +562,7 @@ impl Relay {
             match f().await {
                 Ok(n) => return Some(n),
                 Err(e) if e.is_transient() && Instant::now() + delay < deadline => {
+                    add(&self.counters.store_retries, 1);
                     tracing::warn!(error = %e, "{what} failed; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(2));
