@@ -10,7 +10,7 @@ use std::path::PathBuf;
 /// Reads the config file named by `--config PATH`, `OUTBOX_CONFIG`, or `./outbox.toml`
 /// when it exists, and exports its keys as `OUTBOX_*` defaults. Must run before any other
 /// thread starts.
-pub(crate) fn apply_config_file() -> anyhow::Result<()> {
+pub(crate) fn apply_config_file(command: &clap::Command) -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let explicit = args
         .iter()
@@ -36,8 +36,25 @@ pub(crate) fn apply_config_file() -> anyhow::Result<()> {
     let table: toml::Table = text
         .parse()
         .with_context(|| format!("config file {} is not valid TOML", path.display()))?;
+    let known = env_vars(command);
     for (key, value) in table {
         let var = format!("OUTBOX_{}", key.to_ascii_uppercase().replace('-', "_"));
+        if !known.contains(&var) {
+            let mut keys: Vec<String> = known
+                .iter()
+                .map(|v| {
+                    v.trim_start_matches("OUTBOX_")
+                        .to_ascii_lowercase()
+                        .replace('_', "-")
+                })
+                .collect();
+            keys.sort();
+            anyhow::bail!(
+                "config file {}: unknown key {key:?}; known keys: {}",
+                path.display(),
+                keys.join(", ")
+            );
+        }
         let value = match value {
             toml::Value::String(s) => s,
             toml::Value::Integer(i) => i.to_string(),
@@ -54,4 +71,18 @@ pub(crate) fn apply_config_file() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Every `OUTBOX_*` variable a flag of `command` (or its subcommands) reads.
+fn env_vars(command: &clap::Command) -> std::collections::BTreeSet<String> {
+    let mut out: std::collections::BTreeSet<String> = command
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .filter_map(|e| e.to_str().map(str::to_owned))
+        .filter(|e| e.starts_with("OUTBOX_") && e != "OUTBOX_CONFIG")
+        .collect();
+    for sub in command.get_subcommands() {
+        out.extend(env_vars(sub));
+    }
+    out
 }

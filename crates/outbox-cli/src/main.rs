@@ -36,8 +36,10 @@ struct Cli {
     schema: String,
 
     /// Largest message accepted at enqueue: payload + topic + key + headers, in bytes.
-    #[arg(long, env = "OUTBOX_MAX_MESSAGE_BYTES", default_value_t = outbox::store::DEFAULT_MAX_MESSAGE_BYTES, global = true)]
-    max_message_bytes: usize,
+    /// `migrate` stores it for the SQL entry points (PostgreSQL, MySQL); without the flag
+    /// the stored value is kept and used (4 MiB when none is stored).
+    #[arg(long, env = "OUTBOX_MAX_MESSAGE_BYTES", global = true)]
+    max_message_bytes: Option<usize>,
 
     /// Config file (TOML; keys are long flag names). Default: ./outbox.toml when present.
     #[arg(long, env = "OUTBOX_CONFIG", global = true)]
@@ -110,6 +112,10 @@ enum Command {
         /// Name written to claimed_by (default HOSTNAME:PID:RANDOM).
         #[arg(long, env = "OUTBOX_RELAY_ID")]
         relay_id: Option<String>,
+        /// Batches in flight at once: while one waits for its confirmations, another is
+        /// claimed or marked.
+        #[arg(long, env = "OUTBOX_IN_FLIGHT_BATCHES", default_value_t = 2)]
+        in_flight_batches: u32,
     },
     /// Show counts by status and the pause switch.
     Status {
@@ -154,7 +160,7 @@ fn parse_header(s: &str) -> Result<(String, String), String> {
 
 fn main() -> ExitCode {
     // Before any thread exists: outbox.toml values become OUTBOX_* defaults.
-    if let Err(e) = config::apply_config_file() {
+    if let Err(e) = config::apply_config_file(&<Cli as clap::CommandFactory>::command()) {
         eprintln!("error: {e:#}");
         return ExitCode::from(2);
     }
@@ -181,20 +187,82 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
 }
 
-async fn connect(cli: &Cli) -> anyhow::Result<AnyStore> {
-    let config = StoreConfig {
-        schema: Ident::new(&cli.schema)?,
-        max_message_bytes: cli.max_message_bytes,
+/// The error and its causes, each once (many errors repeat their source's text).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if !text.contains(&part) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&part);
+        }
+    }
+    text
+}
+
+/// Prints a line to stdout; a closed pipe (`outbox status | head -1`) ends quietly.
+fn out(line: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if writeln!(stdout, "{line}")
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
+        std::process::exit(0);
+    }
+}
+
+/// Opens the store. `create` allows a missing SQLite file to be created (migrate, enqueue,
+/// relay); the read-only and admin commands refuse a missing file instead.
+async fn connect(cli: &Cli, create: bool) -> anyhow::Result<AnyStore> {
+    let url = &cli.database_url;
+    if !create && let Some(path) = sqlite_path(url) {
+        anyhow::ensure!(
+            std::path::Path::new(path).exists(),
+            "no outbox database at {path}: run `outbox migrate` (with the same --database-url) first"
+        );
+    }
+    let config = |limit| -> anyhow::Result<StoreConfig> {
+        Ok(StoreConfig {
+            schema: Ident::new(&cli.schema)?,
+            max_message_bytes: limit,
+        })
     };
-    AnyStore::connect(&cli.database_url, config)
-        .await
-        .with_context(|| format!("cannot open the store at {}", redact(&cli.database_url)))
+    let open = async |limit| {
+        AnyStore::connect(url, config(limit)?)
+            .await
+            .with_context(|| format!("cannot open the store at {}", redact(url)))
+    };
+    let default = outbox::store::DEFAULT_MAX_MESSAGE_BYTES;
+    let store = open(cli.max_message_bytes.unwrap_or(default)).await?;
+    if cli.max_message_bytes.is_some() {
+        return Ok(store);
+    }
+    // No flag: the limit stored by an earlier `migrate --max-message-bytes` holds.
+    let stored = match &store {
+        AnyStore::Postgres(pg) => pg.sql_enqueue_limit().await?,
+        AnyStore::MySql(my) => my.sql_enqueue_limit().await?,
+        _ => None,
+    };
+    match stored {
+        Some(limit) if limit != default => open(limit).await,
+        _ => Ok(store),
+    }
+}
+
+/// The file of a `sqlite:` URL.
+fn sqlite_path(url: &str) -> Option<&str> {
+    let rest = url.strip_prefix("sqlite:")?;
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    Some(rest.split('?').next().unwrap_or(rest))
 }
 
 /// The URL without its password, for messages.
@@ -215,7 +283,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match &cli.command {
         Command::Demo { orders } => demo::run(*orders).await,
         Command::Migrate { notify } => {
-            let store = connect(&cli).await?;
+            let store = connect(&cli, true).await?;
             store.migrate().await.context("migration failed")?;
             if let Some(on) = notify {
                 match &store {
@@ -223,7 +291,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     _ => anyhow::bail!("--notify applies to PostgreSQL only"),
                 }
             }
-            eprintln!("outbox schema {:?} is up to date", cli.schema);
+            eprintln!("outbox schema {:?} is migrated", cli.schema);
             Ok(ExitCode::SUCCESS)
         }
         Command::Enqueue {
@@ -233,7 +301,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             headers,
             payload,
         } => {
-            let store = connect(&cli).await?;
+            let store = connect(&cli, true).await?;
             store.check_schema().await?;
             let payload = match payload {
                 Some(p) => p.clone().into_bytes(),
@@ -275,10 +343,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 _ => anyhow::bail!("this store does not support enqueue from the CLI"),
             };
-            println!(
-                "{}",
-                serde_json::json!({"id": enqueued.id, "message_id": enqueued.message_id, "inserted": enqueued.inserted})
-            );
+            out(&serde_json::json!({"id": enqueued.id, "message_id": enqueued.message_id, "inserted": enqueued.inserted}).to_string());
             Ok(ExitCode::SUCCESS)
         }
         Command::Relay {
@@ -293,8 +358,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             backoff_max_ms,
             shutdown_grace_ms,
             relay_id,
+            in_flight_batches,
         } => {
-            let store = connect(&cli).await?;
+            let store = connect(&cli, true).await?;
             let sink = outbox::sink::open(sink).await?;
             let mut config = RelayConfig {
                 batch_size: *batch_size,
@@ -306,6 +372,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 backoff_max: Duration::from_millis(*backoff_max_ms),
                 shutdown_grace: Duration::from_millis(*shutdown_grace_ms),
                 drain: *drain,
+                in_flight_batches: *in_flight_batches,
                 ..RelayConfig::default()
             };
             if let Some(id) = relay_id {
@@ -314,40 +381,38 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let cancel = CancellationToken::new();
             tokio::spawn(shutdown_on_signal(cancel.clone()));
             let relay = Relay::new(Arc::new(store), Arc::from(sink), config);
-            let stats = relay.run(cancel).await?;
-            eprintln!(
-                "relay stopped: {} dispatched, {} retried, {} quarantined, {} released",
-                stats.dispatched, stats.retried, stats.quarantined, stats.released
-            );
+            relay.run(cancel).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { json } => {
-            let store = connect(&cli).await?;
+            let store = connect(&cli, false).await?;
             store.check_schema().await?;
             let counts = store.counts().await?;
+            let pause = store.pause_state().await?;
             if *json {
-                println!("{}", serde_json::to_string(&counts)?);
+                let mut v = serde_json::to_value(&counts)?;
+                v["paused"] = serde_json::Value::Bool(pause.paused);
+                out(&v.to_string());
             } else {
-                let pause = store.pause_state().await?;
-                println!("pending     {}", counts.pending);
-                println!("claimed     {}", counts.claimed);
-                println!("dispatched  {}", counts.dispatched);
-                println!("dead        {}", counts.dead);
-                match counts.oldest_pending_age_seconds {
-                    Some(s) => println!("oldest pending age  {s} s"),
-                    None => println!("oldest pending age  -"),
-                }
+                let age = counts
+                    .oldest_pending_age_seconds
+                    .map_or("-".to_owned(), |s| format!("{s} s"));
+                let mut text = format!(
+                    "pending     {}\nclaimed     {}\ndispatched  {}\ndead        {}\noldest pending age  {age}",
+                    counts.pending, counts.claimed, counts.dispatched, counts.dead
+                );
                 if pause.paused {
-                    println!(
-                        "PAUSED: {}",
+                    text.push_str(&format!(
+                        "\nPAUSED: {}",
                         pause.reason.as_deref().unwrap_or("(no reason given)")
-                    );
+                    ));
                 }
+                out(&text);
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Pause { reason } => {
-            let store = connect(&cli).await?;
+            let store = connect(&cli, false).await?;
             store.check_schema().await?;
             store.set_pause(Some(reason)).await?;
             eprintln!(
@@ -360,7 +425,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             batch_size,
             pause_ms,
         } => {
-            let store = connect(&cli).await?;
+            let store = connect(&cli, false).await?;
             store.check_schema().await?;
             anyhow::ensure!(*batch_size > 0, "--batch-size must be at least 1");
             let mut total = 0u64;
@@ -381,11 +446,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     tokio::time::sleep(Duration::from_millis(*pause_ms)).await;
                 }
             }
-            println!("{}", serde_json::json!({ "deleted": total }));
+            out(&serde_json::json!({ "deleted": total }).to_string());
             Ok(ExitCode::SUCCESS)
         }
         Command::Resume => {
-            let store = connect(&cli).await?;
+            let store = connect(&cli, false).await?;
             store.check_schema().await?;
             store.set_pause(None).await?;
             eprintln!("outbox resumed");
@@ -411,6 +476,23 @@ async fn shutdown_on_signal(cancel: CancellationToken) {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
-    tracing::info!("shutdown requested: finishing in-flight messages");
+    tracing::info!(
+        "shutdown requested: finishing in-flight messages (signal again to exit at once)"
+    );
     cancel.cancel();
+    // A second signal: exit now; claims still held come back after their lease.
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            eprintln!(
+                "second signal: exiting without waiting; held claims return after their lease"
+            );
+            std::process::exit(130);
+        }
+    }
 }

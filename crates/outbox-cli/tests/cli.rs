@@ -270,7 +270,7 @@ fn bad_input_is_a_clear_error() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("run `outbox migrate` first"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("run `outbox migrate`"));
 
     run_ok(outbox().args(["--database-url", &db, "migrate"]));
     let out = outbox()
@@ -305,7 +305,7 @@ fn bad_input_is_a_clear_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("message too large"));
 
     let out = outbox()
-        .args(["--database-url", "mysql://nope", "status"])
+        .args(["--database-url", "oracle://nope", "status"])
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -16,10 +16,10 @@ pub enum Error {
 
     /// Key + headers + payload exceed the store's configured limit.
     #[error(
-        "message too large: {size} bytes (payload, key and headers) exceed the limit of {limit} bytes; raise max_message_bytes or split the message"
+        "message too large: {size} bytes (payload, topic, key and headers) exceed the limit of {limit} bytes; raise the limit (--max-message-bytes, StoreConfig::max_message_bytes) or split the message"
     )]
     MessageTooLarge {
-        /// Size of payload + key + header names and values, in bytes.
+        /// Size of payload + topic + key + header names and values, in bytes.
         size: usize,
         /// The configured limit, in bytes.
         limit: usize,
@@ -39,7 +39,7 @@ pub enum Error {
 
     /// The outbox tables are missing or older than this build.
     #[error(
-        "the outbox schema {schema:?} is not migrated (found version {found}, need {expected}): run `outbox migrate` first"
+        "the outbox schema {schema:?} is not migrated (found version {found}, need {expected}): run `outbox migrate` (with the same --database-url and --schema) first"
     )]
     NotMigrated {
         /// Schema (PostgreSQL) or table prefix (SQLite).

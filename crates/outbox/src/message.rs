@@ -295,8 +295,12 @@ impl OutgoingMessage {
             self.occurred_at
                 .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
         ));
+        // Stored headers never override the envelope (a row written by hand could carry
+        // a `message-id` header; consumers deduplicate on the real one).
         for (k, v) in &self.headers {
-            out.push((k.as_str(), v.clone()));
+            if !header::RESERVED.contains(&k.as_str()) {
+                out.push((k.as_str(), v.clone()));
+            }
         }
         out
     }

@@ -292,17 +292,32 @@ impl Relay {
         // Each worker claims, publishes and settles its own batches; SKIP LOCKED keeps
         // their claims apart, and one worker's publish overlaps another's claim and mark.
         let results =
-            futures::future::join_all((0..cfg.in_flight_batches).map(|_| self.worker(&cancel)))
+            futures::future::join_all((0..cfg.in_flight_batches).map(|w| self.worker(w, &cancel)))
                 .await;
-        self.sink.close().await;
+        // A broker that is down must not keep the process from exiting.
+        if tokio::time::timeout(cfg.shutdown_grace, self.sink.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!(sink = %self.sink.describe(), "sink did not close within the shutdown grace; exiting anyway");
+        }
         let stats = self.counters.snapshot();
-        tracing::info!(?stats, "relay stopped");
+        tracing::info!(
+            dispatched = stats.dispatched,
+            retried = stats.retried,
+            quarantined = stats.quarantined,
+            released = stats.released,
+            lost_claims = stats.lost_claims,
+            store_retries = stats.store_retries,
+            "relay stopped"
+        );
         results.into_iter().collect::<Result<Vec<()>, _>>()?;
         Ok(stats)
     }
 
-    /// One claim → publish → settle loop.
-    async fn worker(&self, cancel: &CancellationToken) -> Result<(), RelayError> {
+    /// One claim → publish → settle loop. Worker 0 speaks for the relay in the logs about
+    /// the pause switch.
+    async fn worker(&self, index: u32, cancel: &CancellationToken) -> Result<(), RelayError> {
         let cfg = &self.config;
         let mut wake = self.store.wakeups();
         let request = ClaimRequest {
@@ -328,7 +343,9 @@ impl Relay {
                                 reason: p.reason.unwrap_or_default(),
                             });
                         }
-                        if paused && !paused_logged {
+                        if index > 0 {
+                            // only worker 0 logs pause changes
+                        } else if paused && !paused_logged {
                             tracing::warn!(
                                 reason = p.reason.as_deref().unwrap_or(""),
                                 "outbox paused: not publishing"
@@ -476,6 +493,14 @@ impl Relay {
                             dead.push(Dead { id: m.id, error });
                         }
                     }
+                }
+                if let Some(first) = retries.first() {
+                    tracing::warn!(
+                        sink = %self.sink.describe(),
+                        count = retries.len(),
+                        first_error = %first.error,
+                        "publish failed transiently; rescheduled with backoff"
+                    );
                 }
                 for d in &dead {
                     if let Some(m) = to_publish.iter().chain(&over).find(|m| m.id == d.id) {

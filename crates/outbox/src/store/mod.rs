@@ -319,3 +319,11 @@ pub(crate) fn parse_headers(
         }),
     }
 }
+
+/// The `last_error` text for a claimed row that cannot be read as a message.
+pub(crate) fn malformed_reason(e: crate::Error) -> String {
+    match e {
+        crate::Error::MalformedRow { .. } => e.to_string(),
+        other => format!("malformed row: {other}"),
+    }
+}

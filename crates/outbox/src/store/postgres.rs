@@ -178,8 +178,9 @@ DECLARE
     size bigint;
     new_id bigint;
 BEGIN
-    IF enqueue.topic IS NULL OR enqueue.topic = '' OR enqueue.topic ~ '[[:space:][:cntrl:]]' THEN
-        RAISE EXCEPTION '{s}.enqueue: topic must be non-empty without whitespace, got %', quote_nullable(enqueue.topic)
+    IF enqueue.topic IS NULL OR enqueue.topic = '' OR octet_length(enqueue.topic) > 255
+       OR enqueue.topic ~ '[[:space:][:cntrl:]]' THEN
+        RAISE EXCEPTION '{s}.enqueue: topic must be 1-255 bytes without whitespace or control characters, got %', quote_nullable(enqueue.topic)
             USING ERRCODE = '22023';
     END IF;
     IF enqueue.payload IS NULL THEN
@@ -188,6 +189,10 @@ BEGIN
     IF jsonb_typeof(hdr) <> 'object'
        OR EXISTS (SELECT 1 FROM jsonb_each(hdr) h WHERE jsonb_typeof(h.value) <> 'string') THEN
         RAISE EXCEPTION '{s}.enqueue: headers must be a JSON object of strings' USING ERRCODE = '22023';
+    END IF;
+    IF hdr ?| ARRAY['message-id', 'topic', 'key', 'occurred-at'] THEN
+        RAISE EXCEPTION '{s}.enqueue: headers message-id, topic, key and occurred-at are reserved (they come from the message itself)'
+            USING ERRCODE = '22023';
     END IF;
     SELECT c.max_message_bytes INTO lim FROM {s}.control c WHERE c.id;
     size := octet_length(enqueue.payload) + octet_length(enqueue.topic) + coalesce(octet_length(enqueue.key), 0)
@@ -270,6 +275,10 @@ impl PgStore {
     /// # Errors
     /// Database errors when the connection fails.
     pub async fn connect(url: &str, config: StoreConfig) -> Result<Self> {
+        // One direct connection first: an unreachable server or a bad password is
+        // reported as itself at once, not as a pool timeout 10 s later.
+        sqlx::Connection::close(<sqlx::PgConnection as sqlx::Connection>::connect(url).await?)
+            .await?;
         let pool = PgPoolOptions::new()
             .max_connections(8)
             .acquire_timeout(Duration::from_secs(10))
@@ -354,6 +363,30 @@ impl PgStore {
         }
     }
 
+    /// The limit `{schema}.enqueue(...)` enforces (written by [`Store::migrate`] from
+    /// [`StoreConfig::max_message_bytes`]), in bytes; `None` before the first migration.
+    ///
+    /// # Errors
+    /// Database errors other than a missing schema.
+    pub async fn sql_enqueue_limit(&self) -> Result<Option<usize>> {
+        let s = &self.inner.config.schema;
+        let r: std::result::Result<i32, sqlx::Error> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT max_message_bytes FROM {s}.control WHERE id"
+        )))
+        .fetch_one(&self.inner.pool)
+        .await;
+        match r {
+            Ok(n) => Ok(usize::try_from(n).ok()),
+            // 42P01 undefined table, 3F000 undefined schema
+            Err(sqlx::Error::Database(db))
+                if matches!(db.code().as_deref(), Some("42P01") | Some("3F000")) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Turns the insert trigger that notifies relays on or off. Off saves producers the
     /// `pg_notify` per inserting statement; relays then find work by polling only.
     ///
@@ -405,7 +438,7 @@ impl PgStore {
         };
         read().map_err(|e| Dead {
             id,
-            error: format!("malformed row: {e}"),
+            error: super::malformed_reason(e),
         })
     }
 }

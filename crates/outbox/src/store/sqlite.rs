@@ -124,7 +124,8 @@ fn migrations(p: &str) -> Vec<String> {
             r#"
 CREATE TABLE IF NOT EXISTS {p}_messages (
     id            INTEGER PRIMARY KEY AUTOINCREMENT,
-    message_id    TEXT NOT NULL UNIQUE,
+    message_id    TEXT NOT NULL UNIQUE
+                  CHECK (length(message_id) = 36 AND message_id = lower(message_id)),
     topic         TEXT NOT NULL CHECK (topic <> ''),
     key           TEXT,
     payload       BLOB NOT NULL,
@@ -307,7 +308,7 @@ impl SqliteStore {
         };
         read().map_err(|e| Dead {
             id,
-            error: format!("malformed row: {e}"),
+            error: super::malformed_reason(e),
         })
     }
 
