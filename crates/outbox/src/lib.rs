@@ -31,3 +31,8 @@ pub use store::mysql;
 pub use store::postgres;
 #[cfg(feature = "sqlite")]
 pub use store::sqlite;
+
+/// The README's Rust examples, compiled as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
