@@ -1,6 +1,7 @@
-//! Bad input is refused where it enters, with an error that names it: an oversized message
-//! at enqueue (the producer's transaction goes on), a relay on an unmigrated store, an
-//! unknown sink URL, and a NATS subject that no stream covers (quarantined at once).
+//! Bad input is refused where it enters, with an error that names it: a relay on an
+//! unmigrated store, an unknown sink URL, and a NATS subject that no stream covers
+//! (quarantined at once). Oversized messages and text a store cannot hold are refused at
+//! enqueue: see the conformance suite (`payloads_and_headers_survive_byte_for_byte`).
 
 #![allow(clippy::unwrap_used)]
 
@@ -8,88 +9,16 @@ mod common;
 
 use common::{
     RecordingWrapper, Seen, TestStream, nats_connect, nats_url, pg_store_unmigrated, pg_store_with,
-    relay_config, sqlite_store_unmigrated, sqlite_store_with, wait_until,
+    relay_config, sqlite_store_unmigrated, wait_until,
 };
 use outbox::sink::SinkError;
 use outbox::sink::nats::{NatsOptions, NatsSink};
-use outbox::{Error, Message, Relay, RelayError, Store};
+use outbox::{Error, Message, Relay, RelayError};
 use sqlx::AssertSqlSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 const LIMIT: usize = 1024;
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn pg_message_too_large_is_refused_and_the_transaction_goes_on() {
-    let (store, schema) = pg_store_with("big", LIMIT).await;
-    let s = &schema.name;
-    let mut tx = store.pool().begin().await.unwrap();
-    let small = store
-        .enqueue(&mut tx, &Message::new("t.big.v1", vec![1u8; 10]))
-        .await
-        .unwrap();
-    // Payload alone fits, but the headers push it over: size counts them too.
-    let big = Message::new("t.big.v1", vec![0u8; LIMIT - 20]).header("tenant", "x".repeat(40));
-    match store.enqueue(&mut tx, &big).await {
-        Err(Error::MessageTooLarge { size, limit }) => {
-            assert_eq!(limit, LIMIT);
-            assert_eq!(size, LIMIT - 20 + "t.big.v1".len() + "tenant".len() + 40);
-        }
-        other => panic!("expected MessageTooLarge, got {other:?}"),
-    }
-    let after = store
-        .enqueue(&mut tx, &Message::new("t.big.v1", vec![2u8; 10]))
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    let ids: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT id FROM {s}.messages ORDER BY id"
-    )))
-    .fetch_all(store.pool())
-    .await
-    .unwrap();
-    assert_eq!(ids, vec![small.id, after.id]);
-    let hit: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM {s}.messages WHERE message_id = $1"
-    )))
-    .bind(big.id())
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
-    assert_eq!(hit, 0);
-
-    // The SQL function applies the same limit (taken from the store config at migrate).
-    let err = sqlx::query(AssertSqlSafe(format!("SELECT {s}.enqueue('t.big.v1', $1)")))
-        .bind(vec![0u8; LIMIT + 1])
-        .execute(store.pool())
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("message too large"), "{err}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sqlite_message_too_large_is_refused_and_the_transaction_goes_on() {
-    let (store, _dir) = sqlite_store_with(LIMIT).await;
-    let mut tx = store.pool().begin().await.unwrap();
-    store
-        .enqueue(&mut tx, &Message::new("t.big.v1", vec![1u8; 10]))
-        .await
-        .unwrap();
-    let big = Message::new("t.big.v1", vec![0u8; LIMIT + 1]);
-    assert!(
-        matches!(
-            store.enqueue(&mut tx, &big).await,
-            Err(Error::MessageTooLarge { limit: LIMIT, .. })
-        ),
-        "oversized message must be refused"
-    );
-    store
-        .enqueue(&mut tx, &Message::new("t.big.v1", vec![2u8; 10]))
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    assert_eq!(store.counts().await.unwrap().pending, 2);
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn relay_on_unmigrated_store_fails_with_not_migrated() {
