@@ -81,7 +81,8 @@ enum Command {
         /// Sink URL: stdout, file:PATH, nats://HOST:PORT.
         #[arg(long, env = "OUTBOX_SINK", default_value = "stdout")]
         sink: String,
-        /// Exit once nothing is due.
+        /// Exit once nothing is due: 0 when every publish succeeded or was quarantined, 3
+        /// when some failed and were rescheduled (they are still pending).
         #[arg(long, env = "OUTBOX_DRAIN")]
         drain: bool,
         /// Rows per claim.
@@ -381,7 +382,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let cancel = CancellationToken::new();
             tokio::spawn(shutdown_on_signal(cancel.clone()));
             let relay = Relay::new(Arc::new(store), Arc::from(sink), config);
-            relay.run(cancel).await?;
+            let stats = relay.run(cancel).await?;
+            if *drain && stats.retried > 0 {
+                eprintln!(
+                    "drain finished, but {} publishes failed and were rescheduled (see the warnings above): those messages are still pending",
+                    stats.retried
+                );
+                return Ok(ExitCode::from(3));
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { json } => {

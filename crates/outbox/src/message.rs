@@ -191,18 +191,25 @@ impl Message {
                 t.len()
             )));
         }
-        if t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        if t.chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '*' || c == '>')
+        {
             return Err(Error::InvalidMessage(format!(
-                "topic {t:?} contains whitespace or control characters"
+                "topic {t:?} contains whitespace, control characters or a wildcard (* or >)"
             )));
         }
         if self.key.as_deref().is_some_and(|k| k.contains('\0')) {
             return Err(Error::InvalidMessage("key contains a NUL character".into()));
         }
         for (name, value) in &self.headers {
-            if name.is_empty() || name.contains('\0') || value.contains('\0') {
+            if !is_header_name(name) {
                 return Err(Error::InvalidMessage(format!(
-                    "header {name:?}: names must be non-empty and text must not contain NUL"
+                    "header name {name:?} must be 1-255 characters of A-Z a-z 0-9 and !#$%&'*+-.^_`|~ (an HTTP token, which every broker carries)"
+                )));
+            }
+            if value.contains('\0') {
+                return Err(Error::InvalidMessage(format!(
+                    "header {name:?}: the value must not contain NUL"
                 )));
             }
             if header::RESERVED.contains(&name.as_str()) {
@@ -229,6 +236,16 @@ impl Message {
                 .collect(),
         )
     }
+}
+
+/// An RFC 9110 token (section 5.6.2), at most 255 bytes: what HTTP, Kafka, AMQP, NATS and
+/// MQTT all accept as a header or property name.
+pub fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// A typed message contract: a versioned topic name and a serde payload, so services enqueue

@@ -11,19 +11,20 @@
 //!   token changed.
 //! - *bounded retries*: attempts are counted at claim; past `max_attempts` a row is
 //!   quarantined, even if earlier claims never reported back (a message that crashes the
-//!   relay).
+//!   relay). An [`ErrorKind::Unavailable`] failure (the destination, not the message)
+//!   gives the attempt back and backs off on the relay's outage streak instead.
 //! - *idle relays do not spin*: an empty claim waits for the store's wake-up or the poll
 //!   interval.
 
 use crate::backoff;
 use crate::error::Error;
 use crate::message::OutgoingMessage;
-use crate::sink::{PublishError, Sink};
+use crate::sink::{ErrorKind, PublishError, Sink};
 use crate::store::{Claim, ClaimRequest, Dead, Retry, Store};
 use serde::Serialize;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -181,6 +182,9 @@ pub struct Relay {
     sink: Arc<dyn Sink>,
     config: RelayConfig,
     counters: Arc<Counters>,
+    /// Consecutive batches that found the destination unreachable (the outage backoff's
+    /// exponent); reset by any confirmation.
+    outage_streak: AtomicU32,
 }
 
 /// A running relay. Dropping it does not stop the relay; call [`RelayHandle::shutdown`].
@@ -246,6 +250,7 @@ impl Relay {
             sink,
             config,
             counters: Arc::new(Counters::default()),
+            outage_streak: AtomicU32::new(0),
         }
     }
 
@@ -439,7 +444,7 @@ impl Relay {
             match r {
                 None => Outcome::Abandoned,
                 Some(Err(_)) => Outcome::Results(vec![
-                    Err(PublishError::transient(format!(
+                    Err(PublishError::unavailable(format!(
                         "publish timed out after {:?}",
                         cfg.publish_timeout
                     )));
@@ -468,9 +473,35 @@ impl Relay {
             Outcome::Results(results) => {
                 let mut ok = Vec::new();
                 let mut retries = Vec::new();
+                let unavailable = results
+                    .iter()
+                    .any(|r| matches!(r, Err(e) if e.kind == ErrorKind::Unavailable));
+                let streak = if unavailable {
+                    self.outage_streak.fetch_add(1, Ordering::Relaxed) + 1
+                } else {
+                    if results.iter().any(Result::is_ok) {
+                        self.outage_streak.store(0, Ordering::Relaxed);
+                    }
+                    0
+                };
                 for (m, r) in to_publish.iter().zip(results) {
                     match r {
                         Ok(()) => ok.push(m.id),
+                        Err(e) if e.kind == ErrorKind::Unavailable => {
+                            // The destination, not the message: outage backoff, attempt
+                            // given back.
+                            let delay = backoff::jittered(
+                                i32::try_from(streak).unwrap_or(i32::MAX),
+                                cfg.backoff_base,
+                                cfg.backoff_max,
+                            );
+                            retries.push(Retry {
+                                id: m.id,
+                                delay,
+                                error: e.to_string(),
+                                refund_attempt: true,
+                            });
+                        }
                         Err(e) if e.is_transient() && m.attempts < cfg.max_attempts => {
                             let mut delay =
                                 backoff::jittered(m.attempts, cfg.backoff_base, cfg.backoff_max);
@@ -482,6 +513,7 @@ impl Relay {
                                 id: m.id,
                                 delay,
                                 error: e.to_string(),
+                                refund_attempt: false,
                             });
                         }
                         Err(e) => {

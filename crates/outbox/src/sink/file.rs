@@ -120,7 +120,7 @@ impl Sink for FileSink {
                 Target::Stdout => "stdout".to_owned(),
                 Target::File { path, .. } => path.display().to_string(),
             };
-            PublishError::transient(format!("writing to {place} failed: {e}"))
+            PublishError::unavailable(format!("writing to {place} failed: {e}"))
         });
         vec![outcome; batch.len()]
     }

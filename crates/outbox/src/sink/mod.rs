@@ -21,6 +21,11 @@ pub enum ErrorKind {
     Transient,
     /// Can never succeed as it is (too large, unroutable, refused): the relay quarantines.
     Permanent,
+    /// The destination could not be reached at all (not connected, the whole batch timed
+    /// out). It says nothing about the message: the relay reschedules it with the
+    /// relay-wide outage backoff and gives back its attempt, so an outage, however long,
+    /// never quarantines a healthy message.
+    Unavailable,
 }
 
 /// A failed publish of one message.
@@ -53,9 +58,18 @@ impl PublishError {
         }
     }
 
-    /// True for [`ErrorKind::Transient`].
+    /// The destination is unreachable (see [`ErrorKind::Unavailable`]).
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        PublishError {
+            kind: ErrorKind::Unavailable,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// True for [`ErrorKind::Transient`] and [`ErrorKind::Unavailable`]: a retry may work.
     pub fn is_transient(&self) -> bool {
-        self.kind == ErrorKind::Transient
+        matches!(self.kind, ErrorKind::Transient | ErrorKind::Unavailable)
     }
 }
 
@@ -64,6 +78,7 @@ impl fmt::Display for PublishError {
         let kind = match self.kind {
             ErrorKind::Transient => "transient",
             ErrorKind::Permanent => "permanent",
+            ErrorKind::Unavailable => "unavailable",
         };
         write!(f, "{kind}: {}", self.message)
     }

@@ -9,8 +9,9 @@
 //!   `sync_interval: always` in the server's `jetstream` block for fsync-before-ack).
 //! - Envelope headers: `message-id`, `topic`, `key`, `occurred-at`, then the stored headers.
 //! - Errors: a subject that no stream covers, a message over the server's `max_payload`,
-//!   a header NATS cannot carry (CR/LF) are permanent; timeouts and a lost connection are
-//!   transient.
+//!   a header NATS cannot carry (CR/LF), a topic that is not a publishable subject are
+//!   permanent; no connection, an acknowledgement timeout or a broken pipe mean the
+//!   server is unavailable (the message keeps its attempts); anything else is transient.
 
 use super::{PublishError, Sink, SinkError};
 use crate::message::OutgoingMessage;
@@ -76,11 +77,31 @@ impl NatsSink {
             Some((_, host)) => format!("nats://…@{host}"),
             None => url.to_owned(),
         };
-        Ok(NatsSink {
+        let sink = NatsSink {
             client,
             js,
             describe,
-        })
+        };
+        // Give the first connection a moment, so the first batch does not find it still
+        // being made; a server that is down is not an error here.
+        sink.connected_within(Duration::from_secs(2)).await;
+        Ok(sink)
+    }
+
+    /// Waits up to `wait` for the connection (a reconnect in progress usually completes
+    /// in milliseconds); false when still not connected.
+    async fn connected_within(&self, wait: Duration) -> bool {
+        use async_nats::connection::State;
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if self.client.connection_state() == State::Connected {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// The underlying client (for tests and administration).
@@ -126,9 +147,20 @@ impl NatsSink {
 #[async_trait]
 impl Sink for NatsSink {
     async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
+        if !self.connected_within(Duration::from_millis(500)).await {
+            let e = PublishError::unavailable(format!("not connected to {}", self.describe));
+            return vec![Err(e); batch.len()];
+        }
         // Send every publish first (pipelined), then collect the PubAcks.
         let mut pending = Vec::with_capacity(batch.len());
         for m in batch {
+            if !is_publishable_subject(&m.topic) {
+                pending.push(Err(Err_::Classified(PublishError::permanent(format!(
+                    "topic {:?} is not a valid NATS subject: dot-separated non-empty tokens, no whitespace, no wildcards",
+                    m.topic
+                )))));
+                continue;
+            }
             let sent = match Self::headers(m) {
                 Err(e) => Err(Err_::Classified(e)),
                 Ok(headers) => {
@@ -185,6 +217,19 @@ impl Sink for NatsSink {
     }
 }
 
+/// A subject a publish may use (<https://docs.nats.io/nats-concepts/subjects>): tokens
+/// separated by `.`, none empty, no whitespace or control characters, no `*` / `>`
+/// wildcard tokens.
+fn is_publishable_subject(s: &str) -> bool {
+    !s.is_empty()
+        && s.split('.').all(|t| {
+            !t.is_empty()
+                && t != "*"
+                && t != ">"
+                && !t.chars().any(|c| c.is_whitespace() || c.is_control())
+        })
+}
+
 /// A publish error, or "no stream answered", which needs a JetStream API call to tell a
 /// missing stream (permanent) from a server still starting (transient).
 enum Err_ {
@@ -198,8 +243,12 @@ fn classify(kind: PublishErrorKind, text: String, topic: &str) -> Err_ {
             "message on {topic:?} exceeds the NATS server's max_payload: {text}"
         ))),
         PublishErrorKind::StreamNotFound => Err_::NoStream,
-        // Timeouts, a broken pipe, too many acks pending, and anything unexpected are
-        // transient, so a server hiccup never quarantines healthy messages.
+        // No acknowledgement at all: the server or stream is not answering, which says
+        // nothing about the message.
+        PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => {
+            Err_::Classified(PublishError::unavailable(format!("NATS publish: {text}")))
+        }
+        // Too many acks pending and anything unexpected are transient.
         _ => Err_::Classified(PublishError::transient(format!("NATS publish: {text}"))),
     }
 }

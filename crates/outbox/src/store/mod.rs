@@ -99,6 +99,10 @@ pub struct Retry {
     pub delay: Duration,
     /// Error text kept in `last_error` (never the payload).
     pub error: String,
+    /// Give back the attempt the claim counted: the failure says nothing about this
+    /// message (its destination was unreachable), so it must not bring the message
+    /// closer to quarantine.
+    pub refund_attempt: bool,
 }
 
 /// A row to quarantine, with the reason kept in `last_error`.
@@ -325,5 +329,24 @@ pub(crate) fn malformed_reason(e: crate::Error) -> String {
     match e {
         crate::Error::MalformedRow { .. } => e.to_string(),
         other => format!("malformed row: {other}"),
+    }
+}
+
+/// Reads a claimed row, turning a decoding panic (a driver meeting a value it cannot
+/// represent) into a malformed row, so one bad row never takes the relay down.
+pub(crate) fn read_row<R>(
+    row: &R,
+    read: fn(&R) -> std::result::Result<OutgoingMessage, Dead>,
+    id_of: fn(&R) -> i64,
+) -> std::result::Result<OutgoingMessage, Dead> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read(row))) {
+        Ok(r) => r,
+        Err(_) => {
+            let id = id_of(row);
+            Err(Dead {
+                id,
+                error: format!("malformed row {id}: a column could not be decoded"),
+            })
+        }
     }
 }

@@ -75,7 +75,8 @@ impl Sql {
             reschedule: q(format!(
                 "UPDATE {p}_messages
                  SET status = 0, available_at = TIMESTAMPADD(MICROSECOND, ? * 1000, {n}),
-                     last_error = ?, locked_until = NULL, claim_token = NULL
+                     last_error = ?, locked_until = NULL, claim_token = NULL,
+                     attempts = CASE WHEN ? THEN GREATEST(attempts - 1, 0) ELSE attempts END
                  WHERE id = ? AND claim_token = ? AND status = 1"
             )),
             quarantine: q(format!(
@@ -168,8 +169,8 @@ fn migrations(p: &str) -> Vec<Vec<String>> {
                 DECLARE v_limit BIGINT;
                 DECLARE v_size BIGINT;
                 IF p_topic IS NULL OR p_topic = '' OR OCTET_LENGTH(p_topic) > 255
-                   OR p_topic REGEXP '[[:space:][:cntrl:]]' THEN
-                    SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = '{p}_enqueue: topic must be 1-255 bytes without whitespace or control characters';
+                   OR p_topic REGEXP '[[:space:][:cntrl:]*>]' THEN
+                    SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = '{p}_enqueue: topic must be 1-255 bytes without whitespace, control characters or wildcards (* >)';
                 END IF;
                 IF p_payload IS NULL THEN
                     SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = '{p}_enqueue: payload must not be NULL (use an empty string)';
@@ -594,7 +595,7 @@ impl Store for MySqlStore {
         let lease = millis(req.lease);
         sqlx::raw_sql(AssertSqlSafe(format!(
             "UPDATE {p}_messages
-             SET status = 1, attempts = attempts + 1, claimed_by = {relay},
+             SET status = 1, attempts = LEAST(attempts, 2147483646) + 1, claimed_by = {relay},
                  claim_token = '{token_text}',
                  locked_until = TIMESTAMPADD(MICROSECOND, {lease} * 1000, {NOW}),
                  available_at = TIMESTAMPADD(MICROSECOND, {lease} * 1000, {NOW})
@@ -612,7 +613,9 @@ impl Store for MySqlStore {
         let mut messages = Vec::with_capacity(rows.len());
         let mut malformed = Vec::new();
         for row in &rows {
-            match Self::row_to_message(row) {
+            match super::read_row(row, Self::row_to_message, |r| {
+                r.try_get::<i64, _>("id").unwrap_or(-1)
+            }) {
                 Ok(m) => messages.push(m),
                 Err(d) => malformed.push(d),
             }
@@ -646,6 +649,7 @@ impl Store for MySqlStore {
             n += sqlx::query(self.inner.sql.reschedule.clone())
                 .bind(millis(r.delay))
                 .bind(&r.error)
+                .bind(r.refund_attempt)
                 .bind(r.id)
                 .bind(&token)
                 .execute(&mut *tx)

@@ -53,12 +53,13 @@ impl Sql {
                    LIMIT $1
                    FOR UPDATE SKIP LOCKED)
                  UPDATE {s}.messages m
-                 SET status = 1, attempts = m.attempts + 1, claimed_by = $2, claim_token = $3,
+                 SET status = 1, attempts = least(m.attempts, 2147483646) + 1, claimed_by = $2, claim_token = $3,
                      locked_until = now() + $4 * interval '1 millisecond',
                      available_at = now() + $4 * interval '1 millisecond'
                  FROM due WHERE m.id = due.id
                  RETURNING m.id, m.message_id, m.topic, m.key, m.payload, m.headers,
-                           m.occurred_at, m.attempts"
+                           extract(epoch FROM m.occurred_at)::float8 AS occurred_epoch,
+                           m.attempts"
             )),
             mark: q(format!(
                 "UPDATE {s}.messages
@@ -69,8 +70,10 @@ impl Sql {
             reschedule: q(format!(
                 "UPDATE {s}.messages m
                  SET status = 0, available_at = now() + x.delay_ms * interval '1 millisecond',
-                     last_error = x.err, locked_until = NULL, claim_token = NULL
-                 FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS x(id, delay_ms, err)
+                     last_error = x.err, locked_until = NULL, claim_token = NULL,
+                     attempts = CASE WHEN x.refund THEN greatest(m.attempts - 1, 0) ELSE m.attempts END
+                 FROM unnest($1::bigint[], $2::bigint[], $3::text[], $5::bool[])
+                      AS x(id, delay_ms, err, refund)
                  WHERE m.id = x.id AND m.claim_token = $4 AND m.status = 1"
             )),
             quarantine: q(format!(
@@ -179,8 +182,8 @@ DECLARE
     new_id bigint;
 BEGIN
     IF enqueue.topic IS NULL OR enqueue.topic = '' OR octet_length(enqueue.topic) > 255
-       OR enqueue.topic ~ '[[:space:][:cntrl:]]' THEN
-        RAISE EXCEPTION '{s}.enqueue: topic must be 1-255 bytes without whitespace or control characters, got %', quote_nullable(enqueue.topic)
+       OR enqueue.topic ~ '[[:space:][:cntrl:]*>]' THEN
+        RAISE EXCEPTION '{s}.enqueue: topic must be 1-255 bytes without whitespace, control characters or wildcards (* >), got %', quote_nullable(enqueue.topic)
             USING ERRCODE = '22023';
     END IF;
     IF enqueue.payload IS NULL THEN
@@ -189,6 +192,11 @@ BEGIN
     IF jsonb_typeof(hdr) <> 'object'
        OR EXISTS (SELECT 1 FROM jsonb_each(hdr) h WHERE jsonb_typeof(h.value) <> 'string') THEN
         RAISE EXCEPTION '{s}.enqueue: headers must be a JSON object of strings' USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT 1 FROM jsonb_object_keys(hdr) k
+               WHERE k !~ '^[A-Za-z0-9!#$%&''*+.^_`|~-]{{1,255}}$') THEN
+        RAISE EXCEPTION '{s}.enqueue: header names must be 1-255 characters of A-Z a-z 0-9 and !#$%%&''*+-.^_`|~'
+            USING ERRCODE = '22023';
     END IF;
     IF hdr ?| ARRAY['message-id', 'topic', 'key', 'occurred-at'] THEN
         RAISE EXCEPTION '{s}.enqueue: headers message-id, topic, key and occurred-at are reserved (they come from the message itself)'
@@ -432,7 +440,7 @@ impl PgStore {
                 key: row.try_get("key")?,
                 payload: bytes::Bytes::from(row.try_get::<Vec<u8>, _>("payload")?),
                 headers: parse_headers(id, headers)?,
-                occurred_at: row.try_get("occurred_at")?,
+                occurred_at: epoch_to_time(id, row.try_get("occurred_epoch")?)?,
                 attempts: row.try_get("attempts")?,
             })
         };
@@ -486,6 +494,20 @@ async fn listen_loop(url: String, channel: String, wake: Arc<watch::Sender<u64>>
             }
         }
     }
+}
+
+/// `occurred_at` comes back as epoch seconds: a hand-written `'infinity'` must become a
+/// malformed row, not a decoding panic.
+fn epoch_to_time(id: i64, secs: f64) -> Result<DateTime<Utc>> {
+    if secs.is_finite()
+        && let Some(t) = DateTime::<Utc>::from_timestamp_micros((secs * 1e6).round() as i64)
+    {
+        return Ok(t);
+    }
+    Err(Error::MalformedRow {
+        id,
+        reason: format!("occurred_at is not a representable time ({secs})"),
+    })
 }
 
 fn millis(d: Duration) -> i64 {
@@ -577,7 +599,9 @@ impl Store for PgStore {
         let mut messages = Vec::with_capacity(rows.len());
         let mut malformed = Vec::new();
         for row in &rows {
-            match Self::row_to_message(row) {
+            match super::read_row(row, Self::row_to_message, |r| {
+                r.try_get::<i64, _>("id").unwrap_or(-1)
+            }) {
                 Ok(m) => messages.push(m),
                 Err(d) => malformed.push(d),
             }
@@ -609,11 +633,13 @@ impl Store for PgStore {
         let ids: Vec<i64> = retries.iter().map(|r| r.id).collect();
         let delays: Vec<i64> = retries.iter().map(|r| millis(r.delay)).collect();
         let errs: Vec<String> = retries.iter().map(|r| r.error.clone()).collect();
+        let refunds: Vec<bool> = retries.iter().map(|r| r.refund_attempt).collect();
         let r = sqlx::query(self.inner.sql.reschedule.clone())
             .bind(ids)
             .bind(delays)
             .bind(errs)
             .bind(token)
+            .bind(refunds)
             .execute(&self.inner.pool)
             .await?;
         Ok(r.rows_affected())

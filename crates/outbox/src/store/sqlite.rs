@@ -64,7 +64,7 @@ impl Sql {
             existing_id: q(format!("SELECT id FROM {p}_messages WHERE message_id = ?1")),
             claim: q(format!(
                 "UPDATE {p}_messages
-                 SET status = 1, attempts = attempts + 1, claimed_by = ?1, claim_token = ?2,
+                 SET status = 1, attempts = min(attempts, 2147483646) + 1, claimed_by = ?1, claim_token = ?2,
                      locked_until = {n} + ?3, available_at = {n} + ?3
                  WHERE id IN (SELECT id FROM {p}_messages
                               WHERE status <= 1 AND available_at <= {n}
@@ -80,7 +80,8 @@ impl Sql {
             reschedule: q(format!(
                 "UPDATE {p}_messages
                  SET status = 0, available_at = {n} + ?2, last_error = ?3, locked_until = NULL,
-                     claim_token = NULL
+                     claim_token = NULL,
+                     attempts = CASE WHEN ?5 THEN max(attempts - 1, 0) ELSE attempts END
                  WHERE id = ?1 AND claim_token = ?4 AND status = 1"
             )),
             quarantine: q(format!(
@@ -445,7 +446,9 @@ impl Store for SqliteStore {
         let mut messages = Vec::with_capacity(rows.len());
         let mut malformed = Vec::new();
         for row in &rows {
-            match Self::row_to_message(row) {
+            match super::read_row(row, Self::row_to_message, |r| {
+                r.try_get::<i64, _>("id").unwrap_or(-1)
+            }) {
                 Ok(m) => messages.push(m),
                 Err(d) => malformed.push(d),
             }
@@ -483,6 +486,7 @@ impl Store for SqliteStore {
                 .bind(millis(r.delay))
                 .bind(&r.error)
                 .bind(&token)
+                .bind(r.refund_attempt)
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();

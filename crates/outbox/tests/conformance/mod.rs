@@ -353,6 +353,7 @@ pub(crate) async fn row_lifecycle<B: Backend>() {
                 id: bb,
                 delay,
                 error: "broker busy".into(),
+                refund_attempt: false,
             }],
         )
         .await
@@ -409,6 +410,7 @@ pub(crate) async fn row_lifecycle<B: Backend>() {
             id,
             delay: Duration::ZERO,
             error: "x".into(),
+            refund_attempt: false,
         })
         .collect();
     assert_eq!(store.reschedule(first.token, &retries).await.unwrap(), 0);
@@ -444,6 +446,7 @@ pub(crate) async fn row_lifecycle<B: Backend>() {
                 id: d,
                 delay: Duration::ZERO,
                 error: "again".into(),
+                refund_attempt: false,
             }],
         )
         .await
@@ -607,6 +610,7 @@ pub(crate) async fn expired_lease_fences_the_stale_claimant<B: Backend>() {
             id,
             delay: Duration::from_secs(60),
             error: "stale retry".into(),
+            refund_attempt: false,
         })
         .collect();
     assert_eq!(store.reschedule(old.token, &retries).await.unwrap(), 0);
@@ -640,6 +644,7 @@ pub(crate) async fn expired_lease_fences_the_stale_claimant<B: Backend>() {
         id: ids[1],
         delay: Duration::from_secs(60),
         error: "try later".into(),
+        refund_attempt: false,
     };
     assert_eq!(store.reschedule(new.token, &[retry]).await.unwrap(), 1);
     let kill = Dead {
@@ -779,6 +784,7 @@ pub(crate) async fn database_clock_decides_eligibility<B: Backend>() {
         id: again[0].id,
         delay: retry_delay,
         error: "transient".into(),
+        refund_attempt: false,
     };
     assert_eq!(store.reschedule(c.token, &[retry]).await.unwrap(), 1);
     assert!(
@@ -990,6 +996,7 @@ pub(crate) async fn purge_deletes_old_dispatched_rows_in_bounded_batches<B: Back
             id,
             delay: hour,
             error: "later".into(),
+            refund_attempt: false,
         })
         .collect();
     assert_eq!(store.reschedule(c.token, &retries).await.unwrap(), 5);
@@ -1584,7 +1591,7 @@ pub(crate) async fn payloads_and_headers_survive_byte_for_byte<B: Backend>() {
         (
             vec![0xff, 0xfe, 0xc3, 0x28, 0x80, 0xed, 0xa0, 0x80, 0xf8],
             None,
-            vec![("empty", ""), ("nøkkel", "värde")],
+            vec![("empty", ""), ("nokkel", "värde ✓")],
         ),
         (b"\0\0a\0b\0".to_vec(), Some(""), vec![("tab", "a\tb\r\nc")]),
         (
@@ -1674,6 +1681,19 @@ pub(crate) async fn payloads_and_headers_survive_byte_for_byte<B: Backend>() {
     for m in [&ok1, &ok2] {
         assert_eq!(b.count(&format!("message_id = '{}'", m.id())).await, 1);
     }
+    // Header names are HTTP tokens (what every sink can carry as a header name).
+    let bad_name = Message::new("t.bytes.v1", b"ok".to_vec()).header("nøkkel", "v");
+    let r = b
+        .produce(std::slice::from_ref(&bad_name), TxOpts::default())
+        .await;
+    match &r[0] {
+        Err(e @ Error::InvalidMessage(_)) => assert!(e.to_string().contains("header name"), "{e}"),
+        other => panic!("expected InvalidMessage, got {other:?}"),
+    }
+    assert_eq!(
+        b.count(&format!("message_id = '{}'", bad_name.id())).await,
+        0
+    );
     for m in [&too_big, &nul_header, &nul_key] {
         assert_eq!(b.count(&format!("message_id = '{}'", m.id())).await, 0);
     }
