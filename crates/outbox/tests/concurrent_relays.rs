@@ -1,0 +1,137 @@
+//! Whole relays competing over one PostgreSQL outbox: four relays over 10,000 messages
+//! never publish a message twice while its lease holds, and a crashed relay's claims are
+//! delivered by another after the lease.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use async_trait::async_trait;
+use common::{RecordingSink, TestDb, messages, relay_config, total, wait_until};
+use outbox::sink::{PublishError, Sink};
+use outbox::{OutgoingMessage, Relay};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_relays_over_ten_thousand_messages_publish_each_once() {
+    let db = TestDb::pg("four_relays").await;
+    let (sink, seen) = RecordingSink::new();
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let mut cfg = relay_config(&format!("relay-{i}"));
+            cfg.batch_size = 50;
+            Relay::new(db.store(), sink.clone(), cfg).spawn()
+        })
+        .collect();
+    // Producers keep committing while the relays run.
+    for chunk in 0..10 {
+        db.enqueue_all(&messages(&format!("four.t{chunk}"), 1_000))
+            .await;
+    }
+    let store = db.store();
+    wait_until("10,000 dispatched", Duration::from_secs(60), || {
+        let store = store.clone();
+        async move {
+            let c = store.counts().await.unwrap();
+            if c.dispatched == 10_000 {
+                Ok(())
+            } else {
+                Err(format!("{c:?}"))
+            }
+        }
+    })
+    .await;
+    let mut per_relay = Vec::new();
+    for h in handles {
+        per_relay.push(h.shutdown().await.unwrap().dispatched);
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 10_000, "every message published");
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "published more than once: {twice:?}");
+    assert_eq!(per_relay.iter().sum::<u64>(), 10_000);
+    assert!(
+        per_relay.iter().filter(|n| **n > 0).count() >= 2,
+        "the relays competed: {per_relay:?}"
+    );
+}
+
+/// Never answers: the relay holding its claims is then "crashed" with `abort`.
+struct Hang;
+
+#[async_trait]
+impl Sink for Hang {
+    async fn publish(&self, _batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
+        std::future::pending().await
+    }
+    fn describe(&self) -> String {
+        "hang".into()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crashed_relays_claims_are_delivered_after_the_lease() {
+    let db = TestDb::pg("crashed_relay").await;
+    let enq = db.enqueue_all(&messages("crash.t", 200)).await;
+    let mut cfg = relay_config("doomed");
+    cfg.lease = Duration::from_millis(1_500);
+    cfg.publish_timeout = Duration::from_millis(1_000);
+    let doomed = Relay::new(db.store(), Arc::new(Hang), cfg).spawn();
+    let d = &db;
+    wait_until(
+        "the doomed relay holds claims",
+        Duration::from_secs(5),
+        || async move {
+            let held = d
+                .rows()
+                .await
+                .iter()
+                .filter(|r| r.claimed_by.as_deref() == Some("doomed") && r.status == 1)
+                .count();
+            if held > 0 {
+                Ok(())
+            } else {
+                Err("no claims yet".into())
+            }
+        },
+    )
+    .await;
+    doomed.abort(); // a crash: nothing released
+    let held: Vec<i64> = db
+        .rows()
+        .await
+        .iter()
+        .filter(|r| r.status == 1)
+        .map(|r| r.id)
+        .collect();
+    assert!(!held.is_empty());
+
+    let (sink, seen) = RecordingSink::new();
+    let rescuer = Relay::new(db.store(), sink, relay_config("rescuer")).spawn();
+    let store = db.store();
+    wait_until("all 200 dispatched", Duration::from_secs(15), || {
+        let store = store.clone();
+        async move {
+            let c = store.counts().await.unwrap();
+            if c.dispatched == 200 {
+                Ok(())
+            } else {
+                Err(format!("{c:?}"))
+            }
+        }
+    })
+    .await;
+    rescuer.shutdown().await.unwrap();
+    assert_eq!(
+        total(&seen),
+        200,
+        "each message published once by the rescuer"
+    );
+    for r in db.rows().await {
+        assert_eq!(r.status, 2);
+        let expected_attempts = if held.contains(&r.id) { 2 } else { 1 };
+        assert_eq!(r.attempts, expected_attempts, "{r:?}");
+    }
+    assert_eq!(enq.len(), 200);
+}
