@@ -1,0 +1,211 @@
+//! Claim latency with a million dispatched rows retained, per store. Prints figures;
+//! asserts nothing about speed. Run: `cargo bench -p outbox --bench claim` (PostgreSQL and
+//! MariaDB must be running; see the README). `BENCH_RETAINED` changes the row count.
+//!
+//! For each store: claim + mark 100 rows at a time over 3,000 pending rows in an empty
+//! outbox (the baseline), then again after `BENCH_RETAINED` dispatched rows were added and
+//! statistics refreshed. The live-row index should keep the two close.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use outbox::mysql::MySqlStore;
+use outbox::postgres::PgStore;
+use outbox::sqlite::SqliteStore;
+use outbox::store::{ClaimRequest, Store};
+use outbox::{Ident, Message, StoreConfig};
+use sqlx::AssertSqlSafe;
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+const PG: &str = "postgres://postgres@127.0.0.1:5432/test";
+const MYSQL: &str = "mysql://root@127.0.0.1:3306/test";
+
+fn config(prefix: &str) -> StoreConfig {
+    StoreConfig {
+        schema: Ident::new(prefix).unwrap(),
+        ..Default::default()
+    }
+}
+
+fn pct(v: &mut [Duration], p: f64) -> f64 {
+    v.sort();
+    v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e3
+}
+
+/// Claims and marks batches of 100 until nothing is due; returns per-batch latencies.
+async fn claim_all(store: &dyn Store) -> Vec<Duration> {
+    let req = ClaimRequest {
+        relay_id: "bench".into(),
+        batch_size: 100,
+        lease: Duration::from_secs(60),
+    };
+    let mut out = Vec::new();
+    loop {
+        let t = Instant::now();
+        let c = store.claim(&req).await.unwrap();
+        if c.messages.is_empty() {
+            return out;
+        }
+        let ids: Vec<i64> = c.messages.iter().map(|m| m.id).collect();
+        store.mark_dispatched(c.token, &ids).await.unwrap();
+        out.push(t.elapsed());
+    }
+}
+
+enum Db {
+    Pg(PgStore),
+    My(MySqlStore),
+    Lite(SqliteStore),
+}
+
+impl Db {
+    fn store(&self) -> &dyn Store {
+        match self {
+            Db::Pg(s) => s,
+            Db::My(s) => s,
+            Db::Lite(s) => s,
+        }
+    }
+
+    async fn enqueue(&self, n: usize) {
+        let msgs: Vec<Message> = (0..n)
+            .map(|i| Message::new("bench.claim.v1", vec![b'x'; 100]).key(format!("k{}", i % 8)))
+            .collect();
+        match self {
+            Db::Pg(s) => {
+                let mut tx = s.pool().begin().await.unwrap();
+                for m in &msgs {
+                    s.enqueue(&mut tx, m).await.unwrap();
+                }
+                tx.commit().await.unwrap();
+            }
+            Db::My(s) => {
+                let mut tx = s.pool().begin().await.unwrap();
+                for m in &msgs {
+                    s.enqueue(&mut tx, m).await.unwrap();
+                }
+                tx.commit().await.unwrap();
+            }
+            Db::Lite(s) => {
+                let mut tx = s.pool().begin().await.unwrap();
+                for m in &msgs {
+                    s.enqueue(&mut tx, m).await.unwrap();
+                }
+                tx.commit().await.unwrap();
+            }
+        }
+    }
+
+    /// Adds `n` dispatched rows in bulk, then refreshes planner statistics.
+    async fn retain(&self, n: usize, p: &str) {
+        match self {
+            Db::Pg(s) => {
+                sqlx::raw_sql(AssertSqlSafe(format!(
+                    "INSERT INTO {p}.messages (message_id, topic, payload, status, dispatched_at)
+                     SELECT gen_random_uuid(), 'bench.old.v1', '\\x00', 2, now() - interval '1 day'
+                     FROM generate_series(1, {n});
+                     ANALYZE {p}.messages;"
+                )))
+                .execute(s.pool())
+                .await
+                .unwrap();
+            }
+            Db::My(s) => {
+                let mut left = n;
+                while left > 0 {
+                    let k = left.min(100_000);
+                    sqlx::raw_sql(AssertSqlSafe(format!(
+                        "INSERT INTO {p}_messages (message_id, topic, payload, headers, status, dispatched_at)
+                         SELECT UUID(), 'bench.old.v1', 'x', '{{}}', 2, UTC_TIMESTAMP(6) FROM seq_1_to_{k}"
+                    )))
+                    .execute(s.pool())
+                    .await
+                    .unwrap();
+                    left -= k;
+                }
+                sqlx::raw_sql(AssertSqlSafe(format!("ANALYZE TABLE {p}_messages")))
+                    .execute(s.pool())
+                    .await
+                    .unwrap();
+            }
+            Db::Lite(s) => {
+                sqlx::raw_sql(AssertSqlSafe(format!(
+                    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {n})
+                     INSERT INTO {p}_messages (message_id, topic, payload, status, dispatched_at)
+                     SELECT printf('%08x-0000-7000-8000-%012x', x, x), 'bench.old.v1', x'00', 2, 0 FROM c;
+                     ANALYZE;"
+                )))
+                .execute(s.pool())
+                .await
+                .unwrap();
+            }
+        }
+    }
+
+    async fn drop_all(&self, p: &str) {
+        match self {
+            Db::Pg(s) => {
+                sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA {p} CASCADE")))
+                    .execute(s.pool())
+                    .await
+                    .unwrap();
+            }
+            Db::My(s) => {
+                sqlx::raw_sql(AssertSqlSafe(format!(
+                    "DROP PROCEDURE IF EXISTS {p}_enqueue;
+                     DROP TABLE {p}_messages, {p}_control, {p}_schema_migrations"
+                )))
+                .execute(s.pool())
+                .await
+                .unwrap();
+            }
+            Db::Lite(_) => {}
+        }
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let retained: usize = std::env::var("BENCH_RETAINED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    println!(
+        "claim+mark latency, batches of 100 over 3,000 pending rows, before and after {retained} dispatched rows are retained"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    for kind in ["postgres", "mariadb", "sqlite"] {
+        let p = format!("bclaim_{}", &Uuid::new_v4().simple().to_string()[..8]);
+        let db = match kind {
+            "postgres" => Db::Pg(
+                PgStore::connect(PG, config(&p))
+                    .await
+                    .expect("PostgreSQL on 127.0.0.1:5432"),
+            ),
+            "mariadb" => Db::My(
+                MySqlStore::connect(MYSQL, config(&p))
+                    .await
+                    .expect("MariaDB on 127.0.0.1:3306"),
+            ),
+            _ => {
+                let url = format!("sqlite://{}", dir.path().join("claim.db").display());
+                Db::Lite(SqliteStore::connect(&url, config(&p)).await.unwrap())
+            }
+        };
+        db.store().migrate().await.unwrap();
+        db.enqueue(3_000).await;
+        let mut before = claim_all(db.store()).await;
+        let t = Instant::now();
+        db.retain(retained, &p).await;
+        let fill = t.elapsed();
+        db.enqueue(3_000).await;
+        let mut after = claim_all(db.store()).await;
+        let (b50, b99) = (pct(&mut before, 0.5), pct(&mut before, 0.99));
+        let (a50, a99) = (pct(&mut after, 0.5), pct(&mut after, 0.99));
+        println!(
+            "{kind:<9} empty: p50 {b50:6.2} ms p99 {b99:6.2} ms | {retained} retained (filled in {:.1} s): p50 {a50:6.2} ms p99 {a99:6.2} ms | p50 ratio {:.2}",
+            fill.as_secs_f64(),
+            a50 / b50
+        );
+        db.drop_all(&p).await;
+    }
+}
