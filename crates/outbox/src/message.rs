@@ -166,16 +166,10 @@ impl Message {
         &self.payload
     }
 
-    /// Bytes counted against the size limit: payload + key + header names and values.
+    /// Bytes counted against the size limit: payload + topic + key + header names and
+    /// values.
     pub fn size(&self) -> usize {
-        self.payload.len()
-            + self.topic.len()
-            + self.key.as_ref().map_or(0, String::len)
-            + self
-                .headers
-                .iter()
-                .map(|(k, v)| k.len() + v.len())
-                .sum::<usize>()
+        message_size(&self.payload, &self.topic, self.key.as_deref(), &self.headers)
     }
 
     /// Checks everything a store needs before writing: topic shape, no NUL in text fields
@@ -324,15 +318,22 @@ impl OutgoingMessage {
 
     /// Bytes of payload + topic + key + headers (what a broker's size limit counts, roughly).
     pub fn size(&self) -> usize {
-        self.payload.len()
-            + self.topic.len()
-            + self.key.as_ref().map_or(0, String::len)
-            + self
-                .headers
-                .iter()
-                .map(|(k, v)| k.len() + v.len())
-                .sum::<usize>()
+        message_size(&self.payload, &self.topic, self.key.as_deref(), &self.headers)
     }
+}
+
+/// Payload + topic + key + header names and values, in bytes: the one size rule enqueue
+/// limits and sinks' size checks share.
+fn message_size(
+    payload: &[u8],
+    topic: &str,
+    key: Option<&str>,
+    headers: &BTreeMap<String, String>,
+) -> usize {
+    payload.len()
+        + topic.len()
+        + key.map_or(0, str::len)
+        + headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
 }
 
 #[cfg(test)]
