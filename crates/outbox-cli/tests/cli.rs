@@ -380,3 +380,72 @@ fn config_file_then_env_then_flags() {
     );
     assert!(dir.path().join("c.db").exists());
 }
+
+/// Eligibility is decided by the database clock: relays whose clocks are a day ahead or a
+/// day behind (libfaketime) deliver a due message at once and a delayed one neither early
+/// nor late.
+#[test]
+fn relay_clock_skew_changes_nothing() {
+    let faketime = Command::new("faketime").arg("--version").output();
+    assert!(
+        faketime.is_ok(),
+        "faketime must be installed (apt-get install faketime; scripts/test installs it)"
+    );
+    let schema = unique("skew");
+    run_ok(outbox().args(["--database-url", PG, "--schema", &schema, "migrate"]));
+    psql(&format!(
+        "SELECT {schema}.enqueue('skew.now.v1', 'a'::bytea);
+         SELECT {schema}.enqueue('skew.later.v1', 'b'::bytea, available_at => now() + interval '4 seconds');"
+    ));
+    let enqueued = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("out.jsonl");
+    let skewed_relay = |offset: &str| {
+        let mut c = Command::new("faketime");
+        c.env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .env_remove("OUTBOX_DATABASE_URL")
+            .env("OUTBOX_LOG", "warn")
+            .args(["-f", offset, env!("CARGO_BIN_EXE_outbox")])
+            .args([
+                "--database-url",
+                PG,
+                "--schema",
+                &schema,
+                "relay",
+                "--drain",
+            ])
+            .args(["--sink", &format!("file:{}", file.display())]);
+        run_ok(&mut c);
+        std::fs::read_to_string(&file)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v["topic"].as_str().unwrap().to_owned()
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        skewed_relay("+1d"),
+        ["skew.now.v1"],
+        "a day ahead: only the due one"
+    );
+    assert!(
+        enqueued.elapsed() < Duration::from_secs(4),
+        "machine too slow for this check"
+    );
+    assert_eq!(
+        skewed_relay("-1d"),
+        ["skew.now.v1"],
+        "a day behind: still not the delayed one"
+    );
+    std::thread::sleep(
+        Duration::from_secs(4).saturating_sub(enqueued.elapsed()) + Duration::from_millis(300),
+    );
+    assert_eq!(
+        skewed_relay("-1d"),
+        ["skew.now.v1", "skew.later.v1"],
+        "a day behind: the delayed one once the database says it is due"
+    );
+    psql(&format!("DROP SCHEMA {schema} CASCADE"));
+}

@@ -169,7 +169,12 @@ impl Message {
     /// Bytes counted against the size limit: payload + topic + key + header names and
     /// values.
     pub fn size(&self) -> usize {
-        message_size(&self.payload, &self.topic, self.key.as_deref(), &self.headers)
+        message_size(
+            &self.payload,
+            &self.topic,
+            self.key.as_deref(),
+            &self.headers,
+        )
     }
 
     /// Checks everything a store needs before writing: topic shape, no NUL in text fields
@@ -318,7 +323,12 @@ impl OutgoingMessage {
 
     /// Bytes of payload + topic + key + headers (what a broker's size limit counts, roughly).
     pub fn size(&self) -> usize {
-        message_size(&self.payload, &self.topic, self.key.as_deref(), &self.headers)
+        message_size(
+            &self.payload,
+            &self.topic,
+            self.key.as_deref(),
+            &self.headers,
+        )
     }
 }
 
@@ -333,7 +343,10 @@ fn message_size(
     payload.len()
         + topic.len()
         + key.map_or(0, str::len)
-        + headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+        + headers
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>()
 }
 
 #[cfg(test)]
