@@ -60,6 +60,19 @@ pub(crate) fn apply_config_file(command: &clap::Command) -> anyhow::Result<()> {
             toml::Value::Integer(i) => i.to_string(),
             toml::Value::Boolean(b) => b.to_string(),
             toml::Value::Float(f) => f.to_string(),
+            // A list (e.g. `route = ["orders.*=amqp://…", "audit.>=redis://…"]`) becomes the
+            // space-separated form the flag's environment variable takes.
+            toml::Value::Array(items) => items
+                .iter()
+                .map(|v| match v {
+                    toml::Value::String(s) => Ok(s.clone()),
+                    other => Err(anyhow::anyhow!(
+                        "config file {}: key {key:?} must list strings, got {other}",
+                        path.display()
+                    )),
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?
+                .join(" "),
             other => anyhow::bail!(
                 "config file {}: key {key:?} must be a string, number or boolean, got {other}",
                 path.display()

@@ -78,9 +78,21 @@ enum Command {
     },
     /// Run the relay: claim due messages, publish, mark after confirmation.
     Relay {
-        /// Sink URL: stdout, file:PATH, nats://HOST:PORT.
-        #[arg(long, env = "OUTBOX_SINK", default_value = "stdout")]
-        sink: String,
+        /// Sink URL: stdout, file:PATH, nats://HOST:PORT, amqp://…, redis://…, mqtt://…,
+        /// http(s)://… (default stdout when no --route is given; with routes, the
+        /// catch-all).
+        #[arg(long, env = "OUTBOX_SINK")]
+        sink: Option<String>,
+        /// Route PATTERN=URL (repeatable; first match wins): topics matching PATTERN go to
+        /// URL. Patterns are dotted, `*` matches one token, `>` (last) one or more. With
+        /// routes, --sink is the catch-all; without it an unmatched topic is quarantined
+        /// ("no route for topic …"). In OUTBOX_ROUTE, separate routes by spaces.
+        #[arg(long = "route", env = "OUTBOX_ROUTE", value_delimiter = ' ', value_parser = parse_route)]
+        routes: Vec<(String, String)>,
+        /// With routes: bound on one destination's publish, in ms (below
+        /// --publish-timeout-ms, so a slow destination fails alone).
+        #[arg(long, env = "OUTBOX_DESTINATION_TIMEOUT_MS", default_value_t = 5_000)]
+        destination_timeout_ms: u64,
         /// Exit once nothing is due: 0 when every publish succeeded or was quarantined, 3
         /// when some failed and were rescheduled (they are still pending).
         #[arg(long, env = "OUTBOX_DRAIN")]
@@ -151,6 +163,14 @@ enum Command {
         #[arg(long, default_value_t = 2_000)]
         orders: u32,
     },
+}
+
+fn parse_route(s: &str) -> Result<(String, String), String> {
+    let (pattern, url) = s
+        .split_once('=')
+        .ok_or_else(|| format!("route {s:?} must be PATTERN=URL"))?;
+    outbox::sink::router::TopicPattern::parse(pattern)?;
+    Ok((pattern.to_owned(), url.to_owned()))
 }
 
 fn parse_header(s: &str) -> Result<(String, String), String> {
@@ -349,6 +369,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Relay {
             sink,
+            routes,
+            destination_timeout_ms,
             drain,
             batch_size,
             lease_ms,
@@ -362,7 +384,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             in_flight_batches,
         } => {
             let store = connect(&cli, true).await?;
-            let sink = outbox::sink::open(sink).await?;
+            let sink: Arc<dyn outbox::Sink> = if routes.is_empty() {
+                Arc::from(outbox::sink::open(sink.as_deref().unwrap_or("stdout")).await?)
+            } else {
+                let mut all = routes.clone();
+                if let Some(catch_all) = sink {
+                    all.push((">".to_owned(), catch_all.clone()));
+                }
+                let options = outbox::sink::router::RouterOptions {
+                    destination_timeout: Duration::from_millis(*destination_timeout_ms),
+                    ..Default::default()
+                };
+                Arc::new(outbox::sink::router::Router::open(&all, options).await?)
+            };
             let mut config = RelayConfig {
                 batch_size: *batch_size,
                 lease: Duration::from_millis(*lease_ms),
@@ -381,7 +415,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             let cancel = CancellationToken::new();
             tokio::spawn(shutdown_on_signal(cancel.clone()));
-            let relay = Relay::new(Arc::new(store), Arc::from(sink), config);
+            let relay = Relay::new(Arc::new(store), sink, config);
             let stats = relay.run(cancel).await?;
             if *drain && stats.retried > 0 {
                 eprintln!(

@@ -449,3 +449,71 @@ fn relay_clock_skew_changes_nothing() {
     );
     psql(&format!("DROP SCHEMA {schema} CASCADE"));
 }
+
+/// `--route` sends each topic to its first matching destination; an unmatched topic is
+/// quarantined with "no route for topic"; routes can come from outbox.toml.
+#[test]
+fn routes_split_topics_between_destinations() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("r.db").display());
+    run_ok(outbox().args(["--database-url", &db, "migrate"]));
+    for topic in [
+        "orders.placed",
+        "orders.placed",
+        "audit.user.login",
+        "misc.v1",
+    ] {
+        run_ok(outbox().args([
+            "--database-url",
+            &db,
+            "enqueue",
+            "--topic",
+            topic,
+            "--payload",
+            "x",
+        ]));
+    }
+    let a = dir.path().join("orders.jsonl");
+    let b = dir.path().join("audit.jsonl");
+    std::fs::write(
+        dir.path().join("outbox.toml"),
+        format!(
+            "route = [\"orders.*=file:{}\", \"audit.>=file:{}\"]\n",
+            a.display(),
+            b.display()
+        ),
+    )
+    .unwrap();
+    run_ok(
+        outbox()
+            .current_dir(dir.path())
+            .args(["--database-url", &db, "relay", "--drain"]),
+    );
+    let lines = |p: &std::path::Path| {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    assert_eq!((lines(&a), lines(&b)), (2, 1));
+    let s = run_ok(outbox().args(["--database-url", &db, "status", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(s.trim()).unwrap();
+    assert_eq!(
+        (v["dispatched"].as_i64(), v["dead"].as_i64()),
+        (Some(3), Some(1))
+    );
+
+    let out = outbox()
+        .args([
+            "--database-url",
+            &db,
+            "relay",
+            "--route",
+            "orders.>x=stdout",
+            "--drain",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must be whole tokens"));
+}

@@ -490,11 +490,14 @@ impl Relay {
                         Err(e) if e.kind == ErrorKind::Unavailable => {
                             // The destination, not the message: outage backoff, attempt
                             // given back.
-                            let delay = backoff::jittered(
+                            let mut delay = backoff::jittered(
                                 i32::try_from(streak).unwrap_or(i32::MAX),
                                 cfg.backoff_base,
                                 cfg.backoff_max,
                             );
+                            if let Some(after) = e.retry_after {
+                                delay = delay.max(after);
+                            }
                             retries.push(Retry {
                                 id: m.id,
                                 delay,

@@ -11,8 +11,19 @@ use std::fmt;
 use std::time::Duration;
 
 pub mod file;
+#[cfg(feature = "http")]
+pub mod http;
+#[cfg(feature = "kafka")]
+pub mod kafka;
+#[cfg(feature = "mqtt")]
+pub mod mqtt;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
+#[cfg(feature = "redis")]
+pub mod redis_streams;
+pub mod router;
 
 /// Whether a failed publish may succeed later.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +102,9 @@ impl std::error::Error for PublishError {}
 #[non_exhaustive]
 pub enum SinkError {
     /// The URL's form is not one this build knows.
-    #[error("invalid sink URL {url:?}: {reason} (expected stdout, file:PATH or nats://HOST:PORT)")]
+    #[error(
+        "invalid sink URL {url:?}: {reason} (expected stdout, file:PATH, nats://, kafka://, amqp://, redis://, mqtt:// or http(s)://)"
+    )]
     InvalidUrl {
         /// The URL as given.
         url: String,
@@ -127,7 +140,12 @@ pub trait Sink: Send + Sync + 'static {
 /// Opens the sink named by `url`:
 /// - `stdout`: JSON lines on standard output, confirmed once written and flushed;
 /// - `file:PATH`: JSON lines appended to PATH, confirmed once flushed and `fsync`ed;
-/// - `nats://HOST:PORT`: NATS JetStream, confirmed by the PubAck (feature `nats`).
+/// - `nats://HOST:PORT`: NATS JetStream, confirmed by the PubAck (feature `nats`);
+/// - `kafka://HOST:PORT`: Kafka, confirmed by the delivery report (feature `kafka`);
+/// - `amqp://…`: RabbitMQ, confirmed by the publisher confirm (feature `rabbitmq`);
+/// - `redis://…`: Redis Streams, confirmed by the `XADD` reply (feature `redis`);
+/// - `mqtt://…`: MQTT 5, confirmed by PUBACK / PUBCOMP (feature `mqtt`);
+/// - `http(s)://…`: a webhook, confirmed by a 2xx (feature `http`).
 ///
 /// # Errors
 /// [`SinkError::InvalidUrl`] for an unknown or malformed URL, [`SinkError::Open`] when the
@@ -159,6 +177,38 @@ pub async fn open(url: &str) -> Result<Box<dyn Sink>, SinkError> {
         ));
         #[cfg(not(feature = "nats"))]
         return Err(invalid("this build has no nats feature"));
+    }
+    if url.starts_with("kafka://") {
+        #[cfg(feature = "kafka")]
+        return Ok(Box::new(kafka::KafkaSink::connect(url).await?));
+        #[cfg(not(feature = "kafka"))]
+        return Err(invalid("this build has no kafka feature"));
+    }
+    if url.starts_with("amqp://") || url.starts_with("amqps://") {
+        #[cfg(feature = "rabbitmq")]
+        return Ok(Box::new(rabbitmq::RabbitMqSink::connect(url).await?));
+        #[cfg(not(feature = "rabbitmq"))]
+        return Err(invalid("this build has no rabbitmq feature"));
+    }
+    if url.starts_with("redis://") || url.starts_with("rediss://") {
+        #[cfg(feature = "redis")]
+        return Ok(Box::new(
+            redis_streams::RedisStreamsSink::connect(url).await?,
+        ));
+        #[cfg(not(feature = "redis"))]
+        return Err(invalid("this build has no redis feature"));
+    }
+    if url.starts_with("mqtt://") || url.starts_with("mqtts://") {
+        #[cfg(feature = "mqtt")]
+        return Ok(Box::new(mqtt::MqttSink::connect(url).await?));
+        #[cfg(not(feature = "mqtt"))]
+        return Err(invalid("this build has no mqtt feature"));
+    }
+    if url.starts_with("http://") || url.starts_with("https://") {
+        #[cfg(feature = "http")]
+        return Ok(Box::new(http::WebhookSink::connect(url).await?));
+        #[cfg(not(feature = "http"))]
+        return Err(invalid("this build has no http feature"));
     }
     Err(invalid("unknown scheme"))
 }

@@ -1,0 +1,794 @@
+//! HTTP webhook sink (reqwest): one `POST` per message to a fixed endpoint.
+//!
+//! - URL = the endpoint (`http://` or `https://`, query string kept; userinfo is sent as
+//!   HTTP Basic credentials). `describe()` and error messages show it without userinfo and
+//!   query. Redirects are not followed: a `POST` must not silently become a `GET` elsewhere
+//!   (configure the final URL).
+//! - Body = the payload bytes, unchanged (empty payloads send an empty body).
+//!   `Content-Type` = the message's `content-type` header, else `application/octet-stream`.
+//! - Envelope = request headers named exactly as in [`OutgoingMessage::envelope_headers`]
+//!   (`message-id`, `topic`, `key`, `occurred-at`, then the stored headers, e.g.
+//!   `correlation-id`, `traceparent`), plus `Idempotency-Key` = message id
+//!   (<https://datatracker.ietf.org/doc/draft-ietf-httpapi-idempotency-key-header/>), so a
+//!   receiver can deduplicate a redelivery.
+//! - **Header values are percent-encoded** where HTTP cannot carry them as they are: `%`,
+//!   control characters, DEL, every non-ASCII byte of the UTF-8 text, and a leading or
+//!   trailing space become `%XX` (upper-case hex); everything else is sent unchanged. HTTP
+//!   field values are ASCII in practice (RFC 9110 §5.5 leaves other bytes "opaque", and
+//!   proxies and frameworks decode them as Latin-1 or reject them) and lose leading/trailing
+//!   whitespace. A receiver applies any standard percent-decoder (`decodeURIComponent`,
+//!   `urllib.parse.unquote`, `percent_encoding::percent_decode_str`) to every envelope value
+//!   and gets the exact stored text back; ids, topics, timestamps and trace context never
+//!   contain these characters, so they arrive unchanged. `Content-Type` is not encoded: it
+//!   must be a valid header value or the message is refused (permanent).
+//! - Header names HTTP or this sink owns (`host`, `content-length`, `transfer-encoding`,
+//!   `connection`, `keep-alive`, `upgrade`, `te`, `trailer`, `expect`, `proxy-connection`,
+//!   `idempotency-key`, `webhook-id`, `webhook-timestamp`, `webhook-signature`) cannot come
+//!   from a message: such a message fails permanently rather than corrupt the request's
+//!   framing or forge its signature.
+//! - Signing (optional): the Standard Webhooks scheme
+//!   (<https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md>):
+//!   `webhook-id` = message id, `webhook-timestamp` = Unix seconds at the attempt (this
+//!   host's clock: receivers reject timestamps outside their tolerance, typically 5 min),
+//!   `webhook-signature` = `v1,` + base64(HMAC-SHA256(key, "{id}.{timestamp}.{body}")). The
+//!   secret comes from the environment only, never from the URL: [`SECRET_ENV`] or a file
+//!   named by [`SECRET_FILE_ENV`], in the form `whsec_<base64>` (the key is the decoded
+//!   bytes). It is never logged or shown by `describe()`.
+//!
+//! Confirmed = a `2xx` response. Classification (DESIGN.md, "What confirmed means per
+//! sink"):
+//! - `408`, `429`, `5xx`, a timeout after the request was sent, a connection broken
+//!   mid-exchange → transient, with [`PublishError::retry_after`] from `Retry-After`
+//!   (delta-seconds or an HTTP-date, RFC 9110 §10.2.3; capped at [`MAX_RETRY_AFTER`]);
+//! - `409` → transient too: with an `Idempotency-Key` it means "a request with this key is
+//!   still being processed" (the idempotency-key draft, §2.6), which a later retry resolves;
+//! - any other `4xx`, and `3xx` (not followed) → permanent, with the status and at most 200
+//!   bytes of the response body in the error;
+//! - connection refused, DNS failure, connect timeout, TLS handshake failure → unavailable
+//!   (the endpoint, not the message: the relay gives the attempt back).
+//!
+//! What a `2xx` promises is whatever the receiver's handler did before answering; this sink
+//! cannot make it stronger. Receivers should persist (or deduplicate on `Idempotency-Key`)
+//! before answering `2xx`.
+
+use super::{PublishError, Sink, SinkError};
+use crate::message::{OutgoingMessage, header};
+use async_trait::async_trait;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use futures::StreamExt as _;
+use hmac::{Hmac, Mac};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use reqwest::{StatusCode, Url};
+use sha2::Sha256;
+use std::borrow::Cow;
+use std::fmt;
+use std::time::Duration;
+
+/// Environment variable holding the signing secret (`whsec_<base64>`).
+pub const SECRET_ENV: &str = "OUTBOX_WEBHOOK_SECRET";
+/// Environment variable naming a file whose content is the signing secret (surrounding
+/// whitespace ignored). Use it rather than [`SECRET_ENV`] where the environment is visible
+/// to others (process listings, crash reports).
+pub const SECRET_FILE_ENV: &str = "OUTBOX_WEBHOOK_SECRET_FILE";
+/// Longest `Retry-After` honoured; a longer one is cut to this (24 hours), so a
+/// misbehaving endpoint cannot park a message for years.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+/// At most this many bytes of an error response's body go into the error message.
+pub const ERROR_BODY_BYTES: usize = 200;
+
+/// Header names a message may not set: HTTP framing and connection headers (RFC 9110
+/// §7.6.1, RFC 9112 §6), and the headers this sink sets itself.
+const FORBIDDEN_HEADERS: [&str; 14] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "expect",
+    "proxy-connection",
+    "idempotency-key",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+];
+
+/// A Standard Webhooks signing key: the decoded bytes of a `whsec_<base64>` secret. Its
+/// `Debug` output never shows the key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WebhookSecret(Vec<u8>);
+
+impl fmt::Debug for WebhookSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("WebhookSecret(<redacted>)")
+    }
+}
+
+/// Why a signing secret could not be used. Never contains the secret.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WebhookSecretError {
+    /// The secret is not `whsec_` followed by standard base64 (or the base64 alone).
+    #[error(
+        "the webhook secret from {source_name} is not `whsec_<base64>` (standard base64 of the key bytes)"
+    )]
+    NotBase64 {
+        /// Where it came from (an environment variable or file name).
+        source_name: String,
+    },
+    /// The secret decodes to no bytes.
+    #[error("the webhook secret from {source_name} is empty")]
+    Empty {
+        /// Where it came from.
+        source_name: String,
+    },
+    /// Both [`SECRET_ENV`] and [`SECRET_FILE_ENV`] are set.
+    #[error("both {SECRET_ENV} and {SECRET_FILE_ENV} are set: set one")]
+    Ambiguous,
+    /// The file named by [`SECRET_FILE_ENV`] cannot be read.
+    #[error("cannot read the webhook secret file {path:?} (from {SECRET_FILE_ENV}): {source}")]
+    File {
+        /// The file.
+        path: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl WebhookSecret {
+    /// Parses `whsec_<base64>` (the Standard Webhooks form; the bare base64 is accepted
+    /// too, as the reference libraries do). Surrounding whitespace is ignored.
+    ///
+    /// # Errors
+    /// [`WebhookSecretError::NotBase64`] or [`WebhookSecretError::Empty`]; `source_name`
+    /// only names where the text came from in the message.
+    pub fn parse(text: &str, source_name: &str) -> Result<Self, WebhookSecretError> {
+        let t = text.trim();
+        let b64 = t.strip_prefix("whsec_").unwrap_or(t);
+        let key = BASE64
+            .decode(b64)
+            .map_err(|_| WebhookSecretError::NotBase64 {
+                source_name: source_name.to_owned(),
+            })?;
+        if key.is_empty() {
+            return Err(WebhookSecretError::Empty {
+                source_name: source_name.to_owned(),
+            });
+        }
+        Ok(WebhookSecret(key))
+    }
+
+    /// A key from its raw bytes.
+    pub fn from_bytes(key: impl Into<Vec<u8>>) -> Self {
+        WebhookSecret(key.into())
+    }
+
+    /// Reads the secret from [`SECRET_ENV`] or the file named by [`SECRET_FILE_ENV`];
+    /// `None` when neither is set (requests are then unsigned).
+    ///
+    /// # Errors
+    /// [`WebhookSecretError`] when both are set, the file cannot be read or the text is
+    /// not a valid secret.
+    pub fn from_env() -> Result<Option<Self>, WebhookSecretError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// [`WebhookSecret::from_env`] over any variable lookup (empty values count as unset).
+    fn from_lookup(
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Self>, WebhookSecretError> {
+        let inline = get(SECRET_ENV).filter(|v| !v.is_empty());
+        let file = get(SECRET_FILE_ENV).filter(|v| !v.is_empty());
+        match (inline, file) {
+            (Some(_), Some(_)) => Err(WebhookSecretError::Ambiguous),
+            (Some(text), None) => Self::parse(&text, SECRET_ENV).map(Some),
+            (None, Some(path)) => {
+                let text =
+                    std::fs::read_to_string(&path).map_err(|source| WebhookSecretError::File {
+                        path: path.clone(),
+                        source,
+                    })?;
+                Self::parse(&text, &path).map(Some)
+            }
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// The Standard Webhooks `webhook-signature` value for one delivery:
+    /// `v1,` + base64(HMAC-SHA256(key, "{msg_id}.{timestamp}.{body}")).
+    pub fn sign(&self, msg_id: &str, timestamp: i64, body: &[u8]) -> String {
+        // HMAC accepts keys of any length; `new_from_slice` cannot fail for it.
+        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&self.0) else {
+            return String::new();
+        };
+        mac.update(msg_id.as_bytes());
+        mac.update(b".");
+        mac.update(timestamp.to_string().as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        format!("v1,{}", BASE64.encode(mac.finalize().into_bytes()))
+    }
+}
+
+/// Settings of the webhook sink.
+#[derive(Debug, Clone)]
+pub struct WebhookOptions {
+    /// Bound on one request, from connecting to the end of the response headers and the
+    /// (bounded) read of its body (default 10 s). Keep it at or below the relay's publish
+    /// timeout, which bounds the whole batch.
+    pub timeout: Duration,
+    /// Requests in flight at once within one batch (default 32; at least 1). With HTTP/1.1
+    /// each is a connection of its own, kept alive for the next batch.
+    pub max_in_flight: usize,
+    /// Signing key; `None` sends unsigned requests.
+    pub secret: Option<WebhookSecret>,
+}
+
+impl Default for WebhookOptions {
+    fn default() -> Self {
+        WebhookOptions {
+            timeout: Duration::from_secs(10),
+            max_in_flight: 32,
+            secret: None,
+        }
+    }
+}
+
+impl WebhookOptions {
+    /// Defaults, with the secret from the environment ([`WebhookSecret::from_env`]).
+    ///
+    /// # Errors
+    /// As [`WebhookSecret::from_env`].
+    pub fn from_env() -> Result<Self, WebhookSecretError> {
+        Ok(WebhookOptions {
+            secret: WebhookSecret::from_env()?,
+            ..WebhookOptions::default()
+        })
+    }
+}
+
+/// Posts each message to an HTTP endpoint and waits for its `2xx`.
+pub struct WebhookSink {
+    client: reqwest::Client,
+    url: Url,
+    describe: String,
+    secret: Option<WebhookSecret>,
+    timeout: Duration,
+    max_in_flight: usize,
+}
+
+impl WebhookSink {
+    /// Builds the sink for endpoint `url` with [`WebhookOptions::from_env`]: the secret is
+    /// read now, from [`SECRET_ENV`] or [`SECRET_FILE_ENV`]. Nothing is sent yet: an
+    /// endpoint that is down makes publishes fail as unavailable, not this call.
+    ///
+    /// # Errors
+    /// [`SinkError::InvalidUrl`] for a URL that is not `http(s)://HOST…`;
+    /// [`SinkError::Open`] for an unusable secret or a client that cannot be built.
+    pub async fn connect(url: &str) -> Result<Self, SinkError> {
+        let options = WebhookOptions::from_env().map_err(|e| SinkError::Open {
+            url: redact(url),
+            source: Box::new(e),
+        })?;
+        Self::connect_with(url, options).await
+    }
+
+    /// As [`WebhookSink::connect`] with explicit options (the environment is not read).
+    ///
+    /// # Errors
+    /// As [`WebhookSink::connect`].
+    pub async fn connect_with(url: &str, options: WebhookOptions) -> Result<Self, SinkError> {
+        let invalid = |reason: String| SinkError::InvalidUrl {
+            url: redact(url),
+            reason,
+        };
+        let parsed = Url::parse(url).map_err(|e| invalid(e.to_string()))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(invalid("the scheme must be http or https".into()));
+        }
+        if parsed.host_str().is_none_or(str::is_empty) {
+            return Err(invalid("the URL has no host".into()));
+        }
+        install_ring_provider();
+        let timeout = options.timeout.max(Duration::from_millis(1));
+        let max_in_flight = options.max_in_flight.max(1);
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(5)))
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_max_idle_per_host(max_in_flight)
+            .user_agent(concat!("outbox/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| SinkError::Open {
+                url: redact(url),
+                source: Box::new(e.without_url()),
+            })?;
+        Ok(WebhookSink {
+            client,
+            describe: describe_url(&parsed),
+            url: parsed,
+            secret: options.secret,
+            timeout,
+            max_in_flight,
+        })
+    }
+
+    /// True when requests are signed.
+    pub fn is_signed(&self) -> bool {
+        self.secret.is_some()
+    }
+
+    fn headers(&self, m: &OutgoingMessage) -> Result<HeaderMap, PublishError> {
+        let envelope = m.envelope_headers();
+        let mut h = HeaderMap::with_capacity(envelope.len() + 5);
+        let content_type = envelope
+            .iter()
+            .find(|(n, _)| *n == header::CONTENT_TYPE)
+            .or_else(|| {
+                envelope
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case(header::CONTENT_TYPE))
+            })
+            .map_or("application/octet-stream", |(_, v)| v.as_str());
+        // A media type is ASCII (RFC 9110 §8.3.1); `HeaderValue` alone would pass Latin-1.
+        let ct = Some(content_type)
+            .filter(|v| v.is_ascii())
+            .and_then(|v| HeaderValue::from_str(v).ok())
+            .ok_or_else(|| {
+                PublishError::permanent(format!(
+                    "the content-type header {content_type:?} is not a valid HTTP header value (printable ASCII)"
+                ))
+            })?;
+        h.insert(CONTENT_TYPE, ct);
+        for (name, value) in &envelope {
+            if name.eq_ignore_ascii_case(header::CONTENT_TYPE) {
+                continue;
+            }
+            if FORBIDDEN_HEADERS
+                .iter()
+                .any(|f| name.eq_ignore_ascii_case(f))
+            {
+                return Err(PublishError::permanent(format!(
+                    "header {name:?} cannot be sent as an HTTP header: HTTP or the webhook sink sets it"
+                )));
+            }
+            let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                PublishError::permanent(format!("header name {name:?} is not an HTTP token"))
+            })?;
+            let encoded = encode_header_value(value);
+            let v = HeaderValue::from_str(&encoded).map_err(|_| {
+                PublishError::permanent(format!("header {name:?} has no valid HTTP encoding"))
+            })?;
+            h.append(n, v);
+        }
+        let id = m.message_id.to_string();
+        let id_value = HeaderValue::from_str(&id)
+            .map_err(|_| PublishError::permanent("message id is not a header value"))?;
+        h.insert(HeaderName::from_static("idempotency-key"), id_value.clone());
+        if let Some(secret) = &self.secret {
+            let ts = chrono::Utc::now().timestamp();
+            let sig = secret.sign(&id, ts, &m.payload);
+            h.insert(HeaderName::from_static("webhook-id"), id_value);
+            h.insert(
+                HeaderName::from_static("webhook-timestamp"),
+                HeaderValue::from(ts),
+            );
+            h.insert(
+                HeaderName::from_static("webhook-signature"),
+                HeaderValue::from_str(&sig)
+                    .map_err(|_| PublishError::permanent("signature is not a header value"))?,
+            );
+        }
+        Ok(h)
+    }
+
+    async fn post(&self, m: &OutgoingMessage) -> Result<(), PublishError> {
+        let headers = self.headers(m)?;
+        let sent = self
+            .client
+            .post(self.url.clone())
+            .headers(headers)
+            .body(m.payload.clone())
+            .send()
+            .await;
+        let result = match sent {
+            Err(e) => Err(self.classify_error(e)),
+            Ok(resp) => classify_response(resp).await,
+        };
+        if let Err(e) = &result {
+            tracing::debug!(sink = %self.describe, message_id = %m.message_id, topic = %m.topic, error = %e, "webhook delivery failed");
+        }
+        result
+    }
+
+    fn classify_error(&self, e: reqwest::Error) -> PublishError {
+        let text = error_chain(&e.without_url());
+        // A connect error (refused, DNS, connect timeout, TLS handshake) means the request
+        // never reached the endpoint.
+        if text.connect {
+            PublishError::unavailable(format!("cannot reach {}: {}", self.describe, text.text))
+        } else if text.timeout {
+            PublishError::transient(format!(
+                "{} did not answer within {:?}",
+                self.describe, self.timeout
+            ))
+        } else {
+            PublishError::transient(format!("POST to {} failed: {}", self.describe, text.text))
+        }
+    }
+}
+
+struct ErrorText {
+    text: String,
+    connect: bool,
+    timeout: bool,
+}
+
+/// The error and its causes, deduplicated, as one line (no URL: `without_url` was applied).
+fn error_chain(e: &reqwest::Error) -> ErrorText {
+    let mut parts: Vec<String> = Vec::new();
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        let s = err.to_string();
+        if !parts.iter().any(|p| p.contains(&s)) {
+            parts.push(s);
+        }
+        cur = err.source();
+    }
+    ErrorText {
+        text: parts.join(": "),
+        connect: e.is_connect(),
+        timeout: e.is_timeout(),
+    }
+}
+
+/// How a status code is treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StatusClass {
+    Ok,
+    Transient,
+    Permanent,
+}
+
+fn classify_status(status: StatusCode) -> StatusClass {
+    match status.as_u16() {
+        200..=299 => StatusClass::Ok,
+        408 | 409 | 429 | 500..=599 => StatusClass::Transient,
+        _ => StatusClass::Permanent,
+    }
+}
+
+async fn classify_response(mut resp: reqwest::Response) -> Result<(), PublishError> {
+    let status = resp.status();
+    match classify_status(status) {
+        StatusClass::Ok => {
+            // Read (a bounded amount of) the body so the connection can be reused.
+            let mut read = 0usize;
+            while read <= 64 * 1024 {
+                match resp.chunk().await {
+                    Ok(Some(c)) => read += c.len(),
+                    _ => break,
+                }
+            }
+            Ok(())
+        }
+        class => {
+            let retry_after = resp
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| parse_retry_after(v, chrono::Utc::now()));
+            let body = read_prefix(&mut resp, ERROR_BODY_BYTES).await;
+            let mut message = format!("HTTP {status}");
+            if status.is_redirection() {
+                if let Some(loc) = resp
+                    .headers()
+                    .get(reqwest::header::LOCATION)
+                    .and_then(|v| v.to_str().ok())
+                {
+                    message.push_str(&format!(
+                        " (redirect to {loc:?} not followed: configure the final URL)"
+                    ));
+                } else {
+                    message.push_str(" (redirect not followed)");
+                }
+            }
+            if !body.is_empty() {
+                message.push_str(": ");
+                message.push_str(&body);
+            }
+            let mut e = if class == StatusClass::Transient {
+                PublishError::transient(message)
+            } else {
+                PublishError::permanent(message)
+            };
+            e.retry_after = if class == StatusClass::Transient {
+                retry_after
+            } else {
+                None
+            };
+            Err(e)
+        }
+    }
+}
+
+/// At most `limit` bytes of the body, as text: an incomplete trailing UTF-8 sequence is
+/// dropped, invalid bytes become U+FFFD, control characters become spaces.
+async fn read_prefix(resp: &mut reqwest::Response, limit: usize) -> String {
+    let mut buf: Vec<u8> = Vec::new();
+    while buf.len() < limit {
+        match resp.chunk().await {
+            Ok(Some(c)) => buf.extend_from_slice(&c[..c.len().min(limit - buf.len())]),
+            _ => break,
+        }
+    }
+    let cut = match std::str::from_utf8(&buf) {
+        Ok(_) => buf.len(),
+        // An error at the very end with no `error_len` is a truncated sequence.
+        Err(e) if e.error_len().is_none() => e.valid_up_to(),
+        Err(_) => buf.len(),
+    };
+    String::from_utf8_lossy(&buf[..cut])
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect::<String>()
+        .trim()
+        .to_owned()
+}
+
+/// `Retry-After` (RFC 9110 §10.2.3): delta-seconds, or an HTTP-date (IMF-fixdate, and the
+/// obsolete RFC 850 and asctime forms recipients must accept, §5.6.7) relative to `now`.
+/// A date in the past gives zero; the result is capped at [`MAX_RETRY_AFTER`]. `None` when
+/// the value is neither.
+fn parse_retry_after(value: &str, now: chrono::DateTime<chrono::Utc>) -> Option<Duration> {
+    let v = value.trim();
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        let secs = v.parse::<u64>().unwrap_or(u64::MAX);
+        return Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER));
+    }
+    let date = chrono::DateTime::parse_from_rfc2822(v)
+        .map(|d| d.with_timezone(&chrono::Utc))
+        .ok()
+        .or_else(|| {
+            // RFC 850: "Sunday, 06-Nov-94 08:49:37 GMT"; asctime: "Sun Nov  6 08:49:37 1994".
+            let rfc850 = v.strip_suffix(" GMT").and_then(|s| {
+                chrono::NaiveDateTime::parse_from_str(s, "%A, %d-%b-%y %H:%M:%S").ok()
+            });
+            rfc850
+                .or_else(|| chrono::NaiveDateTime::parse_from_str(v, "%a %b %e %H:%M:%S %Y").ok())
+                .map(|n| n.and_utc())
+        })?;
+    let delta = (date - now).to_std().unwrap_or(Duration::ZERO);
+    Some(delta.min(MAX_RETRY_AFTER))
+}
+
+/// Percent-encodes what an HTTP header value cannot carry as it is (see the module docs):
+/// `%`, bytes below 0x20, DEL, bytes above 0x7E, and a leading or trailing space.
+fn encode_header_value(v: &str) -> Cow<'_, str> {
+    let bytes = v.as_bytes();
+    let last = bytes.len().saturating_sub(1);
+    let needs = |i: usize, b: u8| {
+        b == b'%' || !(0x20..0x7f).contains(&b) || (b == b' ' && (i == 0 || i == last))
+    };
+    if !bytes.iter().enumerate().any(|(i, &b)| needs(i, b)) {
+        return Cow::Borrowed(v);
+    }
+    let mut out = String::with_capacity(v.len() + 16);
+    for (i, &b) in bytes.iter().enumerate() {
+        if needs(i, b) {
+            out.push_str(&format!("%{b:02X}"));
+        } else {
+            out.push(char::from(b));
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// The URL without userinfo, query and fragment (they may carry credentials).
+fn describe_url(url: &Url) -> String {
+    let mut u = url.clone();
+    let _ = u.set_username("");
+    let _ = u.set_password(None);
+    u.set_query(None);
+    u.set_fragment(None);
+    u.to_string()
+}
+
+/// For error messages about a URL that may not parse: drop everything from `?`, and the
+/// userinfo.
+fn redact(url: &str) -> String {
+    match Url::parse(url) {
+        Ok(u) => describe_url(&u),
+        Err(_) => {
+            let no_query = url.split(['?', '#']).next().unwrap_or_default();
+            match no_query.split_once("://") {
+                Some((scheme, rest)) => match rest.split_once('/') {
+                    Some((auth, path)) => {
+                        let host = auth.rsplit_once('@').map_or(auth, |(_, h)| h);
+                        format!("{scheme}://{host}/{path}")
+                    }
+                    None => {
+                        let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+                        format!("{scheme}://{host}")
+                    }
+                },
+                None => no_query.to_owned(),
+            }
+        }
+    }
+}
+
+/// The workspace's one rustls provider (ring; see DEPENDENCIES.md): reqwest's
+/// `rustls-no-provider` build takes the process default, so install it before building a
+/// client. A provider already installed (by us or the host application) is kept.
+fn install_ring_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+#[async_trait]
+impl Sink for WebhookSink {
+    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
+        // Collected first: a lazy `map` closure in the stream trips the `Send` check of
+        // `async_trait`'s boxed future (higher-ranked lifetime inference).
+        let posts: Vec<_> = batch.iter().map(|m| self.post(m)).collect();
+        futures::stream::iter(posts)
+            .buffered(self.max_in_flight)
+            .collect()
+            .await
+    }
+
+    fn describe(&self) -> String {
+        if self.secret.is_some() {
+            format!("webhook {} (signed)", self.describe)
+        } else {
+            format!("webhook {}", self.describe)
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signature_matches_the_standard_webhooks_test_vector() {
+        // From the reference libraries' tests (libraries/go/webhook_test.go, TestWebhookSign).
+        let key = WebhookSecret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "test").unwrap();
+        let sig = key.sign(
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1_614_265_330,
+            br#"{"test": 2432232314}"#,
+        );
+        assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+        // The bare base64 form is the same key.
+        assert_eq!(
+            WebhookSecret::parse("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "t").unwrap(),
+            key
+        );
+    }
+
+    #[test]
+    fn secrets_are_validated_and_never_printed() {
+        assert!(matches!(
+            WebhookSecret::parse("whsec_not base64!", "X"),
+            Err(WebhookSecretError::NotBase64 { .. })
+        ));
+        assert!(matches!(
+            WebhookSecret::parse("whsec_", "X"),
+            Err(WebhookSecretError::Empty { .. })
+        ));
+        let e = WebhookSecret::parse("whsec_c2VjcmV0!!", "OUTBOX_WEBHOOK_SECRET").unwrap_err();
+        assert!(!e.to_string().contains("c2VjcmV0"), "{e}");
+        let k = WebhookSecret::parse("whsec_c2VjcmV0", "X").unwrap();
+        assert!(!format!("{k:?}").contains("c2VjcmV0"));
+        let opts = format!(
+            "{:?}",
+            WebhookOptions {
+                secret: Some(k),
+                ..Default::default()
+            }
+        );
+        assert!(
+            opts.contains("<redacted>") && !opts.contains("115, 101"),
+            "{opts}"
+        );
+    }
+
+    #[test]
+    fn secret_comes_from_the_variable_or_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        std::fs::write(&path, "whsec_c2VjcmV0\n").unwrap();
+        let p = path.display().to_string();
+        let from_file = WebhookSecret::from_lookup(|n| (n == SECRET_FILE_ENV).then(|| p.clone()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(from_file, WebhookSecret::from_bytes(b"secret".to_vec()));
+        let inline =
+            WebhookSecret::from_lookup(|n| (n == SECRET_ENV).then(|| "whsec_c2VjcmV0".into()))
+                .unwrap()
+                .unwrap();
+        assert_eq!(inline, from_file);
+        assert!(WebhookSecret::from_lookup(|_| None).unwrap().is_none());
+        assert!(matches!(
+            WebhookSecret::from_lookup(|_| Some("whsec_c2VjcmV0".into())),
+            Err(WebhookSecretError::Ambiguous)
+        ));
+        assert!(matches!(
+            WebhookSecret::from_lookup(|n| (n == SECRET_FILE_ENV).then(|| "/nonexistent/x".into())),
+            Err(WebhookSecretError::File { .. })
+        ));
+    }
+
+    #[test]
+    fn retry_after_accepts_seconds_and_every_http_date_form() {
+        let now = chrono::DateTime::parse_from_rfc3339("1994-11-06T08:49:30Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        assert_eq!(parse_retry_after("2", now), Some(Duration::from_secs(2)));
+        assert_eq!(
+            parse_retry_after(" 120 ", now),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(
+            parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", now),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(
+            parse_retry_after("Sunday, 06-Nov-94 08:49:37 GMT", now),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(
+            parse_retry_after("Sun Nov  6 08:49:37 1994", now),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(
+            parse_retry_after("Sun, 06 Nov 1994 08:00:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(
+            parse_retry_after("99999999999999999999", now),
+            Some(MAX_RETRY_AFTER)
+        );
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("-1", now), None);
+    }
+
+    #[test]
+    fn status_classes() {
+        let c = |s: u16| classify_status(StatusCode::from_u16(s).unwrap());
+        assert_eq!(c(200), StatusClass::Ok);
+        assert_eq!(c(204), StatusClass::Ok);
+        for s in [408, 409, 429, 500, 502, 503, 504] {
+            assert_eq!(c(s), StatusClass::Transient, "{s}");
+        }
+        for s in [301, 302, 400, 401, 403, 404, 410, 413, 422] {
+            assert_eq!(c(s), StatusClass::Permanent, "{s}");
+        }
+    }
+
+    #[test]
+    fn header_values_are_percent_encoded_only_where_needed() {
+        assert_eq!(encode_header_value("00-abc-01"), "00-abc-01");
+        assert_eq!(encode_header_value("Acme Corp"), "Acme Corp");
+        assert_eq!(encode_header_value("grüße"), "gr%C3%BC%C3%9Fe");
+        assert_eq!(encode_header_value("100%"), "100%25");
+        assert_eq!(encode_header_value(" a\tb "), "%20a%09b%20");
+        assert_eq!(encode_header_value("a\r\nb"), "a%0D%0Ab");
+        assert_eq!(encode_header_value(""), "");
+        assert_eq!(encode_header_value(" "), "%20");
+    }
+
+    #[test]
+    fn descriptions_hide_credentials_and_queries() {
+        let u = Url::parse("https://user:pw@hooks.example.com:8443/in?token=abc#x").unwrap();
+        assert_eq!(describe_url(&u), "https://hooks.example.com:8443/in");
+        assert_eq!(redact("https://user:pw@h/p?token=abc"), "https://h/p");
+        assert_eq!(redact("http://u:p@[bad/x?t=1"), "http://[bad/x");
+    }
+}

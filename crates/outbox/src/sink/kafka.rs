@@ -1,0 +1,193 @@
+//! Kafka sink (rdkafka, librdkafka built from source; feature `kafka`).
+//!
+//! - Topic = outbox topic; record key = outbox key, so per-key order follows partitions.
+//! - Producer: `enable.idempotence=true`, `acks=all` (librdkafka's default leaves
+//!   idempotence off), `message.timeout.ms` below the relay's lease (default 8 s) so a
+//!   delivery report always arrives before the claim could pass to another relay.
+//! - Confirmed = a successful delivery report (the partition leader and its in-sync
+//!   replicas have the record). Envelope: record headers `message-id`, `topic`, `key`,
+//!   `occurred-at` and the stored headers.
+//! - Errors: record too large, unknown topic (topics are not created by the relay), topic
+//!   authorization failure → permanent; delivery timeout, all brokers down → unavailable
+//!   (the destination, not the message); a full local queue and anything else → transient.
+//!   Error codes: <https://docs.confluent.io/platform/current/clients/librdkafka/html/rdkafka_8h.html>.
+//!
+//! URL: `kafka://HOST:PORT[,HOST:PORT…][?message_timeout_ms=N]`.
+
+use super::{ErrorKind, PublishError, Sink, SinkError};
+use crate::message::OutgoingMessage;
+use async_trait::async_trait;
+use futures::future::join_all;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Publishes to Kafka and waits for each delivery report.
+pub struct KafkaSink {
+    producer: FutureProducer,
+    describe: String,
+}
+
+impl KafkaSink {
+    /// Creates the producer for `url`. No connection is made yet: brokers that are down
+    /// make publishes report the destination unavailable, they do not fail this call.
+    ///
+    /// # Errors
+    /// [`SinkError::InvalidUrl`] for a URL without brokers or with a bad option, or a
+    /// configuration librdkafka refuses.
+    pub async fn connect(url: &str) -> Result<Self, SinkError> {
+        let invalid = |reason: String| SinkError::InvalidUrl {
+            url: url.to_owned(),
+            reason,
+        };
+        let rest = url
+            .strip_prefix("kafka://")
+            .ok_or_else(|| invalid("expected kafka://HOST:PORT".into()))?;
+        let (servers, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let servers = servers.trim_end_matches('/');
+        if servers.is_empty() {
+            return Err(invalid("no broker given".into()));
+        }
+        let mut timeout_ms: u64 = 8_000;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("message_timeout_ms", v)) => {
+                    timeout_ms = v.parse().map_err(|_| {
+                        invalid(format!("message_timeout_ms={v:?} is not a number"))
+                    })?;
+                }
+                _ => return Err(invalid(format!("unknown option {pair:?}"))),
+            }
+        }
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", servers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("message.timeout.ms", timeout_ms.to_string())
+            .set("linger.ms", "2")
+            .create()
+            .map_err(|e| invalid(format!("librdkafka refused the configuration: {e}")))?;
+        Ok(KafkaSink {
+            producer,
+            describe: format!("kafka://{servers}"),
+        })
+    }
+
+    /// `Some(permanent error)` when the cluster answers that `topic` does not exist;
+    /// `None` when it exists or the cluster cannot be asked (then the timeout stands).
+    async fn topic_missing(&self, topic: &str) -> Option<PublishError> {
+        let producer = self.producer.clone();
+        let name = topic.to_owned();
+        let metadata = tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(Some(&name), Duration::from_secs(2))
+        })
+        .await
+        .ok()?
+        .ok()?;
+        let t = metadata.topics().iter().find(|t| t.name() == topic)?;
+        match t.error() {
+            Some(e) if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition => {
+                Some(PublishError::permanent(format!(
+                    "Kafka topic {topic:?} does not exist: create it (the relay does not create topics)"
+                )))
+            }
+            _ if t.partitions().is_empty() => Some(PublishError::permanent(format!(
+                "Kafka topic {topic:?} does not exist (no partitions): create it (the relay does not create topics)"
+            ))),
+            _ => None,
+        }
+    }
+
+    fn headers(m: &OutgoingMessage) -> OwnedHeaders {
+        let mut h = OwnedHeaders::new_with_capacity(m.headers.len() + 4);
+        for (name, value) in m.envelope_headers() {
+            h = h.insert(Header {
+                key: name,
+                value: Some(value.as_bytes()),
+            });
+        }
+        h
+    }
+}
+
+/// Maps a librdkafka error to the relay's classes.
+fn classify(e: &KafkaError, topic: &str) -> PublishError {
+    use RDKafkaErrorCode as C;
+    match e.rdkafka_error_code() {
+        Some(C::MessageSizeTooLarge | C::InvalidMessageSize) => PublishError::permanent(format!(
+            "record for {topic:?} is larger than the broker accepts: {e}"
+        )),
+        Some(C::UnknownTopicOrPartition | C::UnknownTopic) => PublishError::permanent(format!(
+            "Kafka topic {topic:?} does not exist: create it (the relay does not create topics): {e}"
+        )),
+        Some(C::TopicAuthorizationFailed) => {
+            PublishError::permanent(format!("not authorised to write to {topic:?}: {e}"))
+        }
+        Some(C::MessageTimedOut | C::AllBrokersDown) => {
+            PublishError::unavailable(format!("Kafka did not confirm: {e}"))
+        }
+        _ => PublishError::transient(format!("Kafka publish: {e}")),
+    }
+}
+
+#[async_trait]
+impl Sink for KafkaSink {
+    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
+        // Queue every record (pipelined), then await each delivery report.
+        let mut pending = Vec::with_capacity(batch.len());
+        for m in batch {
+            let mut record = FutureRecord::<str, [u8]>::to(&m.topic)
+                .payload(&m.payload)
+                .headers(Self::headers(m));
+            if let Some(k) = &m.key {
+                record = record.key(k.as_str());
+            }
+            pending.push(match self.producer.send_result(record) {
+                Ok(delivery) => Ok(delivery),
+                Err((e, _)) => Err(classify(&e, &m.topic)),
+            });
+        }
+        let results = join_all(pending.into_iter().zip(batch).map(|(p, m)| async move {
+            match p {
+                Err(e) => Err(e),
+                Ok(delivery) => match delivery.await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err((e, _))) => Err(classify(&e, &m.topic)),
+                    Err(_) => Err(PublishError::unavailable("Kafka producer was shut down")),
+                },
+            }
+        }))
+        .await;
+        // A record for a topic that does not exist only times out in librdkafka: ask the
+        // cluster, so a missing topic is quarantined instead of retried forever.
+        let mut checked: HashMap<&str, Option<PublishError>> = HashMap::new();
+        let mut out = Vec::with_capacity(results.len());
+        for (m, r) in batch.iter().zip(results) {
+            match r {
+                Err(e) if e.kind == ErrorKind::Unavailable => {
+                    if !checked.contains_key(m.topic.as_str()) {
+                        let missing = self.topic_missing(&m.topic).await;
+                        checked.insert(m.topic.as_str(), missing);
+                    }
+                    out.push(Err(checked[m.topic.as_str()].clone().unwrap_or(e)));
+                }
+                other => out.push(other),
+            }
+        }
+        out
+    }
+
+    async fn close(&self) {
+        let producer = self.producer.clone();
+        let _ = tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(5))).await;
+    }
+
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+}

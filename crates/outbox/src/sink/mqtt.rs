@@ -1,0 +1,997 @@
+//! MQTT v5 sink (rumqttc).
+//!
+//! - URL: `mqtt://[USER[:PASSWORD]@]HOST[:PORT][?qos=1|2&client_id=ID&max_inflight=N]`
+//!   (`mqtts://` for TLS with the system's root certificates; default ports 1883 / 8883).
+//!   `qos` defaults to 1 (QoS 0 is refused: nothing would confirm a message);
+//!   `client_id` defaults to `outbox-<12 random hex digits>` — give each relay its own,
+//!   since a broker disconnects the older of two connections with one client id;
+//!   `max_inflight` (default 100) bounds the publishes awaiting their acknowledgement (the
+//!   broker's `Receive Maximum` lowers it further). Userinfo, percent-encoded, becomes the
+//!   MQTT username and password; `describe()` never shows them.
+//! - MQTT topic = the outbox topic, unchanged (dots are ordinary characters in MQTT). A
+//!   topic MQTT cannot publish to is refused permanently: empty, containing `+`, `#`, NUL or
+//!   other control characters, starting with `$` (reserved for the broker, MQTT v5 §4.7.2),
+//!   or longer than 65,535 bytes.
+//! - Envelope = v5 user properties, in the order of
+//!   [`OutgoingMessage::envelope_headers`] (`message-id`, `topic`, `key`, `occurred-at`,
+//!   then the stored headers, `content-type` included), with the text unchanged, non-ASCII
+//!   included. The `content-type` header also sets the v5 Content Type property. Payload =
+//!   the bytes, unchanged. Retain is off.
+//! - MQTT strings may not carry NUL and should not carry control characters or Unicode
+//!   non-characters (MQTT v5 §1.5.4, which lets a receiver close the connection over them;
+//!   Mosquitto does): a header or topic with one is refused permanently, so one message
+//!   cannot break the connection for the others.
+//!
+//! Confirmed = the message's own acknowledgement: PUBACK for QoS 1, PUBCOMP for QoS 2.
+//! rumqttc's `publish` returns when the request is queued, so the sink runs the event loop
+//! in a background task and correlates: the event loop takes requests in order and reports
+//! each publish's packet id as it goes out (`Outgoing::Publish(pkid)`), then the ack with
+//! that packet id settles exactly that message.
+//!
+//! - A PUBACK/PUBREC reason code ≥ 0x80 fails the message (MQTT v5 §3.4.2.1): `0x87` not
+//!   authorized, `0x90` topic name invalid, `0x99` payload format invalid → permanent;
+//!   `0x80` unspecified, `0x83` implementation specific, `0x91` packet id in use, `0x97`
+//!   quota exceeded → transient. `0x10` "no matching subscribers" is a success: the broker
+//!   accepted the message, and MQTT keeps nothing for a topic nobody subscribes to (only
+//!   persistent sessions subscribed beforehand receive it later). Subscribe before
+//!   publishing, with a persistent session (clean start off) where consumers may be offline.
+//! - A message larger than the broker's `Maximum Packet Size` (from its CONNACK; Mosquitto's
+//!   `max_packet_size`) is refused permanently before it is sent. Reason code 0x95 "packet
+//!   too large" cannot arrive in a PUBACK: MQTT v5 does not define it there and rumqttc
+//!   drops the connection when it sees it (Mosquitto sends it for a payload over its older
+//!   `message_size_limit`); see the next point.
+//! - The connection down, or lost with acknowledgements pending → unavailable (the relay
+//!   gives the attempt back). The exception: when the broker dropped the connection over
+//!   something it was sent (an acknowledgement rumqttc cannot parse, or a DISCONNECT for a
+//!   malformed packet, protocol error, invalid topic, packet too large or payload format),
+//!   the unacknowledged messages fail as *transient*, so a message that breaks the
+//!   connection every time uses up its attempts and is quarantined rather than retried
+//!   forever (the others sent with it usually succeed on their next attempt).
+//! - The sink reconnects on its own (100 ms doubling to 2 s), with a clean session:
+//!   publishes of a lost connection are never replayed by the client; the relay publishes
+//!   them again (at least once). Keep-alive is 5 s, so a silent connection is noticed
+//!   within about 10 s. `connect` does not fail when the broker is down. A refused QoS 2
+//!   publish (PUBREC ≥ 0x80) also resets the connection, since rumqttc would otherwise
+//!   keep its in-flight slot forever; messages in flight with it are unavailable.
+//! - What an acknowledgement promises depends on the broker: Mosquitto acknowledges once
+//!   the message is queued in memory for the current subscribers and writes its
+//!   persistence file only periodically (`autosave_interval`, default 30 min) or on
+//!   shutdown; a crash in between loses acknowledged messages queued for offline
+//!   subscribers. Lower `autosave_interval` (or `autosave_on_changes`) to narrow the window.
+
+use super::{PublishError, Sink, SinkError};
+use crate::message::{OutgoingMessage, header};
+use async_trait::async_trait;
+use futures::future::join_all;
+use rumqttc::Outgoing;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{
+    Packet, PubAckReason, PubCompReason, PubRecReason, Publish, PublishProperties,
+};
+use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, StateError};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+/// Largest MQTT packet (the variable byte integer's limit, MQTT v5 §1.5.5), used when the
+/// broker announces no `Maximum Packet Size`.
+const MQTT_MAX_PACKET: u64 = 268_435_455;
+/// Longest MQTT UTF-8 string (§1.5.4).
+const MQTT_MAX_STRING: usize = 65_535;
+
+/// Settings of the MQTT sink beyond the URL.
+#[derive(Debug, Clone)]
+pub struct MqttSinkOptions {
+    /// How long a publish waits for its acknowledgement before it counts as unavailable
+    /// (default 10 s). Keep it at or below the relay's publish timeout.
+    pub ack_timeout: Duration,
+    /// How long `connect` waits for the first connection before returning anyway
+    /// (default 2 s).
+    pub initial_connect_wait: Duration,
+}
+
+impl Default for MqttSinkOptions {
+    fn default() -> Self {
+        MqttSinkOptions {
+            ack_timeout: Duration::from_secs(10),
+            initial_connect_wait: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Publishes to an MQTT v5 broker and waits for each message's own PUBACK (QoS 1) or
+/// PUBCOMP (QoS 2).
+pub struct MqttSink {
+    client: AsyncClient,
+    shared: Arc<Shared>,
+    permits: Arc<Semaphore>,
+    qos: QoS,
+    ack_timeout: Duration,
+    describe: String,
+    cancel: CancellationToken,
+    driver: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+type Outcome = Result<(), PublishError>;
+
+/// One publish handed to rumqttc whose acknowledgement has not arrived; holds its in-flight
+/// permit until settled.
+struct Waiter {
+    tx: oneshot::Sender<Outcome>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Waiter {
+    fn settle(self, outcome: Outcome) {
+        // The publisher may have stopped waiting (ack timeout, relay timeout): nothing to do.
+        let _ = self.tx.send(outcome);
+    }
+}
+
+/// Connection state shared by the publishers and the event-loop task. Publishers hand a
+/// request to rumqttc and queue its waiter under the same lock, so `waiting` is in the
+/// order rumqttc sends them.
+struct Conn {
+    connected: bool,
+    down_reason: String,
+    max_packet_size: Option<u32>,
+    max_qos: Option<u8>,
+    /// Requested, packet id not yet known (in request order).
+    waiting: VecDeque<Waiter>,
+    /// Sent, by packet id.
+    inflight: HashMap<u16, Waiter>,
+    /// A publish rumqttc holds back because its packet id is still in use (a broker that
+    /// acknowledges out of order); it goes out later under that packet id.
+    collided: Option<(u16, Waiter)>,
+}
+
+struct Shared {
+    conn: Mutex<Conn>,
+    connected: watch::Sender<bool>,
+}
+
+/// What the event-loop task does after an event.
+enum Flow {
+    Continue,
+    Connected,
+    /// Drop the connection (rumqttc leaks an in-flight slot on a failed QoS 2 exchange;
+    /// a fresh connection resets its count).
+    Reset(String),
+    Stop,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Conn> {
+        // A panic while holding the lock cannot leave `Conn` inconsistent in a way that
+        // matters more than stopping would: keep going with the data.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn on_event(&self, event: Event, el: &mut EventLoop) -> Flow {
+        let mut c = self.lock();
+        match event {
+            Event::Incoming(Packet::ConnAck(ack)) => {
+                // Publishes of an earlier connection were failed already: never replay them.
+                el.pending.clear();
+                c.connected = true;
+                c.down_reason.clear();
+                let props = ack.properties.as_ref();
+                c.max_packet_size = props.and_then(|p| p.max_packet_size);
+                c.max_qos = props.and_then(|p| p.max_qos);
+                self.connected.send_replace(true);
+                Flow::Connected
+            }
+            Event::Outgoing(Outgoing::Publish(pkid)) => {
+                if c.collided.as_ref().is_some_and(|(p, _)| *p == pkid) {
+                    if let Some((_, w)) = c.collided.take() {
+                        c.inflight.insert(pkid, w);
+                    }
+                } else if let Some(w) = c.waiting.pop_front()
+                    && let Some(old) = c.inflight.insert(pkid, w)
+                {
+                    // Cannot happen with rumqttc's collision handling; never confirm the
+                    // wrong message if it does.
+                    old.settle(Err(PublishError::transient(format!(
+                        "MQTT packet id {pkid} reused before its acknowledgement"
+                    ))));
+                }
+                Flow::Continue
+            }
+            Event::Outgoing(Outgoing::AwaitAck(pkid)) => {
+                if let Some(w) = c.waiting.pop_front() {
+                    c.collided = Some((pkid, w));
+                }
+                Flow::Continue
+            }
+            Event::Incoming(Packet::PubAck(ack)) => {
+                if let Some(w) = c.inflight.remove(&ack.pkid) {
+                    let reason_string = ack.properties.and_then(|p| p.reason_string);
+                    w.settle(
+                        match ack_failure(AckReason::from(ack.reason), reason_string) {
+                            None => Ok(()),
+                            Some(e) => Err(e),
+                        },
+                    );
+                }
+                Flow::Continue
+            }
+            Event::Incoming(Packet::PubRec(rec)) => {
+                let reason_string = rec.properties.and_then(|p| p.reason_string);
+                match ack_failure(AckReason::from(rec.reason), reason_string) {
+                    None => Flow::Continue,
+                    Some(e) => {
+                        if let Some(w) = c.inflight.remove(&rec.pkid) {
+                            w.settle(Err(e));
+                        }
+                        Flow::Reset("reconnecting after a refused QoS 2 publish".into())
+                    }
+                }
+            }
+            Event::Incoming(Packet::PubComp(comp)) => {
+                let failed = comp.reason != PubCompReason::Success;
+                if let Some(w) = c.inflight.remove(&comp.pkid) {
+                    w.settle(if failed {
+                        Err(PublishError::transient(
+                            "the broker completed the QoS 2 exchange with \"packet identifier not found\"",
+                        ))
+                    } else {
+                        Ok(())
+                    });
+                }
+                if failed {
+                    Flow::Reset("reconnecting after a failed QoS 2 completion".into())
+                } else {
+                    Flow::Continue
+                }
+            }
+            Event::Outgoing(Outgoing::Disconnect) => Flow::Stop,
+            _ => Flow::Continue,
+        }
+    }
+
+    /// The connection is gone (or is being dropped): settle acknowledgements that were
+    /// read before the failure, then fail everything else and make sure rumqttc will not
+    /// replay any of it. Publishes not yet sent are unavailable; sent ones are unavailable
+    /// too, unless `blame_sent`: the broker dropped the connection over something it was
+    /// sent, so they fail as transient and their attempts count.
+    fn lost(&self, el: &mut EventLoop, reason: &str, blame_sent: bool) {
+        while let Some(event) = el.state.events.pop_front() {
+            // A Reset or Stop from these stale events changes nothing: we are resetting.
+            let _ = self.on_event(event, el);
+        }
+        let mut c = self.lock();
+        c.connected = false;
+        c.down_reason = reason.to_owned();
+        self.connected.send_replace(false);
+        // Under the lock, so no publisher can slip a request in: drop the connection, move
+        // what rumqttc still holds (and its queued requests) to `pending`, and discard it.
+        el.clean();
+        el.pending.clear();
+        let e = PublishError::unavailable(reason);
+        for w in c.waiting.drain(..) {
+            w.settle(Err(e.clone()));
+        }
+        let sent_error = if blame_sent {
+            PublishError::transient(format!(
+                "{reason} (the broker dropped the connection while this message was unacknowledged)"
+            ))
+        } else {
+            e.clone()
+        };
+        for (_, w) in c.inflight.drain() {
+            w.settle(Err(sent_error.clone()));
+        }
+        if let Some((_, w)) = c.collided.take() {
+            w.settle(Err(e));
+        }
+    }
+}
+
+/// A PUBACK/PUBREC reason code, as one type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AckReason {
+    Success,
+    NoMatchingSubscribers,
+    UnspecifiedError,
+    ImplementationSpecificError,
+    NotAuthorized,
+    TopicNameInvalid,
+    PacketIdentifierInUse,
+    QuotaExceeded,
+    PayloadFormatInvalid,
+}
+
+impl From<PubAckReason> for AckReason {
+    fn from(r: PubAckReason) -> Self {
+        match r {
+            PubAckReason::Success => AckReason::Success,
+            PubAckReason::NoMatchingSubscribers => AckReason::NoMatchingSubscribers,
+            PubAckReason::UnspecifiedError => AckReason::UnspecifiedError,
+            PubAckReason::ImplementationSpecificError => AckReason::ImplementationSpecificError,
+            PubAckReason::NotAuthorized => AckReason::NotAuthorized,
+            PubAckReason::TopicNameInvalid => AckReason::TopicNameInvalid,
+            PubAckReason::PacketIdentifierInUse => AckReason::PacketIdentifierInUse,
+            PubAckReason::QuotaExceeded => AckReason::QuotaExceeded,
+            PubAckReason::PayloadFormatInvalid => AckReason::PayloadFormatInvalid,
+        }
+    }
+}
+
+impl From<PubRecReason> for AckReason {
+    fn from(r: PubRecReason) -> Self {
+        match r {
+            PubRecReason::Success => AckReason::Success,
+            PubRecReason::NoMatchingSubscribers => AckReason::NoMatchingSubscribers,
+            PubRecReason::UnspecifiedError => AckReason::UnspecifiedError,
+            PubRecReason::ImplementationSpecificError => AckReason::ImplementationSpecificError,
+            PubRecReason::NotAuthorized => AckReason::NotAuthorized,
+            PubRecReason::TopicNameInvalid => AckReason::TopicNameInvalid,
+            PubRecReason::PacketIdentifierInUse => AckReason::PacketIdentifierInUse,
+            PubRecReason::QuotaExceeded => AckReason::QuotaExceeded,
+            PubRecReason::PayloadFormatInvalid => AckReason::PayloadFormatInvalid,
+        }
+    }
+}
+
+/// `None` for a success; else the error for the message (MQTT v5 §3.4.2.1 / §3.5.2.1).
+fn ack_failure(reason: AckReason, reason_string: Option<String>) -> Option<PublishError> {
+    let (code, what, permanent) = match reason {
+        AckReason::Success | AckReason::NoMatchingSubscribers => return None,
+        AckReason::UnspecifiedError => (0x80, "unspecified error", false),
+        AckReason::ImplementationSpecificError => (0x83, "implementation specific error", false),
+        AckReason::NotAuthorized => (0x87, "not authorized", true),
+        AckReason::TopicNameInvalid => (0x90, "topic name invalid", true),
+        AckReason::PacketIdentifierInUse => (0x91, "packet identifier in use", false),
+        AckReason::QuotaExceeded => (0x97, "quota exceeded", false),
+        AckReason::PayloadFormatInvalid => (0x99, "payload format invalid", true),
+    };
+    let mut text = format!("the MQTT broker refused the publish: {code:#04x} {what}");
+    if let Some(s) = reason_string.filter(|s| !s.is_empty()) {
+        text.push_str(&format!(" ({s})"));
+    }
+    Some(if permanent {
+        PublishError::permanent(text)
+    } else {
+        PublishError::transient(text)
+    })
+}
+
+/// What the URL says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MqttUrl {
+    tls: bool,
+    /// As written (an IPv6 address keeps its brackets).
+    host: String,
+    port: u16,
+    username: Option<String>,
+    password: Option<String>,
+    qos: QoS,
+    client_id: Option<String>,
+    max_inflight: u16,
+}
+
+fn parse_url(url: &str) -> Result<MqttUrl, String> {
+    let (tls, rest) = if let Some(r) = url.strip_prefix("mqtt://") {
+        (false, r)
+    } else if let Some(r) = url.strip_prefix("mqtts://") {
+        (true, r)
+    } else {
+        return Err("the scheme must be mqtt:// or mqtts://".into());
+    };
+    if rest.contains('#') {
+        return Err("a fragment (#…) has no meaning here".into());
+    }
+    let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (authority, path) = before_query.split_once('/').unwrap_or((before_query, ""));
+    if !path.is_empty() {
+        return Err("the URL has a path; the topic comes from each message".into());
+    }
+    let (userinfo, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
+        let (addr, after) = v6
+            .split_once(']')
+            .ok_or_else(|| "an IPv6 address needs a closing ]".to_owned())?;
+        let port = match after {
+            "" => None,
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or_else(|| "expected :PORT after the IPv6 address".to_owned())?,
+            ),
+        };
+        (format!("[{addr}]"), port)
+    } else {
+        match hostport.rsplit_once(':') {
+            Some((h, p)) => (h.to_owned(), Some(p)),
+            None => (hostport.to_owned(), None),
+        }
+    };
+    if host.is_empty() || host == "[]" {
+        return Err("the URL has no host".into());
+    }
+    let port = match port {
+        None => {
+            if tls {
+                8883
+            } else {
+                1883
+            }
+        }
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("port {p:?} is not a number in 1-65535"))?,
+    };
+    let (username, password) = match userinfo {
+        None => (None, None),
+        Some(u) => match u.split_once(':') {
+            Some((name, pw)) => (Some(percent_decode(name)?), Some(percent_decode(pw)?)),
+            None => (Some(percent_decode(u)?), None),
+        },
+    };
+    let mut parsed = MqttUrl {
+        tls,
+        host,
+        port,
+        username,
+        password,
+        qos: QoS::AtLeastOnce,
+        client_id: None,
+        max_inflight: 100,
+    };
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v)?;
+        match k {
+            "qos" => {
+                parsed.qos = match v.as_str() {
+                    "1" => QoS::AtLeastOnce,
+                    "2" => QoS::ExactlyOnce,
+                    "0" => {
+                        return Err(
+                            "qos=0 has no acknowledgement, so nothing could confirm a message: use 1 or 2"
+                                .into(),
+                        );
+                    }
+                    other => return Err(format!("qos must be 1 or 2, got {other:?}")),
+                }
+            }
+            "client_id" => {
+                if v.is_empty() || v.len() > MQTT_MAX_STRING || !is_mqtt_string(&v) {
+                    return Err("client_id must be 1-65535 bytes of printable UTF-8".into());
+                }
+                parsed.client_id = Some(v);
+            }
+            "max_inflight" => {
+                parsed.max_inflight = v
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| format!("max_inflight must be 1-65535, got {v:?}"))?;
+            }
+            other => {
+                return Err(format!(
+                    "unknown parameter {other:?} (known: qos, client_id, max_inflight)"
+                ));
+            }
+        }
+    }
+    Ok(parsed)
+}
+
+fn percent_decode(s: &str) -> Result<String, String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| "invalid percent-encoding in the URL".to_owned())?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "percent-encoding in the URL is not UTF-8".to_owned())
+}
+
+/// Text an MQTT UTF-8 string may carry (MQTT v5 §1.5.4): no NUL, no C0/C1 control
+/// characters, no Unicode non-characters.
+fn is_mqtt_string(s: &str) -> bool {
+    s.chars().all(|c| {
+        let u = u32::from(c);
+        !(u <= 0x1f || (0x7f..=0x9f).contains(&u) || (0xfdd0..=0xfdef).contains(&u))
+            && (u & 0xfffe) != 0xfffe
+    })
+}
+
+/// Why `topic` cannot be an MQTT topic name to publish to, if it cannot.
+fn topic_problem(topic: &str) -> Option<&'static str> {
+    if topic.is_empty() {
+        Some("it is empty")
+    } else if topic.contains(['+', '#']) {
+        Some("MQTT topic names cannot contain the wildcards + or #")
+    } else if topic.starts_with('$') {
+        Some("topics starting with $ are reserved for the broker")
+    } else if topic.len() > MQTT_MAX_STRING {
+        Some("it is longer than 65,535 bytes")
+    } else if !is_mqtt_string(topic) {
+        Some("it contains NUL, control characters or Unicode non-characters")
+    } else {
+        None
+    }
+}
+
+/// A message checked and turned into what rumqttc sends.
+struct Prepared {
+    properties: PublishProperties,
+}
+
+fn prepare(m: &OutgoingMessage) -> Result<Prepared, PublishError> {
+    if let Some(why) = topic_problem(&m.topic) {
+        return Err(PublishError::permanent(format!(
+            "topic {:?} is not a valid MQTT topic name: {why}",
+            m.topic
+        )));
+    }
+    let mut user_properties = Vec::new();
+    let mut content_type = None;
+    for (name, value) in m.envelope_headers() {
+        for (what, text) in [("name", name), ("value", value.as_str())] {
+            if text.len() > MQTT_MAX_STRING || !is_mqtt_string(text) {
+                return Err(PublishError::permanent(format!(
+                    "header {name:?}: the {what} cannot be an MQTT string (NUL, control characters, Unicode non-characters, or over 65,535 bytes)"
+                )));
+            }
+        }
+        if name == header::CONTENT_TYPE {
+            content_type = Some(value.clone());
+        }
+        user_properties.push((name.to_owned(), value));
+    }
+    Ok(Prepared {
+        properties: PublishProperties {
+            user_properties,
+            content_type,
+            ..PublishProperties::default()
+        },
+    })
+}
+
+enum Slot {
+    Done(Outcome),
+    Wait(oneshot::Receiver<Outcome>),
+}
+
+impl MqttSink {
+    /// Connects to `url` (see the module docs for its form) with default
+    /// [`MqttSinkOptions`]. The connection is made in the background and kept up: a broker
+    /// that is down makes publishes fail as unavailable, it does not fail this call.
+    ///
+    /// # Errors
+    /// [`SinkError::InvalidUrl`] when the URL cannot be parsed; [`SinkError::Open`] when the
+    /// TLS configuration (system root certificates) cannot be built.
+    pub async fn connect(url: &str) -> Result<Self, SinkError> {
+        Self::connect_with(url, MqttSinkOptions::default()).await
+    }
+
+    /// As [`MqttSink::connect`] with explicit options.
+    ///
+    /// # Errors
+    /// As [`MqttSink::connect`].
+    pub async fn connect_with(url: &str, options: MqttSinkOptions) -> Result<Self, SinkError> {
+        let redacted = redact(url);
+        let parsed = parse_url(url).map_err(|reason| SinkError::InvalidUrl {
+            url: redacted.clone(),
+            reason,
+        })?;
+        let client_id = parsed
+            .client_id
+            .clone()
+            .unwrap_or_else(|| format!("outbox-{:012x}", rand::random::<u64>() >> 16));
+        let mut opts = MqttOptions::new(client_id.clone(), parsed.host.clone(), parsed.port);
+        opts.set_keep_alive(Duration::from_secs(5))
+            .set_clean_start(true)
+            .set_connection_timeout(5)
+            .set_outgoing_inflight_upper_limit(parsed.max_inflight);
+        if let Some(user) = &parsed.username {
+            opts.set_credentials(user.clone(), parsed.password.clone().unwrap_or_default());
+        }
+        if parsed.tls {
+            install_ring_provider();
+            // rumqttc's default TLS configuration loads the system roots and panics when
+            // that fails; turn a panic into an error.
+            let tls =
+                std::panic::catch_unwind(rumqttc::TlsConfiguration::default).map_err(|_| {
+                    SinkError::Open {
+                        url: redacted.clone(),
+                        source: "cannot load the system's root certificates for mqtts".into(),
+                    }
+                })?;
+            opts.set_transport(rumqttc::Transport::tls_with_config(tls));
+        }
+        let max_inflight = usize::from(parsed.max_inflight);
+        // The request channel never holds more than the in-flight permits allow, plus a
+        // DISCONNECT at close.
+        let (client, eventloop) = AsyncClient::new(opts, max_inflight + 4);
+        let (connected_tx, mut connected_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            conn: Mutex::new(Conn {
+                connected: false,
+                down_reason: format!("not connected to {redacted} yet"),
+                max_packet_size: None,
+                max_qos: None,
+                waiting: VecDeque::new(),
+                inflight: HashMap::new(),
+                collided: None,
+            }),
+            connected: connected_tx,
+        });
+        let describe = format!(
+            "{redacted} (qos {}, client id {client_id})",
+            qos_number(parsed.qos)
+        );
+        let cancel = CancellationToken::new();
+        let driver = tokio::spawn(drive(
+            eventloop,
+            shared.clone(),
+            cancel.clone(),
+            redacted.clone(),
+        ));
+        // Give the first connection a moment, so the first batch does not find it still
+        // being made; a broker that is down is not an error here.
+        let _ =
+            tokio::time::timeout(options.initial_connect_wait, connected_rx.wait_for(|c| *c)).await;
+        Ok(MqttSink {
+            client,
+            shared,
+            permits: Arc::new(Semaphore::new(max_inflight)),
+            qos: parsed.qos,
+            ack_timeout: options.ack_timeout,
+            describe,
+            cancel,
+            driver: Mutex::new(Some(driver)),
+        })
+    }
+
+    /// True while connected to the broker.
+    pub fn is_connected(&self) -> bool {
+        *self.shared.connected.borrow()
+    }
+
+    async fn connected_within(&self, wait: Duration) -> bool {
+        let mut rx = self.shared.connected.subscribe();
+        matches!(
+            tokio::time::timeout(wait, rx.wait_for(|c| *c)).await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// Hands one message to rumqttc; the slot settles when its acknowledgement arrives.
+    async fn send(&self, m: &OutgoingMessage) -> Slot {
+        let prepared = match prepare(m) {
+            Ok(p) => p,
+            Err(e) => return Slot::Done(Err(e)),
+        };
+        let Ok(permit) = self.permits.clone().acquire_owned().await else {
+            return Slot::Done(Err(PublishError::unavailable("the MQTT sink is closed")));
+        };
+        let mut c = self.shared.lock();
+        if !c.connected {
+            return Slot::Done(Err(PublishError::unavailable(c.down_reason.clone())));
+        }
+        if self.qos == QoS::ExactlyOnce && c.max_qos.is_some_and(|q| q < 2) {
+            return Slot::Done(Err(PublishError::unavailable(format!(
+                "the broker {} supports at most QoS {}: use ?qos=1",
+                self.describe,
+                c.max_qos.unwrap_or_default()
+            ))));
+        }
+        let limit = c.max_packet_size.map_or(MQTT_MAX_PACKET, u64::from);
+        // Without an announced limit only a payload near MQTT's own one needs measuring.
+        if c.max_packet_size.is_some() || m.payload.len() as u64 > MQTT_MAX_PACKET / 2 {
+            let probe = Publish::new(
+                m.topic.as_str(),
+                self.qos,
+                m.payload.clone(),
+                Some(prepared.properties.clone()),
+            );
+            // `size()` counts a packet id only once one is assigned: add its 2 bytes.
+            let size = probe.size() as u64 + 2;
+            if size > limit {
+                return Slot::Done(Err(PublishError::permanent(format!(
+                    "the MQTT packet would be {size} bytes, over the broker's maximum packet size of {limit} bytes"
+                ))));
+            }
+        }
+        match self.client.try_publish_with_properties(
+            m.topic.as_str(),
+            self.qos,
+            false,
+            m.payload.clone(),
+            prepared.properties,
+        ) {
+            Ok(()) => {
+                let (tx, rx) = oneshot::channel();
+                c.waiting.push_back(Waiter {
+                    tx,
+                    _permit: permit,
+                });
+                Slot::Wait(rx)
+            }
+            Err(e) => Slot::Done(Err(PublishError::unavailable(format!(
+                "the MQTT client did not take the publish: {e}"
+            )))),
+        }
+    }
+}
+
+/// The event-loop task: polls rumqttc (which reconnects when polled after an error) and
+/// settles waiters as acknowledgements arrive.
+async fn drive(
+    mut el: EventLoop,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+    describe: String,
+) {
+    let mut backoff = Duration::from_millis(100);
+    let mut was_connected = false;
+    let mut failures: u32 = 0;
+    loop {
+        let polled = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => break,
+            r = el.poll() => r,
+        };
+        match polled {
+            Ok(event) => match shared.on_event(event, &mut el) {
+                Flow::Continue => {}
+                Flow::Connected => {
+                    backoff = Duration::from_millis(100);
+                    if failures > 0 {
+                        tracing::info!(sink = %describe, "MQTT connection restored");
+                    }
+                    failures = 0;
+                    was_connected = true;
+                }
+                Flow::Reset(reason) => {
+                    tracing::warn!(sink = %describe, %reason, "MQTT connection reset");
+                    shared.lost(&mut el, &reason, false);
+                }
+                Flow::Stop => break,
+            },
+            Err(e) => {
+                let reason = format!("MQTT connection to {describe}: {e}");
+                shared.lost(&mut el, &reason, blames_sent_messages(&e));
+                failures = failures.saturating_add(1);
+                // Log the first failure of an outage, then every 100th: never flood.
+                if failures == 1 || failures.is_multiple_of(100) {
+                    if was_connected {
+                        tracing::warn!(sink = %describe, error = %e, failures, "MQTT connection lost; reconnecting");
+                    } else {
+                        tracing::warn!(sink = %describe, error = %e, failures, "MQTT broker unreachable; retrying");
+                    }
+                }
+                was_connected = false;
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+    shared.lost(&mut el, "the MQTT sink is closed", false);
+}
+
+/// Did the broker end the connection over something it was sent? It then sent a packet
+/// the client cannot parse (Mosquitto answers a payload over its `message_size_limit`
+/// with PUBACK reason 0x95, which MQTT v5 does not define for PUBACK and rumqttc rejects),
+/// or disconnected with a reason about a packet. The unacknowledged messages then fail as
+/// transient, not unavailable: a message that breaks the connection every time uses up its
+/// attempts and is quarantined instead of being retried forever.
+fn blames_sent_messages(e: &ConnectionError) -> bool {
+    use rumqttc::v5::mqttbytes::v5::DisconnectReasonCode as D;
+    match e {
+        // rumqttc reports socket errors of its codec as "deserialization" errors too: those
+        // are the connection's, not a message's.
+        ConnectionError::MqttState(StateError::Deserialization(e)) => {
+            !matches!(e, rumqttc::v5::mqttbytes::Error::Io(_))
+        }
+        ConnectionError::MqttState(StateError::ServerDisconnect { reason_code, .. }) => {
+            matches!(
+                reason_code,
+                D::MalformedPacket
+                    | D::ProtocolError
+                    | D::TopicNameInvalid
+                    | D::PacketTooLarge
+                    | D::PayloadFormatInvalid
+            )
+        }
+        _ => false,
+    }
+}
+
+fn qos_number(q: QoS) -> u8 {
+    match q {
+        QoS::AtMostOnce => 0,
+        QoS::AtLeastOnce => 1,
+        QoS::ExactlyOnce => 2,
+    }
+}
+
+/// The URL without userinfo and query.
+fn redact(url: &str) -> String {
+    let no_query = url.split(['?', '#']).next().unwrap_or_default();
+    match no_query.split_once("://") {
+        Some((scheme, rest)) => {
+            let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+            format!("{scheme}://{host}")
+        }
+        None => no_query.to_owned(),
+    }
+}
+
+/// The workspace's one rustls provider (ring; see DEPENDENCIES.md). A provider already
+/// installed (by another sink or the host application) is kept.
+fn install_ring_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+#[async_trait]
+impl Sink for MqttSink {
+    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
+        if !self.connected_within(Duration::from_millis(500)).await {
+            let reason = self.shared.lock().down_reason.clone();
+            return vec![Err(PublishError::unavailable(reason)); batch.len()];
+        }
+        // Hand every publish over first (pipelined, bounded by the in-flight permits),
+        // then wait for the acknowledgements.
+        let mut slots = Vec::with_capacity(batch.len());
+        for m in batch {
+            slots.push(self.send(m).await);
+        }
+        let ack_timeout = self.ack_timeout;
+        join_all(slots.into_iter().map(|slot| async move {
+            match slot {
+                Slot::Done(outcome) => outcome,
+                Slot::Wait(rx) => match tokio::time::timeout(ack_timeout, rx).await {
+                    Ok(Ok(outcome)) => outcome,
+                    Ok(Err(_)) => Err(PublishError::unavailable("the MQTT sink is closed")),
+                    Err(_) => Err(PublishError::unavailable(format!(
+                        "no MQTT acknowledgement within {ack_timeout:?}"
+                    ))),
+                },
+            }
+        }))
+        .await
+    }
+
+    async fn close(&self) {
+        // A clean DISCONNECT when connected; never wait long for a broker that is down.
+        let driver = self.driver.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if self.is_connected() {
+            let _ = self.client.try_disconnect();
+        } else {
+            self.cancel.cancel();
+        }
+        if let Some(mut handle) = driver
+            && tokio::time::timeout(Duration::from_secs(2), &mut handle)
+                .await
+                .is_err()
+        {
+            self.cancel.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(1), handle).await;
+        }
+        self.cancel.cancel();
+    }
+
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+}
+
+impl Drop for MqttSink {
+    fn drop(&mut self) {
+        // Stop the background task (and its reconnect attempts) with the sink.
+        self.cancel.cancel();
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_with_defaults_and_options() {
+        let u = parse_url("mqtt://127.0.0.1:1883").unwrap();
+        assert_eq!(
+            (u.tls, u.host.as_str(), u.port, u.qos, u.max_inflight),
+            (false, "127.0.0.1", 1883, QoS::AtLeastOnce, 100)
+        );
+        assert_eq!(parse_url("mqtt://broker").unwrap().port, 1883);
+        assert_eq!(parse_url("mqtts://broker/").unwrap().port, 8883);
+        let u =
+            parse_url("mqtt://us%40er:p%3Ass@[::1]:1884?qos=2&client_id=relay-1&max_inflight=7")
+                .unwrap();
+        assert_eq!(u.host, "[::1]");
+        assert_eq!(u.port, 1884);
+        assert_eq!(u.username.as_deref(), Some("us@er"));
+        assert_eq!(u.password.as_deref(), Some("p:ss"));
+        assert_eq!(u.qos, QoS::ExactlyOnce);
+        assert_eq!(u.client_id.as_deref(), Some("relay-1"));
+        assert_eq!(u.max_inflight, 7);
+        for bad in [
+            "http://x",
+            "mqtt://",
+            "mqtt://h:0",
+            "mqtt://h:99999",
+            "mqtt://h/topic",
+            "mqtt://h?qos=0",
+            "mqtt://h?qos=3",
+            "mqtt://h?max_inflight=0",
+            "mqtt://h?client_id=",
+            "mqtt://h?colour=red",
+            "mqtt://[::1",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn descriptions_hide_credentials() {
+        assert_eq!(
+            redact("mqtt://u:secret@h:1883?client_id=x"),
+            "mqtt://h:1883"
+        );
+    }
+
+    #[test]
+    fn topics_mqtt_cannot_publish_to_are_refused() {
+        assert_eq!(topic_problem("orders.order-placed.v1"), None);
+        assert_eq!(topic_problem("a/b/grüße"), None);
+        for bad in ["", "a/+/b", "a/#", "$SYS/x", "a\0b", "a\u{7}b", "a\u{ffff}"] {
+            assert!(topic_problem(bad).is_some(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn reason_codes_classify() {
+        assert!(ack_failure(AckReason::Success, None).is_none());
+        assert!(ack_failure(AckReason::NoMatchingSubscribers, None).is_none());
+        for r in [
+            AckReason::NotAuthorized,
+            AckReason::TopicNameInvalid,
+            AckReason::PayloadFormatInvalid,
+        ] {
+            assert!(!ack_failure(r, None).unwrap().is_transient(), "{r:?}");
+        }
+        for r in [
+            AckReason::UnspecifiedError,
+            AckReason::ImplementationSpecificError,
+            AckReason::PacketIdentifierInUse,
+            AckReason::QuotaExceeded,
+        ] {
+            let e = ack_failure(r, Some("busy".into())).unwrap();
+            assert_eq!(e.kind, super::super::ErrorKind::Transient, "{r:?}");
+            assert!(e.message.contains("(busy)"));
+        }
+        assert!(
+            ack_failure(AckReason::QuotaExceeded, None)
+                .unwrap()
+                .message
+                .contains("0x97")
+        );
+    }
+}

@@ -1,0 +1,775 @@
+//! RabbitMQ sink (AMQP 0-9-1, lapin).
+//!
+//! URL: `amqp://USER:PASS@HOST:PORT/VHOST[?exchange=NAME][&max_message_bytes=N]` (the
+//! vhost percent-encoded: `%2f` is `/`). `exchange` defaults to `""`, the default exchange,
+//! which routes a message to the queue named like its routing key. The URL may also carry
+//! lapin's own parameters `frame_max`, `channel_max`, `heartbeat` (seconds),
+//! `connection_timeout` (milliseconds) and `auth_mechanism`; anything else is refused.
+//! `amqps://` is refused too: this build has no TLS for AMQP.
+//!
+//! - Routing key = topic. Every message is published with `mandatory` set, persistent
+//!   (`delivery_mode` 2), `message_id` = message id, `timestamp` = occurred-at in whole
+//!   seconds (the unit of the AMQP `timestamp` property), `content_type` from the
+//!   `content-type` header when present, and the whole envelope
+//!   ([`OutgoingMessage::envelope_headers`]) in the `headers` table, every value a long
+//!   string (so non-ASCII text arrives as its UTF-8 bytes). Consumers deduplicate on
+//!   `message_id`.
+//! - Confirmed = the broker's publisher confirm (`basic.ack`) after `confirm.select`
+//!   (<https://www.rabbitmq.com/docs/confirms#publisher-confirms>). For a persistent message
+//!   routed to a durable classic or quorum queue, RabbitMQ acks only once the message is
+//!   written to disk (it batches fsyncs, so pipelining matters); a message routed to no
+//!   queue is acked at once. With `mandatory`, such an unroutable message first comes back
+//!   as `basic.return` (`312 NO_ROUTE`) and then is acked: that is reported as a
+//!   [permanent](super::ErrorKind::Permanent) error, never as success. A `basic.nack` (an
+//!   internal error in a queue process, or a full queue with `overflow` set to
+//!   `reject-publish`) is transient.
+//! - A batch is pipelined on a channel of its own (batches in flight at once use one
+//!   channel each, on one connection): every publish is sent in batch order, then every
+//!   confirm awaited. A `basic.return` is matched to its message by the `message_id` it
+//!   carries, not by the confirm lapin attaches it to: with RabbitMQ's `multiple` acks,
+//!   lapin 4 attaches it to an arbitrary confirm of the acked range.
+//! - Size: a message whose [`OutgoingMessage::size`] (payload + topic + key + headers)
+//!   exceeds `max_message_bytes` is permanent without being sent. The default is 128 MiB,
+//!   RabbitMQ 3.8–3.13's default `max_message_size`; RabbitMQ 4.0 lowered the default to
+//!   16 MiB, so set `max_message_bytes` to the server's value
+//!   (<https://www.rabbitmq.com/docs/configure#config-items>). Should the server refuse a
+//!   message anyway (it closes the channel with `406 PRECONDITION_FAILED message size N is
+//!   larger than configured max size M`), the messages over M are permanent, the rest of
+//!   the batch unavailable, and M is used for later batches. Headers must fit into one frame
+//!   (the connection's negotiated `frame_max`, 128 KiB by default): larger ones are
+//!   permanent too.
+//! - Connection: made lazily and kept. A broker that is down at [`RabbitMqSink::connect`]
+//!   does not fail it; each batch then retries the connection and, while it fails, reports
+//!   every message [unavailable](super::ErrorKind::Unavailable) (the relay gives the attempt
+//!   back). A broken connection or channel (I/O error, missed heartbeats, a channel closed
+//!   by the broker, a batch abandoned by the relay's timeout) is dropped and re-made on the
+//!   next batch. A missing exchange is unavailable (the operator creates it; the messages
+//!   are not at fault); `ACCESS_REFUSED` is permanent.
+//! - A broker under a memory or disk alarm blocks publishers: confirms stop arriving and
+//!   the relay's publish timeout reports the batch unavailable.
+//!
+//! Payloads never appear in logs; [`Sink::describe`] omits the credentials.
+
+use super::{PublishError, Sink, SinkError};
+use crate::message::{OutgoingMessage, header};
+use async_trait::async_trait;
+use futures::future::{MaybeDone, join_all, maybe_done};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::uri::{AMQPScheme, AMQPUri};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind,
+    ExchangeKind,
+};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::task::Poll;
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+/// RabbitMQ's default `max_message_size` from 3.8 to 3.13, in bytes (128 MiB). RabbitMQ
+/// 4.0 lowered its default to 16 MiB.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 128 * 1024 * 1024;
+
+/// Longest AMQP short string (exchange names, routing keys, header names), in bytes.
+const MAX_SHORT_STRING: usize = 255;
+
+/// Settings of the RabbitMQ sink; [`RabbitMqSink::connect`] reads them from the URL.
+#[derive(Debug, Clone)]
+pub struct RabbitMqOptions {
+    /// The exchange every message is published to (`""`: the default exchange).
+    pub exchange: String,
+    /// Largest [`OutgoingMessage::size`] sent, in bytes (default
+    /// [`DEFAULT_MAX_MESSAGE_BYTES`]); larger messages are permanent failures.
+    pub max_message_bytes: usize,
+    /// Bound on making a connection and its channel (default 5 s). Keep it below the
+    /// relay's publish timeout.
+    pub connect_timeout: Duration,
+}
+
+impl Default for RabbitMqOptions {
+    fn default() -> Self {
+        RabbitMqOptions {
+            exchange: String::new(),
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Publishes to a RabbitMQ exchange and waits for each publisher confirm.
+pub struct RabbitMqSink {
+    uri: AMQPUri,
+    exchange: ShortString,
+    options: RabbitMqOptions,
+    link: Mutex<Option<Arc<Link>>>,
+    /// The server's `max_message_size`, once a refusal told us (0: unknown).
+    server_max: AtomicUsize,
+    describe: String,
+}
+
+/// Idle channels kept per connection (one per batch in flight is what is needed).
+const MAX_IDLE_CHANNELS: usize = 8;
+
+/// One connection and its idle confirm-mode channels.
+///
+/// A batch has a channel to itself while it is in flight: lapin hands a `basic.return` to
+/// whichever confirm it resolves next (with RabbitMQ's `multiple` acks, an arbitrary one),
+/// and a channel shared by two batches would also let one batch's delivery tags and frames
+/// interleave with the other's. On a channel of its own, every return during a batch
+/// belongs to that batch, and the returned message's `message_id` names the message.
+struct Link {
+    /// Kept so the connection lives as long as the link; dropping it closes the socket.
+    connection: Connection,
+    /// Confirm-mode channels no batch is using.
+    idle: std::sync::Mutex<Vec<Channel>>,
+    /// Negotiated `frame_max`, in bytes.
+    frame_max: usize,
+    /// Set when a batch saw this link fail, or was abandoned mid-way.
+    broken: AtomicBool,
+}
+
+impl Link {
+    fn usable(&self) -> bool {
+        !self.broken.load(Ordering::Relaxed) && self.connection.status().connected()
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Channel>> {
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// An idle channel, or a new one in confirm mode.
+    async fn checkout(&self) -> Result<Channel, lapin::Error> {
+        loop {
+            let Some(channel) = self.idle().pop() else {
+                break;
+            };
+            if channel.status().connected() {
+                return Ok(channel);
+            }
+        }
+        let channel = self.connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        Ok(channel)
+    }
+
+    /// Gives back a channel whose batch completed without a channel error.
+    fn checkin(&self, channel: Channel) {
+        let mut idle = self.idle();
+        if channel.status().connected() && idle.len() < MAX_IDLE_CHANNELS {
+            idle.push(channel);
+        }
+    }
+}
+
+/// Marks a link broken unless disarmed: a batch dropped mid-way (the relay's timeout)
+/// leaves confirms in flight whose fate is unknown.
+struct BreakOnDrop<'a> {
+    link: &'a Link,
+    armed: bool,
+}
+
+impl Drop for BreakOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.link.broken.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl RabbitMqSink {
+    /// Reads `url` (see the module docs) and tries to connect. A broker that cannot be
+    /// reached is not an error here: it is logged, and each batch retries the connection.
+    ///
+    /// # Errors
+    /// [`SinkError::InvalidUrl`] when the URL cannot be parsed, uses `amqps://`, carries an
+    /// unknown parameter, or names an exchange longer than 255 bytes.
+    pub async fn connect(url: &str) -> Result<Self, SinkError> {
+        let (uri, options) = parse_url(url)?;
+        let sink = Self::with_options(uri, options, url)?;
+        if let Err(e) = sink.link().await {
+            tracing::warn!(sink = %sink.describe, error = %e, "RabbitMQ not reachable yet; each batch will retry");
+        }
+        Ok(sink)
+    }
+
+    /// As [`RabbitMqSink::connect`], with settings given in code (the URL's own
+    /// `exchange` and `max_message_bytes`, if any, are replaced by `options`).
+    ///
+    /// # Errors
+    /// As [`RabbitMqSink::connect`].
+    pub async fn connect_with(url: &str, options: RabbitMqOptions) -> Result<Self, SinkError> {
+        let (uri, _) = parse_url(url)?;
+        let sink = Self::with_options(uri, options, url)?;
+        if let Err(e) = sink.link().await {
+            tracing::warn!(sink = %sink.describe, error = %e, "RabbitMQ not reachable yet; each batch will retry");
+        }
+        Ok(sink)
+    }
+
+    fn with_options(uri: AMQPUri, options: RabbitMqOptions, url: &str) -> Result<Self, SinkError> {
+        let exchange =
+            ShortString::try_new(options.exchange.clone()).map_err(|e| SinkError::InvalidUrl {
+                url: redact(url),
+                reason: format!("exchange name: {e}"),
+            })?;
+        let host = &uri.authority.host;
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.clone()
+        };
+        let describe = format!(
+            "amqp://{host}:{}/{} exchange {:?}",
+            uri.authority.port,
+            uri.vhost.replace('%', "%25").replace('/', "%2f"),
+            options.exchange
+        );
+        Ok(RabbitMqSink {
+            uri,
+            exchange,
+            options,
+            link: Mutex::new(None),
+            server_max: AtomicUsize::new(0),
+            describe,
+        })
+    }
+
+    /// The current link, or a new one when there is none or it broke.
+    async fn link(&self) -> Result<Arc<Link>, PublishError> {
+        let mut slot = self.link.lock().await;
+        if let Some(link) = slot.as_ref() {
+            if link.usable() {
+                return Ok(link.clone());
+            }
+            tracing::info!(sink = %self.describe, "RabbitMQ connection or channel broken; reconnecting");
+        }
+        // Dropping the last handle of the old connection closes it.
+        *slot = None;
+        let link = tokio::time::timeout(self.options.connect_timeout, self.open_link())
+            .await
+            .map_err(|_| {
+                PublishError::unavailable(format!(
+                    "connecting to {} timed out after {:?}",
+                    self.describe, self.options.connect_timeout
+                ))
+            })??;
+        let link = Arc::new(link);
+        *slot = Some(link.clone());
+        Ok(link)
+    }
+
+    async fn open_link(&self) -> Result<Link, PublishError> {
+        let unavailable = |what: &str, e: lapin::Error| {
+            PublishError::unavailable(format!("{what} {}: {e}", self.describe))
+        };
+        let props = ConnectionProperties::default().with_connection_name("outbox relay".into());
+        let connection = Connection::connect_uri(self.uri.clone(), props)
+            .await
+            .map_err(|e| unavailable("cannot connect to", e))?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| unavailable("cannot open a channel on", e))?;
+        if !self.exchange.as_str().is_empty() {
+            // Passive: only checks that the exchange exists (a missing one closes the channel
+            // with 404, which would fail every publish of the batch).
+            let passive = ExchangeDeclareOptions {
+                passive: true,
+                ..ExchangeDeclareOptions::default()
+            };
+            channel
+                .exchange_declare(
+                    self.exchange.clone(),
+                    ExchangeKind::Direct,
+                    passive,
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| {
+                    PublishError::unavailable(format!(
+                        "exchange {:?} is not usable on {}: {e}",
+                        self.options.exchange, self.describe
+                    ))
+                })?;
+        }
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| unavailable("cannot enable publisher confirms on", e))?;
+        let frame_max = match connection.configuration().frame_max() {
+            0 => usize::MAX, // 0 = no limit
+            n => usize::try_from(n).unwrap_or(usize::MAX),
+        };
+        Ok(Link {
+            connection,
+            idle: std::sync::Mutex::new(vec![channel]),
+            frame_max,
+            broken: AtomicBool::new(false),
+        })
+    }
+
+    /// The size limit in force: the configured one, or the server's when it told us a
+    /// smaller one.
+    fn max_message_bytes(&self) -> usize {
+        match self.server_max.load(Ordering::Relaxed) {
+            0 => self.options.max_message_bytes,
+            n => n.min(self.options.max_message_bytes),
+        }
+    }
+
+    /// Routing key and properties of `m`, or why it cannot be sent.
+    fn prepare(
+        &self,
+        m: &OutgoingMessage,
+        frame_max: usize,
+    ) -> Result<(ShortString, BasicProperties), PublishError> {
+        let limit = self.max_message_bytes();
+        let size = m.size();
+        if size > limit {
+            return Err(PublishError::permanent(format!(
+                "message of {size} bytes (payload, topic, key and headers) exceeds the RabbitMQ limit of {limit} bytes"
+            )));
+        }
+        let routing_key = ShortString::try_new(m.topic.clone()).map_err(|_| {
+            PublishError::permanent(format!(
+                "topic of {} bytes is longer than an AMQP routing key may be ({MAX_SHORT_STRING})",
+                m.topic.len()
+            ))
+        })?;
+        let mut table = FieldTable::default();
+        // Bytes of the content header frame: frame overhead 8, class/weight/body size/flags
+        // 14, then each property.
+        let mut header_bytes = 8 + 14 + 1 + 8 + 1 + 36;
+        let mut content_type = None;
+        for (name, value) in m.envelope_headers() {
+            let key = ShortString::try_new(name).map_err(|_| {
+                PublishError::permanent(format!(
+                    "header name of {} bytes is longer than AMQP allows ({MAX_SHORT_STRING})",
+                    name.len()
+                ))
+            })?;
+            header_bytes += 1 + name.len() + 1 + 4 + value.len();
+            if name == header::CONTENT_TYPE {
+                content_type = ShortString::try_new(value.clone()).ok();
+            }
+            table.insert(key, AMQPValue::LongString(LongString::from(value)));
+        }
+        header_bytes += 4;
+        if let Some(ct) = &content_type {
+            header_bytes += 1 + ct.as_str().len();
+        }
+        if header_bytes > frame_max {
+            return Err(PublishError::permanent(format!(
+                "the envelope headers need a {header_bytes}-byte AMQP content header, more than the connection's frame_max of {frame_max} bytes"
+            )));
+        }
+        let mut props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_message_id(ShortString::from(m.message_id.to_string()))
+            .with_timestamp(u64::try_from(m.occurred_at.timestamp()).unwrap_or(0))
+            .with_headers(table);
+        if let Some(ct) = content_type {
+            props = props.with_content_type(ct);
+        }
+        Ok((routing_key, props))
+    }
+
+    /// What a failed publish or confirm means for message `m`.
+    fn classify(&self, e: &lapin::Error, m: &OutgoingMessage) -> PublishError {
+        match e.kind() {
+            ErrorKind::ProtocolError(amqp) => {
+                let text = amqp.get_message().as_str();
+                match amqp.kind() {
+                    AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) => {
+                        PublishError::unavailable(format!(
+                            "exchange {:?} not found on {}: {text}",
+                            self.options.exchange, self.describe
+                        ))
+                    }
+                    AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED) => {
+                        PublishError::permanent(format!("RabbitMQ refused access: {text}"))
+                    }
+                    AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED) => {
+                        match server_max_from(text) {
+                            Some(max) => {
+                                self.server_max.store(max, Ordering::Relaxed);
+                                if m.payload.len() > max {
+                                    PublishError::permanent(format!(
+                                        "payload of {} bytes exceeds the RabbitMQ server's max_message_size of {max} bytes",
+                                        m.payload.len()
+                                    ))
+                                } else {
+                                    PublishError::unavailable(format!(
+                                        "channel closed by RabbitMQ because of another message of the batch: {text}"
+                                    ))
+                                }
+                            }
+                            None => PublishError::transient(format!("RabbitMQ: {text}")),
+                        }
+                    }
+                    AMQPErrorKind::Soft(_) => PublishError::transient(format!("RabbitMQ: {text}")),
+                    AMQPErrorKind::Hard(_) => {
+                        PublishError::unavailable(format!("RabbitMQ closed the connection: {text}"))
+                    }
+                }
+            }
+            ErrorKind::IOError(_)
+            | ErrorKind::RuntimeShutdownError(_)
+            | ErrorKind::InvalidConnectionState(_)
+            | ErrorKind::InvalidChannelState(..)
+            | ErrorKind::InvalidChannel(_)
+            | ErrorKind::MissingHeartbeatError
+            | ErrorKind::ParsingError(_) => {
+                PublishError::unavailable(format!("connection to {} failed: {e}", self.describe))
+            }
+            _ => PublishError::transient(format!("RabbitMQ publish: {e}")),
+        }
+    }
+}
+
+#[async_trait]
+impl Sink for RabbitMqSink {
+    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
+        if batch.is_empty() {
+            return Vec::new();
+        }
+        let link = match self.link().await {
+            Ok(link) => link,
+            Err(e) => return vec![Err(e); batch.len()],
+        };
+        // Armed until the outcomes are in: a batch dropped before that (the relay's timeout)
+        // leaves the link in an unknown state.
+        let mut guard = BreakOnDrop {
+            link: &link,
+            armed: true,
+        };
+        let channel = match link.checkout().await {
+            Ok(channel) => channel,
+            Err(e) => {
+                let e = PublishError::unavailable(format!(
+                    "cannot open a channel on {}: {e}",
+                    self.describe
+                ));
+                return vec![Err(e); batch.len()];
+            }
+        };
+        let channel = &channel;
+        let exchange = &self.exchange;
+        let sends: Vec<_> = batch
+            .iter()
+            .map(|m| {
+                let prepared = self.prepare(m, link.frame_max);
+                async move {
+                    let (routing_key, props) = prepared.map_err(Failure::Refused)?;
+                    let options = BasicPublishOptions {
+                        mandatory: true,
+                        immediate: false,
+                    };
+                    let confirm = channel
+                        .basic_publish(exchange.clone(), routing_key, options, &m.payload, props)
+                        .await
+                        .map_err(Failure::Broker)?;
+                    confirm.await.map_err(Failure::Broker)
+                }
+            })
+            .collect();
+        let outcomes = send_in_order(sends).await;
+
+        // Returns, by the message id they carry (see `Link`): whichever confirm lapin
+        // attached one to, it belongs to the message with that id.
+        let mut returns: HashMap<String, (u16, String)> = HashMap::new();
+        let outcomes: Vec<Option<Result<Confirmed, Failure>>> = outcomes
+            .into_iter()
+            .zip(batch)
+            .map(|(outcome, m)| {
+                let confirmation = match outcome {
+                    Some(Ok(c)) => c,
+                    Some(Err(e)) => return Some(Err(e)),
+                    None => return None,
+                };
+                let confirmed = match &confirmation {
+                    Confirmation::Ack(_) => Confirmed::Ack,
+                    Confirmation::Nack(_) => Confirmed::Nack,
+                    Confirmation::NotRequested => Confirmed::NotRequested,
+                };
+                if let Some(ret) = confirmation.take_message() {
+                    let id = ret
+                        .delivery
+                        .properties
+                        .message_id()
+                        .as_ref()
+                        .map_or_else(|| m.message_id.to_string(), ToString::to_string);
+                    returns.insert(id, (ret.reply_code, ret.reply_text.as_str().to_owned()));
+                }
+                Some(Ok(confirmed))
+            })
+            .collect();
+
+        let mut out = Vec::with_capacity(batch.len());
+        let mut broken = false;
+        for (m, outcome) in batch.iter().zip(outcomes) {
+            let returned = returns.get(&m.message_id.to_string());
+            out.push(match (outcome, returned) {
+                (None, _) => Err(PublishError::transient("no publisher confirm outcome")),
+                (Some(Ok(Confirmed::Ack | Confirmed::Nack)), Some((code, text))) => {
+                    Err(PublishError::permanent(format!(
+                        "unroutable: no queue bound for routing key {:?} on exchange {:?} (basic.return {code} {text})",
+                        m.topic, self.options.exchange,
+                    )))
+                }
+                (Some(Ok(Confirmed::Ack)), None) => Ok(()),
+                (Some(Ok(Confirmed::Nack)), None) => Err(PublishError::transient(
+                    "RabbitMQ nacked the message (a queue could not take it: internal error, or full with overflow reject-publish)",
+                )),
+                (Some(Ok(Confirmed::NotRequested)), _) => {
+                    broken = true;
+                    Err(PublishError::transient(
+                        "the channel was not in confirm mode; reconnecting",
+                    ))
+                }
+                (Some(Err(Failure::Refused(e))), _) => Err(e),
+                (Some(Err(Failure::Broker(e))), _) => {
+                    broken = true;
+                    Err(self.classify(&e, m))
+                }
+            });
+        }
+        if broken {
+            link.broken.store(true, Ordering::Relaxed);
+        } else {
+            link.checkin(channel.clone());
+        }
+        guard.armed = false;
+        drop(guard);
+        out
+    }
+
+    async fn close(&self) {
+        let link = self.link.lock().await.take();
+        if let Some(link) = link {
+            // Every confirm was awaited or abandoned already; do not wait long for a broker
+            // that is going away.
+            let _ = tokio::time::timeout(
+                Duration::from_secs(2),
+                link.connection.close(200, "outbox relay stopping".into()),
+            )
+            .await;
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+}
+
+/// The broker's answer to one publish, without the returned message.
+enum Confirmed {
+    Ack,
+    Nack,
+    NotRequested,
+}
+
+/// Why one publish failed.
+enum Failure {
+    /// Refused before sending.
+    Refused(PublishError),
+    /// The broker or the connection failed.
+    Broker(lapin::Error),
+}
+
+/// Polls every publish once, in batch order, then awaits them all.
+///
+/// A publish's first poll takes its delivery tag and queues its frames before it waits for
+/// anything, so this sends the whole batch, in order, without waiting for any write (the
+/// pipelining).
+async fn send_in_order<F, T>(futures: Vec<F>) -> Vec<Option<T>>
+where
+    F: Future<Output = T>,
+{
+    let mut futures: Vec<Pin<Box<MaybeDone<F>>>> = futures
+        .into_iter()
+        .map(|f| Box::pin(maybe_done(f)))
+        .collect();
+    std::future::poll_fn(|cx| {
+        for f in &mut futures {
+            let _ = f.as_mut().poll(cx);
+        }
+        Poll::Ready(())
+    })
+    .await;
+    join_all(futures.iter_mut().map(|f| f.as_mut())).await;
+    futures
+        .iter_mut()
+        .map(|f| f.as_mut().take_output())
+        .collect()
+}
+
+/// The `M` of RabbitMQ's "message size N is larger than configured max size M".
+fn server_max_from(text: &str) -> Option<usize> {
+    let rest = text.split("larger than configured max size ").nth(1)?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// The URL without credentials, for errors and logs.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://…@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
+}
+
+/// Query parameters lapin itself reads from an AMQP URI.
+const LAPIN_PARAMS: [&str; 5] = [
+    "frame_max",
+    "channel_max",
+    "heartbeat",
+    "connection_timeout",
+    "auth_mechanism",
+];
+
+/// Splits our parameters off `url` and parses the rest as lapin's URI.
+fn parse_url(url: &str) -> Result<(AMQPUri, RabbitMqOptions), SinkError> {
+    let invalid = |reason: String| SinkError::InvalidUrl {
+        url: redact(url),
+        reason,
+    };
+    if url.starts_with("amqps://") {
+        return Err(invalid(
+            "amqps:// (TLS) is not supported by this build; use amqp://".into(),
+        ));
+    }
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut options = RabbitMqOptions::default();
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "exchange" => {
+                options.exchange = percent_decode(v).ok_or_else(|| {
+                    invalid(format!("exchange {v:?} is not valid percent-encoded UTF-8"))
+                })?;
+            }
+            "max_message_bytes" => {
+                options.max_message_bytes = v.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                    invalid(format!("max_message_bytes {v:?} is not a positive integer"))
+                })?;
+            }
+            k if LAPIN_PARAMS.contains(&k) => kept.push(pair),
+            k => {
+                return Err(invalid(format!(
+                    "unknown parameter {k:?} (known: exchange, max_message_bytes, {})",
+                    LAPIN_PARAMS.join(", ")
+                )));
+            }
+        }
+    }
+    let lapin_url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    let mut uri = AMQPUri::from_str(&lapin_url).map_err(invalid)?;
+    if uri.scheme != AMQPScheme::AMQP {
+        return Err(invalid("only amqp:// is supported".into()));
+    }
+    // lapin takes the host from the URL's domain only, so an IP address would silently
+    // become "localhost": put the literal address back.
+    if let Some(ip) = ip_host(base) {
+        uri.authority.host = ip;
+    }
+    Ok((uri, options))
+}
+
+/// The host of `url` when it is an IP address literal (IPv6 without brackets).
+fn ip_host(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split(['/', '?']).next()?;
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = if let Some(v6) = host_port.strip_prefix('[') {
+        v6.split(']').next()?
+    } else {
+        host_port.split(':').next()?
+    };
+    host.parse::<std::net::IpAddr>()
+        .ok()
+        .map(|ip| ip.to_string())
+}
+
+/// Decodes `%XX` escapes (and `+` as a space, as in a query string).
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = s.get(i + 1..i + 3)?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_parameters_are_split_off() {
+        let (uri, o) = parse_url(
+            "amqp://u:p@127.0.0.1:5673/%2f?exchange=ev%2Eout&heartbeat=10&max_message_bytes=1000",
+        )
+        .unwrap();
+        assert_eq!(o.exchange, "ev.out");
+        assert_eq!(o.max_message_bytes, 1000);
+        assert_eq!(uri.authority.host, "127.0.0.1");
+        assert_eq!(uri.authority.port, 5673);
+        assert_eq!(uri.vhost, "/");
+        assert_eq!(uri.query.heartbeat, Some(10));
+        let (_, o) = parse_url("amqp://h/v").unwrap();
+        assert_eq!(o.exchange, "");
+        assert_eq!(o.max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES);
+        assert!(parse_url("amqp://h/v?exchnage=x").is_err());
+        assert!(parse_url("amqps://h/v").is_err());
+        assert!(parse_url("amqp://h/v?max_message_bytes=0").is_err());
+        let (uri, _) = parse_url("amqp://[::1]:5672/%2f").unwrap();
+        assert_eq!(uri.authority.host, "::1");
+    }
+
+    #[test]
+    fn redacts_credentials_and_reads_server_limits() {
+        assert_eq!(redact("amqp://u:secret@h:1/v"), "amqp://…@h:1/v");
+        assert_eq!(
+            server_max_from(
+                "PRECONDITION_FAILED - message size 2000 is larger than configured max size 1024"
+            ),
+            Some(1024)
+        );
+        assert_eq!(
+            server_max_from("PRECONDITION_FAILED - something else"),
+            None
+        );
+    }
+}

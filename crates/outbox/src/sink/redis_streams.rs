@@ -1,0 +1,359 @@
+//! Redis Streams sink (the `redis` crate, one multiplexed connection).
+//!
+//! URL: `redis://[USER:PASS@]HOST:PORT[/DB][?maxlen=N][&max_message_bytes=N]`. `maxlen`
+//! trims every stream to about N entries (`MAXLEN ~ N`: Redis trims whole macro nodes,
+//! so a stream may keep somewhat more). `rediss://` is refused: this build has no TLS for
+//! Redis. The `protocol` parameter is passed on to the client; anything else is refused.
+//!
+//! - Stream key = topic. Each message becomes one entry:
+//!   `XADD <topic> [MAXLEN ~ N] * message_id <uuid> topic <topic> key <key, or empty when
+//!   none> occurred_at <RFC 3339, microseconds, UTC> headers <JSON object of the stored
+//!   headers (correlation id, trace context, content type, user headers), string values>
+//!   payload <the payload bytes, unchanged>`.
+//! - The `message_id` field is the consumer's deduplication key: Redis 7.0 (the server
+//!   here) has no idempotent XADD, so a re-publish after a crash between confirmation and
+//!   mark appends a second entry with the same `message_id`.
+//! - Confirmed = the XADD reply (the new entry id). By default Redis replies once the
+//!   entry is in memory, before any fsync: with `appendonly yes` and `appendfsync everysec` (the
+//!   default) a crash can lose the last second or two of confirmed entries; only
+//!   `appendfsync always` fsyncs before replying
+//!   (<https://redis.io/docs/latest/operate/oss_and_stack/management/persistence/>). The
+//!   server on this machine runs with no persistence at all (`--save "" --appendonly no`):
+//!   a restart loses every stream. Replicas do not help either unless the producer
+//!   `WAIT`s, which this sink does not do.
+//! - A batch is one pipeline, one round trip; each reply is mapped on its own. `WRONGTYPE`
+//!   (the key exists and is not a stream), `NOPERM` (an ACL forbids the key) and a message
+//!   over `max_message_bytes` (default 512 MiB, Redis's `proto-max-bulk-len`) are
+//!   [permanent](super::ErrorKind::Permanent), and the rest of the batch still goes
+//!   through. `NOAUTH` (no password in the URL), `OOM`, `LOADING`, `BUSY`, `MISCONF`,
+//!   `READONLY`, `MASTERDOWN`, `TRYAGAIN`, cluster redirects (this sink speaks to one
+//!   standalone server), no connection and timeouts are
+//!   [unavailable](super::ErrorKind::Unavailable) (the server cannot take anything now; the
+//!   relay gives the attempt back); any other error is transient.
+//! - Connection: made lazily and kept. A server that is down at
+//!   [`RedisStreamsSink::connect`] does not fail it; each batch retries the connection. A
+//!   connection that failed or timed out is dropped and re-made on the next batch.
+//!
+//! Payloads never appear in logs; [`Sink::describe`] omits the credentials.
+
+use super::{PublishError, Sink, SinkError};
+use crate::message::{OutgoingMessage, header};
+use async_trait::async_trait;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, RedisError, RedisResult, Value};
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+/// Redis's default `proto-max-bulk-len`, the largest single argument it accepts, in bytes
+/// (512 MiB).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 512 * 1024 * 1024;
+
+/// Settings of the Redis Streams sink; [`RedisStreamsSink::connect`] reads them from the
+/// URL.
+#[derive(Debug, Clone)]
+pub struct RedisStreamsOptions {
+    /// Trim each stream to about this many entries (`MAXLEN ~ N`); `None` keeps all.
+    pub maxlen: Option<u64>,
+    /// Largest [`OutgoingMessage::size`] sent, in bytes (default
+    /// [`DEFAULT_MAX_MESSAGE_BYTES`]); larger messages are permanent failures.
+    pub max_message_bytes: usize,
+    /// Bound on making the connection (default 5 s).
+    pub connect_timeout: Duration,
+    /// Bound on one batch's pipeline reply (default 8 s, below the relay's default publish
+    /// timeout of 10 s); a timeout reports the batch unavailable and replaces the
+    /// connection.
+    pub response_timeout: Duration,
+}
+
+impl Default for RedisStreamsOptions {
+    fn default() -> Self {
+        RedisStreamsOptions {
+            maxlen: None,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(8),
+        }
+    }
+}
+
+/// Appends each message to the Redis stream named like its topic.
+pub struct RedisStreamsSink {
+    client: redis::Client,
+    options: RedisStreamsOptions,
+    connection: Mutex<Option<MultiplexedConnection>>,
+    describe: String,
+}
+
+impl RedisStreamsSink {
+    /// Reads `url` (see the module docs) and tries to connect. A server that cannot be
+    /// reached is not an error here: it is logged, and each batch retries the connection.
+    ///
+    /// # Errors
+    /// [`SinkError::InvalidUrl`] when the URL cannot be parsed, uses `rediss://` or carries
+    /// an unknown parameter.
+    pub async fn connect(url: &str) -> Result<Self, SinkError> {
+        let (redis_url, options) = parse_url(url)?;
+        Self::connect_with(&redis_url, options).await
+    }
+
+    /// As [`RedisStreamsSink::connect`], with settings given in code (`maxlen` and
+    /// `max_message_bytes` in the URL, if any, are replaced by `options`).
+    ///
+    /// # Errors
+    /// As [`RedisStreamsSink::connect`].
+    pub async fn connect_with(url: &str, options: RedisStreamsOptions) -> Result<Self, SinkError> {
+        let (redis_url, _) = parse_url(url)?;
+        let client =
+            redis::Client::open(redis_url.as_str()).map_err(|e| SinkError::InvalidUrl {
+                url: redact(url),
+                reason: e.to_string(),
+            })?;
+        let info = client.get_connection_info();
+        let describe = format!(
+            "redis://{}/{}{}",
+            info.addr(),
+            info.redis_settings().db(),
+            options
+                .maxlen
+                .map_or(String::new(), |n| format!(" maxlen ~{n}"))
+        );
+        let sink = RedisStreamsSink {
+            client,
+            options,
+            connection: Mutex::new(None),
+            describe,
+        };
+        if let Err(e) = sink.connection().await {
+            tracing::warn!(sink = %sink.describe, error = %e, "Redis not reachable yet; each batch will retry");
+        }
+        Ok(sink)
+    }
+
+    /// The current connection, or a new one.
+    async fn connection(&self) -> Result<MultiplexedConnection, PublishError> {
+        let mut slot = self.connection.lock().await;
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.options.connect_timeout))
+            .set_response_timeout(Some(self.options.response_timeout));
+        let c = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| {
+                PublishError::unavailable(format!("cannot connect to {}: {e}", self.describe))
+            })?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Forgets the connection, so the next batch makes a new one.
+    async fn reset(&self) {
+        *self.connection.lock().await = None;
+    }
+
+    fn xadd(&self, pipe: &mut redis::Pipeline, m: &OutgoingMessage) {
+        let headers = serde_json::Value::Object(
+            m.envelope_headers()
+                .into_iter()
+                .filter(|(name, _)| !header::RESERVED.contains(name))
+                .map(|(name, value)| (name.to_owned(), serde_json::Value::String(value)))
+                .collect(),
+        );
+        let cmd = pipe.cmd("XADD").arg(&m.topic);
+        if let Some(n) = self.options.maxlen {
+            cmd.arg("MAXLEN").arg("~").arg(n);
+        }
+        cmd.arg("*")
+            .arg("message_id")
+            .arg(m.message_id.to_string())
+            .arg("topic")
+            .arg(&m.topic)
+            .arg("key")
+            .arg(m.key.as_deref().unwrap_or(""))
+            .arg("occurred_at")
+            .arg(
+                m.occurred_at
+                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            )
+            .arg("headers")
+            .arg(headers.to_string())
+            .arg("payload")
+            .arg(&m.payload[..]);
+    }
+}
+
+#[async_trait]
+impl Sink for RedisStreamsSink {
+    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
+        if batch.is_empty() {
+            return Vec::new();
+        }
+        let mut out: Vec<Option<Result<(), PublishError>>> = vec![None; batch.len()];
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        let mut sent = Vec::with_capacity(batch.len());
+        for (i, m) in batch.iter().enumerate() {
+            let size = m.size();
+            if size > self.options.max_message_bytes {
+                out[i] = Some(Err(PublishError::permanent(format!(
+                    "message of {size} bytes (payload, topic, key and headers) exceeds the Redis limit of {} bytes",
+                    self.options.max_message_bytes
+                ))));
+                continue;
+            }
+            self.xadd(&mut pipe, m);
+            sent.push(i);
+        }
+        if !sent.is_empty() {
+            let mut conn = match self.connection().await {
+                Ok(c) => c,
+                Err(e) => return vec![Err(e); batch.len()],
+            };
+            match pipe.query_async::<Vec<RedisResult<Value>>>(&mut conn).await {
+                Ok(replies) if replies.len() == sent.len() => {
+                    for (i, reply) in sent.iter().zip(replies) {
+                        out[*i] = Some(match reply {
+                            Ok(Value::BulkString(_) | Value::SimpleString(_)) => Ok(()),
+                            Ok(other) => Err(PublishError::transient(format!(
+                                "unexpected XADD reply {other:?}"
+                            ))),
+                            Err(e) => Err(classify_reply(&e, &batch[*i].topic)),
+                        });
+                    }
+                }
+                Ok(replies) => {
+                    let e = PublishError::transient(format!(
+                        "Redis returned {} replies for {} XADDs",
+                        replies.len(),
+                        sent.len()
+                    ));
+                    for i in &sent {
+                        out[*i] = Some(Err(e.clone()));
+                    }
+                }
+                Err(e) => {
+                    // No usable reply at all: the entries may or may not have been added (a
+                    // retry can duplicate them; consumers deduplicate on message_id).
+                    self.reset().await;
+                    let e = PublishError::unavailable(format!(
+                        "Redis pipeline to {} failed: {e}",
+                        self.describe
+                    ));
+                    for i in &sent {
+                        out[*i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(PublishError::transient("no XADD outcome"))))
+            .collect()
+    }
+
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+}
+
+/// What one failed XADD means.
+fn classify_reply(e: &RedisError, topic: &str) -> PublishError {
+    let code = e.code().unwrap_or("");
+    let text = e.to_string();
+    match code {
+        "WRONGTYPE" => PublishError::permanent(format!(
+            "Redis key {topic:?} exists and is not a stream (WRONGTYPE): rename or delete that key, or use another topic"
+        )),
+        "NOPERM" => PublishError::permanent(format!("Redis refused XADD to {topic:?}: {text}")),
+        // Not authenticated at all: the sink's credentials, not the message.
+        "NOAUTH" => PublishError::unavailable(format!(
+            "Redis wants authentication (put the password in the sink URL): {text}"
+        )),
+        "OOM" | "LOADING" | "BUSY" | "MISCONF" | "READONLY" | "MASTERDOWN" | "TRYAGAIN"
+        | "CLUSTERDOWN" | "MOVED" | "ASK" => {
+            PublishError::unavailable(format!("Redis cannot take writes now: {text}"))
+        }
+        _ if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
+            PublishError::unavailable(format!("Redis connection failed: {text}"))
+        }
+        _ => PublishError::transient(format!("Redis XADD to {topic:?}: {text}")),
+    }
+}
+
+/// The URL without credentials, for errors and logs.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://…@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
+}
+
+/// Splits our parameters off `url`; returns the URL for the client and the options.
+fn parse_url(url: &str) -> Result<(String, RedisStreamsOptions), SinkError> {
+    let invalid = |reason: String| SinkError::InvalidUrl {
+        url: redact(url),
+        reason,
+    };
+    if url.starts_with("rediss://") {
+        return Err(invalid(
+            "rediss:// (TLS) is not supported by this build; use redis://".into(),
+        ));
+    }
+    if !url.starts_with("redis://") {
+        return Err(invalid("expected redis://HOST:PORT[/DB]".into()));
+    }
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut options = RedisStreamsOptions::default();
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let positive = |what: &str| {
+            v.parse::<u64>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| invalid(format!("{what} {v:?} is not a positive integer")))
+        };
+        match k {
+            "maxlen" => options.maxlen = Some(positive("maxlen")?),
+            "max_message_bytes" => {
+                options.max_message_bytes = usize::try_from(positive("max_message_bytes")?)
+                    .map_err(|_| invalid(format!("max_message_bytes {v:?} is too large")))?;
+            }
+            "protocol" => kept.push(pair),
+            k => {
+                return Err(invalid(format!(
+                    "unknown parameter {k:?} (known: maxlen, max_message_bytes, protocol)"
+                )));
+            }
+        }
+    }
+    let redis_url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((redis_url, options))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_parameters_are_split_off() {
+        let (u, o) = parse_url("redis://:pw@127.0.0.1:6379/3?maxlen=1000").unwrap();
+        assert_eq!(u, "redis://:pw@127.0.0.1:6379/3");
+        assert_eq!(o.maxlen, Some(1000));
+        let (u, o) = parse_url("redis://h:1?protocol=resp3&max_message_bytes=10").unwrap();
+        assert_eq!(u, "redis://h:1?protocol=resp3");
+        assert_eq!(o.maxlen, None);
+        assert_eq!(o.max_message_bytes, 10);
+        assert!(parse_url("redis://h?maxlen=0").is_err());
+        assert!(parse_url("redis://h?maxln=5").is_err());
+        assert!(parse_url("rediss://h").is_err());
+        assert_eq!(redact("redis://u:secret@h:1/0"), "redis://…@h:1/0");
+    }
+}

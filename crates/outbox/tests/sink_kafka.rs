@@ -1,0 +1,224 @@
+//! The Kafka sink against a Kafka-protocol broker on 127.0.0.1:9092 (tansu, started by
+//! `scripts/services`): delivery reports before Ok, envelope in record headers, keys to
+//! partitions, byte fidelity, oversize refused before publishing, an unknown topic
+//! quarantined, brokers down reported as unavailable.
+#![cfg(feature = "kafka")]
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{TestDb, relay_config, wait_until};
+use outbox::sink::kafka::KafkaSink;
+use outbox::sink::{ErrorKind, Sink};
+use outbox::{Message, OutgoingMessage, Relay};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message as _};
+use rdkafka::{Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const BROKER: &str = "127.0.0.1:9092";
+const PARTITIONS: i32 = 3;
+
+/// Creates `topic` with the tansu CLI (topics are never created by the relay).
+fn create_topic(topic: &str) {
+    let tansu = std::env::var("HOME")
+        .map(|h| format!("{h}/.cargo/bin/tansu"))
+        .unwrap();
+    let out = std::process::Command::new(&tansu)
+        .args([
+            "topic",
+            "create",
+            "--broker",
+            &format!("tcp://{BROKER}"),
+            "--partitions",
+            &PARTITIONS.to_string(),
+            topic,
+        ])
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "tansu must be installed ({e}); run scripts/services, which installs and starts it"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "creating topic {topic} failed (is the broker on {BROKER}? run scripts/services): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn unique_topic(label: &str) -> String {
+    format!(
+        "t{}.{label}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    )
+}
+
+/// Reads every record of `topic` from the beginning until `n` arrived.
+fn consume(topic: &str, n: usize) -> Vec<rdkafka::message::OwnedMessage> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", BROKER)
+        .set("group.id", format!("outbox-test-{}", uuid::Uuid::new_v4()))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while out.len() < n && Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            out.push(m.detach());
+        }
+    }
+    out
+}
+
+fn outgoing(topic: &str, key: Option<&str>, payload: Vec<u8>) -> OutgoingMessage {
+    let m = Message::new(topic, payload);
+    OutgoingMessage {
+        id: 1,
+        message_id: m.id(),
+        topic: topic.to_owned(),
+        key: key.map(str::to_owned),
+        payload: m.payload().to_vec().into(),
+        headers: [("tenant".to_owned(), "åsa ✓".to_owned())].into(),
+        occurred_at: chrono::Utc::now(),
+        attempts: 1,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivery_reports_envelope_keys_and_bytes() {
+    let topic = unique_topic("bytes");
+    create_topic(&topic);
+    let sink = KafkaSink::connect(&format!("kafka://{BROKER}"))
+        .await
+        .unwrap();
+    let mut all: Vec<u8> = (0..=255u8).collect();
+    all.extend_from_slice(&[0, 0, 0xff]);
+    let batch = vec![
+        outgoing(&topic, Some("k1"), all.clone()),
+        outgoing(&topic, Some("k1"), Vec::new()),
+        outgoing(&topic, None, vec![7u8; 512 * 1024]),
+        outgoing(&topic, Some("k2"), b"plain".to_vec()),
+    ];
+    let results = sink.publish(&batch).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let got = consume(&topic, batch.len());
+    assert_eq!(got.len(), batch.len());
+    let by_id: HashMap<String, &rdkafka::message::OwnedMessage> = got
+        .iter()
+        .map(|m| {
+            let h = m.headers().unwrap();
+            let id = h
+                .iter()
+                .find(|h| h.key == "message-id")
+                .and_then(|h| h.value)
+                .map(|v| String::from_utf8(v.to_vec()).unwrap())
+                .unwrap();
+            (id, m)
+        })
+        .collect();
+    let mut k1_partitions = Vec::new();
+    for sent in &batch {
+        let m = by_id[&sent.message_id.to_string()];
+        assert_eq!(m.payload().unwrap_or_default(), &sent.payload[..]);
+        assert_eq!(
+            m.key().map(|k| String::from_utf8(k.to_vec()).unwrap()),
+            sent.key
+        );
+        let tenant = m
+            .headers()
+            .unwrap()
+            .iter()
+            .find(|h| h.key == "tenant")
+            .unwrap();
+        assert_eq!(tenant.value.unwrap(), "åsa ✓".as_bytes());
+        if sent.key.as_deref() == Some("k1") {
+            k1_partitions.push(m.partition());
+        }
+    }
+    assert_eq!(
+        k1_partitions[0], k1_partitions[1],
+        "same key, same partition"
+    );
+    sink.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_unknown_topic_and_down_brokers_are_classified() {
+    let topic = unique_topic("errors");
+    create_topic(&topic);
+    let sink = KafkaSink::connect(&format!("kafka://{BROKER}?message_timeout_ms=4000"))
+        .await
+        .unwrap();
+    // librdkafka's message.max.bytes (1,000,000) is known before publishing.
+    let r = sink
+        .publish(&[
+            outgoing(&topic, None, vec![1u8; 2 * 1024 * 1024]),
+            outgoing(&topic, None, b"ok".to_vec()),
+        ])
+        .await;
+    assert_eq!(
+        r[0].as_ref().unwrap_err().kind,
+        ErrorKind::Permanent,
+        "{r:?}"
+    );
+    assert!(
+        r[1].is_ok(),
+        "the other record of the batch still goes: {r:?}"
+    );
+
+    let r = sink
+        .publish(&[outgoing(&unique_topic("missing"), None, b"x".to_vec())])
+        .await;
+    let e = r[0].as_ref().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Permanent, "{e:?}");
+    assert!(e.message.contains("does not exist"), "{e:?}");
+
+    // Nothing listens on port 1: connect succeeds, publishing reports the destination.
+    let down = KafkaSink::connect("kafka://127.0.0.1:1?message_timeout_ms=1500")
+        .await
+        .unwrap();
+    let r = down.publish(&[outgoing(&topic, None, b"x".to_vec())]).await;
+    assert_eq!(
+        r[0].as_ref().unwrap_err().kind,
+        ErrorKind::Unavailable,
+        "{r:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_to_kafka_delivers_every_message() {
+    let topic = unique_topic("relay");
+    create_topic(&topic);
+    let db = TestDb::sqlite().await;
+    db.enqueue_all(&common::messages(&topic, 200)).await;
+    let sink = KafkaSink::connect(&format!("kafka://{BROKER}"))
+        .await
+        .unwrap();
+    let handle = Relay::new(db.store(), Arc::new(sink), relay_config("kafka")).spawn();
+    let store = db.store();
+    wait_until("200 dispatched", Duration::from_secs(30), || {
+        let store = store.clone();
+        async move {
+            let c = store.counts().await.unwrap();
+            if c.dispatched == 200 {
+                Ok(())
+            } else {
+                Err(format!("{c:?}"))
+            }
+        }
+    })
+    .await;
+    handle.shutdown().await.unwrap();
+    assert_eq!(consume(&topic, 200).len(), 200);
+}
