@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+mod publisher_conformance;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -24,6 +25,7 @@ use outbox::message::OutgoingMessage;
 use outbox::sink::http::{WebhookOptions, WebhookSecret, WebhookSink};
 use outbox::sink::{ErrorKind, Sink};
 use outbox::{Message, Relay};
+use publisher_conformance::http::percent_decode;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -215,25 +217,6 @@ fn outgoing(topic: &str, payload: Vec<u8>) -> OutgoingMessage {
 fn with_header(mut m: OutgoingMessage, name: &str, value: &str) -> OutgoingMessage {
     m.headers.insert(name.to_owned(), value.to_owned());
     m
-}
-
-/// The receiver's side of the documented header encoding: a plain percent-decoder.
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            out.push(
-                u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap(), 16).unwrap(),
-            );
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).unwrap()
 }
 
 async fn webhook(url: &str) -> WebhookSink {

@@ -6,80 +6,17 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+mod publisher_conformance;
 
 use common::{TestDb, relay_config, wait_until};
 use outbox::sink::kafka::KafkaSink;
 use outbox::sink::{ErrorKind, Sink};
 use outbox::{Message, OutgoingMessage, Relay};
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use publisher_conformance::kafka::{BROKER, consume, create_topic, unique_topic};
 use rdkafka::message::{Headers, Message as _};
-use rdkafka::{Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-const BROKER: &str = "127.0.0.1:9092";
-const PARTITIONS: i32 = 3;
-
-/// Creates `topic` with the tansu CLI (topics are never created by the relay).
-fn create_topic(topic: &str) {
-    let tansu = std::env::var("HOME")
-        .map(|h| format!("{h}/.cargo/bin/tansu"))
-        .unwrap();
-    let out = std::process::Command::new(&tansu)
-        .args([
-            "topic",
-            "create",
-            "--broker",
-            &format!("tcp://{BROKER}"),
-            "--partitions",
-            &PARTITIONS.to_string(),
-            topic,
-        ])
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "tansu must be installed ({e}); run scripts/services, which installs and starts it"
-            )
-        });
-    assert!(
-        out.status.success(),
-        "creating topic {topic} failed (is the broker on {BROKER}? run scripts/services): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn unique_topic(label: &str) -> String {
-    format!(
-        "t{}.{label}",
-        &uuid::Uuid::new_v4().simple().to_string()[..10]
-    )
-}
-
-/// Reads every record of `topic` from the beginning until `n` arrived.
-fn consume(topic: &str, n: usize) -> Vec<rdkafka::message::OwnedMessage> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", BROKER)
-        .set("group.id", format!("outbox-test-{}", uuid::Uuid::new_v4()))
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
-    let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while out.len() < n && Instant::now() < deadline {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
-            out.push(m.detach());
-        }
-    }
-    out
-}
+use std::time::Duration;
 
 fn outgoing(topic: &str, key: Option<&str>, payload: Vec<u8>) -> OutgoingMessage {
     let m = Message::new(topic, payload);
@@ -112,7 +49,7 @@ async fn delivery_reports_envelope_keys_and_bytes() {
     ];
     let results = sink.publish(&batch).await;
     assert!(results.iter().all(Result::is_ok), "{results:?}");
-    let got = consume(&topic, batch.len());
+    let got = consume(&topic, batch.len(), Duration::ZERO);
     assert_eq!(got.len(), batch.len());
     let by_id: HashMap<String, &rdkafka::message::OwnedMessage> = got
         .iter()
@@ -220,5 +157,5 @@ async fn relay_to_kafka_delivers_every_message() {
     })
     .await;
     handle.shutdown().await.unwrap();
-    assert_eq!(consume(&topic, 200).len(), 200);
+    assert_eq!(consume(&topic, 200, Duration::ZERO).len(), 200);
 }

@@ -12,121 +12,33 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+mod publisher_conformance;
 
 use common::{TestDb, relay_config, unique};
 use outbox::message::OutgoingMessage;
 use outbox::sink::mqtt::{MqttSink, MqttSinkOptions};
 use outbox::sink::{ErrorKind, Sink};
 use outbox::{Message, Relay};
+use publisher_conformance::mqtt::{Subscriber, require_broker};
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::mqttbytes::v5::{Packet, Publish};
-use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use rumqttc::v5::mqttbytes::v5::Publish;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
-use tokio::sync::mpsc;
 use uuid::Uuid;
 
 // ---------------------------------------------------------------------------------------
 // Brokers and subscribers
 // ---------------------------------------------------------------------------------------
 
-/// The machine's Mosquitto; `OUTBOX_TEST_MQTT_URL` overrides it.
-fn broker_url() -> String {
-    std::env::var("OUTBOX_TEST_MQTT_URL").unwrap_or_else(|_| "mqtt://127.0.0.1:1883".into())
-}
-
-fn host_port(url: &str) -> (String, u16) {
-    let rest = url.split_once("://").unwrap().1;
-    let hostport = rest.split(['/', '?']).next().unwrap();
-    let (h, p) = hostport.rsplit_once(':').unwrap();
-    (h.to_owned(), p.parse().unwrap())
-}
-
-/// Fails loudly, saying how to start Mosquitto, when it is not reachable.
-async fn require_broker() -> String {
-    let url = broker_url();
-    let (h, p) = host_port(&url);
-    if let Err(e) = tokio::net::TcpStream::connect((h.as_str(), p)).await {
-        panic!(
-            "Mosquitto is not reachable at {url} ({e}). Start it with \
-             `mosquitto -d -c /etc/mosquitto/mosquitto.conf` (Debian package mosquitto; the \
-             config must have `listener 1883 127.0.0.1` and `allow_anonymous true`). Set \
-             OUTBOX_TEST_MQTT_URL to use another broker."
-        );
-    }
-    url
-}
-
 fn url_with(base: &str, query: &str) -> String {
     if query.is_empty() {
         base.to_owned()
     } else {
         format!("{base}?{query}")
-    }
-}
-
-/// A rumqttc v5 subscriber forwarding every publish it receives.
-struct Subscriber {
-    rx: mpsc::UnboundedReceiver<Publish>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Subscriber {
-    async fn start(url: &str, filter: &str, qos: QoS) -> Self {
-        let (host, port) = host_port(url);
-        let mut o = MqttOptions::new(format!("test-sub-{}", unique()), host, port);
-        o.set_max_packet_size(Some(4 * 1024 * 1024));
-        let (client, mut el) = AsyncClient::new(o, 100);
-        client.subscribe(filter, qos).await.unwrap();
-        let (tx, rx) = mpsc::unbounded_channel();
-        let (subscribed_tx, subscribed_rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(async move {
-            let _client = client; // keeps the request channel open
-            let mut subscribed = Some(subscribed_tx);
-            loop {
-                match el.poll().await {
-                    Ok(Event::Incoming(Packet::Publish(p))) => {
-                        let _ = tx.send(p);
-                    }
-                    Ok(Event::Incoming(Packet::SubAck(_))) => {
-                        if let Some(s) = subscribed.take() {
-                            let _ = s.send(());
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                }
-            }
-        });
-        tokio::time::timeout(Duration::from_secs(5), subscribed_rx)
-            .await
-            .expect("no SUBACK within 5 s")
-            .unwrap();
-        Subscriber { rx, task }
-    }
-
-    /// The next `n` publishes, or a panic after `timeout`.
-    async fn take(&mut self, n: usize, timeout: Duration) -> Vec<Publish> {
-        let deadline = Instant::now() + timeout;
-        let mut out = Vec::with_capacity(n);
-        while out.len() < n {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, self.rx.recv()).await {
-                Ok(Some(p)) => out.push(p),
-                _ => panic!("received {}/{n} messages within {timeout:?}", out.len()),
-            }
-        }
-        out
-    }
-}
-
-impl Drop for Subscriber {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 

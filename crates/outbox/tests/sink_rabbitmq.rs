@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+mod publisher_conformance;
 
 use chrono::Utc;
 use common::{TestDb, relay_config, unique};
@@ -18,44 +19,16 @@ use lapin::options::{
     BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
     QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use outbox::sink::rabbitmq::RabbitMqSink;
 use outbox::sink::{ErrorKind, Sink};
 use outbox::{Message, OutgoingMessage, Relay};
+use publisher_conformance::rabbitmq::{admin, amqp_url, header_text};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
-
-/// RabbitMQ of this machine; `OUTBOX_TEST_AMQP_URL` overrides it.
-fn amqp_url() -> String {
-    std::env::var("OUTBOX_TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
-/// A channel of a connection of its own, failing loudly with how to start RabbitMQ.
-async fn admin() -> (Connection, Channel) {
-    let url = amqp_url();
-    let conn = match tokio::time::timeout(
-        Duration::from_secs(5),
-        Connection::connect(&url, ConnectionProperties::default()),
-    )
-    .await
-    {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => panic!(
-            "RabbitMQ is not reachable at {url} ({e}). Start it with `rabbitmq-server -detached` \
-             (Debian package rabbitmq-server; user guest/guest on loopback). Set \
-             OUTBOX_TEST_AMQP_URL to use another broker."
-        ),
-        Err(_) => panic!(
-            "RabbitMQ at {url} did not answer within 5 s. Start it with `rabbitmq-server -detached`."
-        ),
-    };
-    let channel = conn.create_channel().await.unwrap();
-    (conn, channel)
-}
 
 /// Queues and exchanges of one test, deleted (best effort) when dropped.
 #[derive(Default)]
@@ -164,13 +137,6 @@ fn outgoing(id: i64, topic: &str, payload: Vec<u8>) -> OutgoingMessage {
         headers: BTreeMap::new(),
         occurred_at: Utc::now(),
         attempts: 1,
-    }
-}
-
-fn header_text(table: &FieldTable, name: &str) -> Option<String> {
-    match table.inner().get(name)? {
-        AMQPValue::LongString(s) => Some(String::from_utf8(s.as_bytes().to_vec()).unwrap()),
-        other => panic!("header {name} is {other:?}, expected a long string"),
     }
 }
 

@@ -10,48 +10,20 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+mod publisher_conformance;
 
 use chrono::Utc;
 use common::{TestDb, relay_config, unique};
 use outbox::sink::redis_streams::RedisStreamsSink;
 use outbox::sink::{ErrorKind, Sink};
 use outbox::{Message, OutgoingMessage, Relay};
+use publisher_conformance::redis::{admin, entries, redis_url, text};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
-
-/// Redis of this machine; `OUTBOX_TEST_REDIS_URL` overrides it.
-fn redis_url() -> String {
-    std::env::var("OUTBOX_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
-
-/// A connection of its own, failing loudly with how to start Redis.
-async fn admin() -> MultiplexedConnection {
-    let url = redis_url();
-    let client = redis::Client::open(url.as_str()).unwrap();
-    match tokio::time::timeout(
-        Duration::from_secs(5),
-        client.get_multiplexed_async_connection(),
-    )
-    .await
-    {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => panic!(
-            "Redis is not reachable at {url} ({e}). Start it with `redis-server --daemonize yes \
-             --bind 127.0.0.1 -::1 --port 6379 --save \"\" --appendonly no --dir /var/lib/redis \
-             --logfile /var/log/redis/ci.log` (Debian package redis-server). Set \
-             OUTBOX_TEST_REDIS_URL to use another server."
-        ),
-        Err(_) => panic!(
-            "Redis at {url} did not answer within 5 s. Start it with `redis-server --daemonize \
-             yes --bind 127.0.0.1 -::1 --port 6379 --save \"\" --appendonly no --dir \
-             /var/lib/redis --logfile /var/log/redis/ci.log`."
-        ),
-    }
-}
 
 /// Keys of one test, deleted (best effort) when dropped.
 struct Keys {
@@ -104,39 +76,6 @@ fn outgoing(id: i64, topic: &str, payload: Vec<u8>) -> OutgoingMessage {
         occurred_at: Utc::now(),
         attempts: 1,
     }
-}
-
-/// Every entry of `stream`: (entry id, field → raw bytes).
-async fn entries(
-    c: &mut MultiplexedConnection,
-    stream: &str,
-) -> Vec<(String, HashMap<String, Vec<u8>>)> {
-    let reply: redis::streams::StreamRangeReply = c.xrange_all(stream).await.unwrap();
-    reply
-        .ids
-        .into_iter()
-        .map(|e| {
-            let fields = e
-                .map
-                .into_iter()
-                .map(|(k, v)| {
-                    let bytes: Vec<u8> = redis::from_redis_value(v).unwrap();
-                    (k, bytes)
-                })
-                .collect();
-            (e.id, fields)
-        })
-        .collect()
-}
-
-fn text(fields: &HashMap<String, Vec<u8>>, name: &str) -> String {
-    String::from_utf8(
-        fields
-            .get(name)
-            .unwrap_or_else(|| panic!("no field {name}"))
-            .clone(),
-    )
-    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -50,7 +50,8 @@ pub struct NatsSink {
 impl NatsSink {
     /// Connects to `url` (`nats://HOST:PORT`, optionally `nats://user:pass@HOST:PORT`).
     /// The connection is made in the background and kept alive: a server that is down at
-    /// start makes publishes fail transiently until it is up, it does not fail the relay.
+    /// start makes publishes report the destination unavailable until it is up (their
+    /// attempts are given back); it does not fail the relay.
     ///
     /// # Errors
     /// [`SinkError::InvalidUrl`] when the URL cannot be parsed.

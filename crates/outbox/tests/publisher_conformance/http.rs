@@ -1,0 +1,163 @@
+//! HTTP webhook: an axum endpoint of its own per instance, recording every request; it
+//! answers 400 to messages on a topic ending in `.reject`. The envelope comes from the
+//! request headers, percent-decoded as the sink documents; transport headers are left out.
+
+use super::{Harness, Received, closed_port, poll_read};
+use async_trait::async_trait;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode};
+use outbox::sink::http::{WebhookOptions, WebhookSink};
+use outbox::sink::{Sink, SinkError};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Headers HTTP or the client add, not part of the envelope.
+const TRANSPORT: &[&str] = &[
+    "host",
+    "content-type",
+    "content-length",
+    "accept",
+    "accept-encoding",
+    "user-agent",
+    "idempotency-key",
+];
+
+/// The receiver's side of the documented header encoding: a plain percent-decoder.
+pub(crate) fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            out.push(
+                u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap(), 16).unwrap(),
+            );
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+type Requests = Arc<Mutex<Vec<(HeaderMap, Bytes)>>>;
+
+async fn handle(State(reqs): State<Requests>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    let reject = headers
+        .get("topic")
+        .is_some_and(|t| t.as_bytes().ends_with(b".reject"));
+    if reject {
+        return StatusCode::BAD_REQUEST;
+    }
+    reqs.lock().unwrap().push((headers, body));
+    StatusCode::NO_CONTENT
+}
+
+/// A request mapped back to the envelope.
+pub(crate) fn received(headers: &HeaderMap, body: &Bytes) -> Received {
+    let mut env = BTreeMap::new();
+    for (name, value) in headers {
+        if TRANSPORT.contains(&name.as_str()) {
+            continue;
+        }
+        let raw = std::str::from_utf8(value.as_bytes()).expect("header values are ASCII");
+        env.insert(name.as_str().to_owned(), percent_decode(raw));
+    }
+    let id = env["message-id"].clone();
+    assert_eq!(
+        headers.get("idempotency-key").map(|v| v.to_str().unwrap()),
+        Some(id.as_str()),
+        "Idempotency-Key = message id"
+    );
+    Received {
+        message_id: Uuid::parse_str(&id).unwrap(),
+        topic: env["topic"].clone(),
+        key: env.get("key").cloned(),
+        payload: body.to_vec(),
+        headers: env,
+    }
+}
+
+pub(crate) struct HttpHarness {
+    url: String,
+    requests: Requests,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[async_trait]
+impl Harness for HttpHarness {
+    const DEDUPLICATES: bool = false;
+
+    async fn setup() -> Self {
+        let requests: Requests = Arc::default();
+        let app = Router::new()
+            .fallback(handle)
+            .layer(DefaultBodyLimit::disable())
+            .with_state(requests.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        HttpHarness {
+            url: format!("http://{addr}/hooks/in"),
+            requests,
+            task,
+        }
+    }
+
+    fn topic(&self, label: &str) -> String {
+        format!("orders.{label}.v1")
+    }
+
+    async fn sink(&self) -> Box<dyn Sink> {
+        Box::new(
+            WebhookSink::connect_with(&self.url, WebhookOptions::default())
+                .await
+                .unwrap(),
+        )
+    }
+
+    async fn size_limit(&self) -> Option<usize> {
+        None
+    }
+
+    async fn read(&mut self, expected: usize) -> Vec<Received> {
+        let requests = self.requests.clone();
+        poll_read(
+            expected,
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            || {
+                let got: Vec<Received> = requests
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .map(|(h, b)| received(h, b))
+                    .collect();
+                async move { got }
+            },
+        )
+        .await
+    }
+
+    async fn down_sink() -> Result<Box<dyn Sink>, SinkError> {
+        let url = format!("http://127.0.0.1:{}/in", closed_port());
+        Ok(Box::new(
+            WebhookSink::connect_with(&url, WebhookOptions::default()).await?,
+        ))
+    }
+
+    async fn permanent_topic(&mut self) -> String {
+        "orders.bad.reject".into()
+    }
+
+    async fn cleanup(self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,183 @@
+//! Kafka (tansu on 127.0.0.1:9092): a topic of its own per instance, created with the
+//! tansu CLI, read back from the beginning of every partition.
+
+use super::{Harness, Received, closed_port};
+use crate::common::unique;
+use async_trait::async_trait;
+use outbox::sink::kafka::KafkaSink;
+use outbox::sink::{Sink, SinkError};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message as _};
+use rdkafka::{Offset, TopicPartitionList};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+pub(crate) const BROKER: &str = "127.0.0.1:9092";
+pub(crate) const PARTITIONS: i32 = 3;
+/// librdkafka's default `message.max.bytes`, checked before a record is sent.
+const MESSAGE_MAX_BYTES: usize = 1_000_000;
+
+/// Creates `topic` with the tansu CLI (topics are never created by the relay).
+pub(crate) fn create_topic(topic: &str) {
+    let tansu = std::env::var("HOME")
+        .map(|h| format!("{h}/.cargo/bin/tansu"))
+        .unwrap();
+    let out = std::process::Command::new(&tansu)
+        .args([
+            "topic",
+            "create",
+            "--broker",
+            &format!("tcp://{BROKER}"),
+            "--partitions",
+            &PARTITIONS.to_string(),
+            topic,
+        ])
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "tansu must be installed ({e}); run scripts/services, which installs and starts it"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "creating topic {topic} failed (is the broker on {BROKER}? run scripts/services): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+pub(crate) fn unique_topic(label: &str) -> String {
+    format!("t{}.{label}", unique())
+}
+
+/// Reads every record of `topic` from the beginning until `n` arrived (or 20 s passed),
+/// then `grace` longer for extras.
+pub(crate) fn consume(
+    topic: &str,
+    n: usize,
+    grace: Duration,
+) -> Vec<rdkafka::message::OwnedMessage> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", BROKER)
+        .set("group.id", format!("outbox-test-{}", Uuid::new_v4()))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while out.len() < n && Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            out.push(m.detach());
+        }
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            out.push(m.detach());
+        }
+    }
+    out
+}
+
+pub(crate) struct KafkaHarness {
+    topic: String,
+}
+
+#[async_trait]
+impl Harness for KafkaHarness {
+    const DEDUPLICATES: bool = false;
+
+    async fn setup() -> Self {
+        let topic = unique_topic("conformance");
+        create_topic(&topic);
+        KafkaHarness { topic }
+    }
+
+    /// One topic per instance: every label routes to it.
+    fn topic(&self, _label: &str) -> String {
+        self.topic.clone()
+    }
+
+    async fn sink(&self) -> Box<dyn Sink> {
+        Box::new(
+            KafkaSink::connect(&format!("kafka://{BROKER}?message_timeout_ms=5000"))
+                .await
+                .unwrap(),
+        )
+    }
+
+    async fn size_limit(&self) -> Option<usize> {
+        Some(MESSAGE_MAX_BYTES)
+    }
+
+    async fn read(&mut self, expected: usize) -> Vec<Received> {
+        let topic = self.topic.clone();
+        let got = tokio::task::spawn_blocking(move || {
+            consume(&topic, expected, Duration::from_millis(500))
+        })
+        .await
+        .unwrap();
+        assert!(
+            got.len() >= expected,
+            "read {}/{expected} records",
+            got.len()
+        );
+        got.iter()
+            .map(|m| {
+                let headers: std::collections::BTreeMap<String, String> = m
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|h| {
+                                let v = String::from_utf8(h.value.unwrap_or_default().to_vec())
+                                    .unwrap();
+                                (h.key.to_owned(), v)
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Received {
+                    message_id: Uuid::parse_str(&headers["message-id"]).unwrap(),
+                    topic: m.topic().to_owned(),
+                    key: m.key().map(|k| String::from_utf8(k.to_vec()).unwrap()),
+                    payload: m.payload().unwrap_or_default().to_vec(),
+                    headers,
+                }
+            })
+            .collect()
+    }
+
+    async fn down_sink() -> Result<Box<dyn Sink>, SinkError> {
+        let url = format!(
+            "kafka://127.0.0.1:{}?message_timeout_ms=1500",
+            closed_port()
+        );
+        Ok(Box::new(KafkaSink::connect(&url).await?))
+    }
+
+    async fn permanent_topic(&mut self) -> String {
+        // Never created.
+        unique_topic("missing")
+    }
+
+    async fn cleanup(self) {
+        let tansu = std::env::var("HOME")
+            .map(|h| format!("{h}/.cargo/bin/tansu"))
+            .unwrap();
+        let _ = std::process::Command::new(tansu)
+            .args([
+                "topic",
+                "delete",
+                "--broker",
+                &format!("tcp://{BROKER}"),
+                &self.topic,
+            ])
+            .output();
+    }
+}
