@@ -111,7 +111,8 @@ async fn main() {
     store.migrate().await.unwrap();
 
     // Destinations.
-    let kafka_topics: Vec<String> = ["a", "b"]
+    let (run_a, run_b) = (format!("a{tag}"), format!("b{tag}"));
+    let kafka_topics: Vec<String> = [&run_a, &run_b]
         .iter()
         .map(|r| format!("orders.placed.{r}"))
         .collect();
@@ -199,7 +200,7 @@ async fn main() {
     let mut opts = rumqttc::v5::MqttOptions::new(format!("bench-sub-{tag}"), "127.0.0.1", 1883);
     opts.set_keep_alive(Duration::from_secs(5));
     let (client, mut events) = rumqttc::v5::AsyncClient::new(opts, 1000);
-    for run in ["a", "b"] {
+    for run in [&run_a, &run_b] {
         client
             .subscribe(
                 format!("devices.reading.{run}"),
@@ -256,21 +257,26 @@ async fn main() {
             topic
         };
         let sink = outbox::sink::open(url).await.unwrap();
-        let batch: Vec<outbox::OutgoingMessage> = (0..1000)
-            .map(|i| outbox::OutgoingMessage {
-                id: i,
-                message_id: uuid::Uuid::now_v7(),
-                topic: topic.clone(),
-                key: Some(format!("k{}", i % 10)),
-                payload: vec![b'x'; 100].into(),
-                headers: Default::default(),
-                occurred_at: chrono::Utc::now(),
-                attempts: 1,
-            })
-            .collect();
+        let batch = || -> Vec<outbox::OutgoingMessage> {
+            (0..1000)
+                .map(|i| outbox::OutgoingMessage {
+                    id: i,
+                    message_id: uuid::Uuid::now_v7(),
+                    topic: topic.clone(),
+                    key: Some(format!("k{}", i % 10)),
+                    payload: vec![b'x'; 100].into(),
+                    headers: Default::default(),
+                    occurred_at: chrono::Utc::now(),
+                    attempts: 1,
+                })
+                .collect()
+        };
+        // Fresh message ids for every batch: a broker that deduplicates (NATS) must store
+        // every one.
+        let batches: Vec<_> = (0..10).map(|_| batch()).collect();
         let t = Instant::now();
-        for _ in 0..10 {
-            let r = outbox::Sink::publish(&*sink, &batch).await;
+        for b in &batches {
+            let r = outbox::Sink::publish(&*sink, b).await;
             assert!(
                 r.iter().all(Result::is_ok),
                 "{url}: {:?}",
@@ -297,7 +303,7 @@ async fn main() {
 
     // Phase 1.
     let t = Instant::now();
-    enqueue_each(&store, &s, "a", 1_000).await;
+    enqueue_each(&store, &s, &run_a, 1_000).await;
     while store.counts().await.unwrap().pending > 0 || store.counts().await.unwrap().claimed > 0 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -308,7 +314,7 @@ async fn main() {
         .await
         .unwrap();
     let xlen: usize = redis::cmd("XLEN")
-        .arg("audit.login.a")
+        .arg(format!("audit.login.{run_a}"))
         .query_async(&mut redis)
         .await
         .unwrap();
@@ -337,18 +343,18 @@ async fn main() {
         "phase 1: 6,000 messages through 6 routes in {:.2} s ({:.0} msg/s); arrived: kafka {}, rabbitmq {q}, redis {xlen}, mqtt {}, http {}, nats {nats}",
         el.as_secs_f64(),
         6000.0 / el.as_secs_f64(),
-        count_kafka("orders.placed.a").await,
+        count_kafka(&format!("orders.placed.{run_a}")).await,
         mqtt_seen.load(Ordering::Relaxed),
         hooks.load(Ordering::Relaxed)
     );
 
     // Phase 2: steady producers (20 per destination every 100 ms = 200/s each).
     let producing = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let (ps, pst, pp) = (store.clone(), s.clone(), producing.clone());
+    let (ps, pst, pp, rb) = (store.clone(), s.clone(), producing.clone(), run_b.clone());
     let producer = tokio::spawn(async move {
         let mut n = 0;
         while pp.load(Ordering::Relaxed) {
-            enqueue_each(&ps, &pst, "b", 20).await;
+            enqueue_each(&ps, &pst, &rb, 20).await;
             n += 20;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -431,7 +437,7 @@ async fn main() {
         "after RabbitMQ returned: drained in {:.1} s; {} produced per destination in phase 2; rabbitmq queue holds {q} (expect {}); totals: dispatched {}, dead {}",
         drained_in.as_secs_f64(),
         produced,
-        1000 + produced,
+        10_000 + 1000 + produced,
         c.dispatched,
         c.dead
     );

@@ -93,7 +93,8 @@ pub struct RouterOptions {
     pub failure_threshold: u32,
     /// First open period (default 1 s); doubles after each failed probe.
     pub open_base: Duration,
-    /// Longest open period (default 30 s).
+    /// Longest open period (default 10 s): the longest a recovered destination waits for
+    /// its next probe.
     pub open_max: Duration,
 }
 
@@ -103,7 +104,7 @@ impl Default for RouterOptions {
             destination_timeout: Duration::from_secs(5),
             failure_threshold: 3,
             open_base: Duration::from_secs(1),
-            open_max: Duration::from_secs(30),
+            open_max: Duration::from_secs(10),
         }
     }
 }
