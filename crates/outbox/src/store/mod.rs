@@ -332,21 +332,109 @@ pub(crate) fn malformed_reason(e: crate::Error) -> String {
     }
 }
 
-/// Reads a claimed row, turning a decoding panic (a driver meeting a value it cannot
-/// represent) into a malformed row, so one bad row never takes the relay down.
-pub(crate) fn read_row<R>(
-    row: &R,
+/// Builds a [`Claim`] from the rows a claim statement returned: each row is decoded on its
+/// own (a decoding panic — a driver meeting a value it cannot represent — becomes a
+/// malformed row too, so one bad row never takes the relay down), and the messages are
+/// ordered by primary key.
+pub(crate) fn claim_from_rows<R>(
+    token: uuid::Uuid,
+    rows: &[R],
     read: fn(&R) -> std::result::Result<OutgoingMessage, Dead>,
     id_of: fn(&R) -> i64,
-) -> std::result::Result<OutgoingMessage, Dead> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read(row))) {
-        Ok(r) => r,
-        Err(_) => {
-            let id = id_of(row);
-            Err(Dead {
-                id,
-                error: format!("malformed row {id}: a column could not be decoded"),
-            })
+) -> Claim {
+    let mut messages = Vec::with_capacity(rows.len());
+    let mut malformed = Vec::new();
+    for row in rows {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read(row))) {
+            Ok(Ok(m)) => messages.push(m),
+            Ok(Err(d)) => malformed.push(d),
+            Err(_) => {
+                let id = id_of(row);
+                malformed.push(Dead {
+                    id,
+                    error: format!("malformed row {id}: a column could not be decoded"),
+                });
+            }
+        }
+    }
+    messages.sort_by_key(|m| m.id);
+    Claim {
+        token,
+        messages,
+        malformed,
+    }
+}
+
+/// A duration in whole milliseconds, saturating, as the stores bind it.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The counts query's row: pending, claimed, dispatched, dead, oldest pending age (s).
+pub(crate) type CountsRow = (i64, i64, i64, i64, Option<i64>);
+
+impl From<CountsRow> for Counts {
+    fn from((pending, claimed, dispatched, dead, age): CountsRow) -> Self {
+        Counts {
+            pending,
+            claimed,
+            dispatched,
+            dead,
+            oldest_pending_age_seconds: age.map(|a| a.max(0)),
+        }
+    }
+}
+
+/// A store's wake-up counter ([`Store::wakeups`]) and the one background task that moves
+/// it, started on first use and stopped when the store is dropped.
+pub(crate) struct Wakeup {
+    counter: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+    task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// Moves a [`Wakeup`] counter: new rows may be due.
+#[derive(Clone)]
+pub(crate) struct Bump(std::sync::Arc<tokio::sync::watch::Sender<u64>>);
+
+impl Bump {
+    pub(crate) fn bump(&self) {
+        self.0.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+impl Wakeup {
+    pub(crate) fn new() -> Self {
+        Wakeup {
+            counter: std::sync::Arc::new(tokio::sync::watch::Sender::new(0)),
+            task: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Spawns `watch(bump)` unless it already runs (on the current tokio runtime).
+    pub(crate) fn start_once<F, Fut>(&self, watch: F)
+    where
+        F: FnOnce(Bump) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let Ok(mut slot) = self.task.lock() else {
+            return;
+        };
+        if slot.is_none() {
+            *slot = Some(tokio::spawn(watch(Bump(self.counter.clone()))));
+        }
+    }
+
+    pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.counter.subscribe()
+    }
+}
+
+impl Drop for Wakeup {
+    fn drop(&mut self) {
+        if let Ok(mut slot) = self.task.lock()
+            && let Some(task) = slot.take()
+        {
+            task.abort();
         }
     }
 }

@@ -14,7 +14,7 @@
 //! PostgreSQL's partial index, so the claim range never reaches dispatched rows.
 
 use super::{
-    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Retry, Store, StoreConfig,
+    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Retry, Store, StoreConfig, millis,
     parse_headers,
 };
 use crate::error::{Error, Result};
@@ -204,18 +204,7 @@ struct Inner {
     config: StoreConfig,
     sql: Sql,
     max_packet: usize,
-    wake: Arc<watch::Sender<u64>>,
-    watcher: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if let Ok(mut guard) = self.watcher.lock()
-            && let Some(task) = guard.take()
-        {
-            task.abort();
-        }
-    }
+    wakeup: super::Wakeup,
 }
 
 /// The MySQL / MariaDB store. Cheap to clone.
@@ -279,8 +268,7 @@ impl MySqlStore {
                 config,
                 sql,
                 max_packet: usize::try_from(max_packet).unwrap_or(usize::MAX),
-                wake: Arc::new(watch::Sender::new(0)),
-                watcher: std::sync::Mutex::new(None),
+                wakeup: super::Wakeup::new(),
             }),
         })
     }
@@ -402,16 +390,9 @@ impl MySqlStore {
     }
 
     fn start_watcher(&self) {
-        let Ok(mut slot) = self.inner.watcher.lock() else {
-            return;
-        };
-        if slot.is_some() {
-            return;
-        }
         let pool = self.inner.pool.clone();
         let sql = self.inner.sql.max_id.clone();
-        let wake = self.inner.wake.clone();
-        *slot = Some(tokio::spawn(async move {
+        self.inner.wakeup.start_once(|wake| async move {
             let mut last: Option<i64> = None;
             let mut interval = PROBE_MIN;
             loop {
@@ -422,7 +403,7 @@ impl MySqlStore {
                 {
                     Ok(max) if last != Some(max) => {
                         if last.is_some() {
-                            wake.send_modify(|n| *n = n.wrapping_add(1));
+                            wake.bump();
                         }
                         last = Some(max);
                         interval = PROBE_MIN;
@@ -431,7 +412,7 @@ impl MySqlStore {
                     Err(_) => interval = Duration::from_secs(1),
                 }
             }
-        }));
+        });
     }
 
     /// `id IN (…)` for ids from the store itself (integers, formatted, never user text).
@@ -478,10 +459,6 @@ impl MySqlStore {
             .await?;
         Ok(r.rows_affected())
     }
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 #[async_trait]
@@ -610,21 +587,12 @@ impl Store for MySqlStore {
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
-        let mut messages = Vec::with_capacity(rows.len());
-        let mut malformed = Vec::new();
-        for row in &rows {
-            match super::read_row(row, Self::row_to_message, |r| {
-                r.try_get::<i64, _>("id").unwrap_or(-1)
-            }) {
-                Ok(m) => messages.push(m),
-                Err(d) => malformed.push(d),
-            }
-        }
-        Ok(Claim {
+        Ok(super::claim_from_rows(
             token,
-            messages,
-            malformed,
-        })
+            &rows,
+            Self::row_to_message,
+            |r| r.try_get::<i64, _>("id").unwrap_or(-1),
+        ))
     }
 
     async fn mark_dispatched(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
@@ -713,17 +681,10 @@ impl Store for MySqlStore {
     }
 
     async fn counts(&self) -> Result<Counts> {
-        let (pending, claimed, dispatched, dead, age): (i64, i64, i64, i64, Option<i64>) =
-            sqlx::query_as(self.inner.sql.counts.clone())
-                .fetch_one(&self.inner.pool)
-                .await?;
-        Ok(Counts {
-            pending,
-            claimed,
-            dispatched,
-            dead,
-            oldest_pending_age_seconds: age.map(|a| a.max(0)),
-        })
+        let row: super::CountsRow = sqlx::query_as(self.inner.sql.counts.clone())
+            .fetch_one(&self.inner.pool)
+            .await?;
+        Ok(row.into())
     }
 
     async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
@@ -757,6 +718,6 @@ impl Store for MySqlStore {
 
     fn wakeups(&self) -> watch::Receiver<u64> {
         self.start_watcher();
-        self.inner.wake.subscribe()
+        self.inner.wakeup.subscribe()
     }
 }

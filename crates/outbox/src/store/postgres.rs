@@ -4,7 +4,7 @@
 //! Supported: PostgreSQL 13 and later (`gen_random_uuid()` in core).
 
 use super::{
-    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Retry, Store, StoreConfig,
+    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Retry, Store, StoreConfig, millis,
     parse_headers,
 };
 use crate::error::{Error, Result};
@@ -246,18 +246,7 @@ struct Inner {
     config: StoreConfig,
     sql: Sql,
     url: Option<String>,
-    wake: Arc<watch::Sender<u64>>,
-    listener: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if let Ok(mut guard) = self.listener.lock()
-            && let Some(task) = guard.take()
-        {
-            task.abort();
-        }
-    }
+    wakeup: super::Wakeup,
 }
 
 /// The PostgreSQL store. Cheap to clone (an `Arc` inside).
@@ -309,8 +298,7 @@ impl PgStore {
                 config,
                 sql,
                 url: None,
-                wake: Arc::new(watch::Sender::new(0)),
-                listener: std::sync::Mutex::new(None),
+                wakeup: super::Wakeup::new(),
             }),
         }
     }
@@ -415,15 +403,10 @@ impl PgStore {
         let Some(url) = self.inner.url.clone() else {
             return;
         };
-        let Ok(mut slot) = self.inner.listener.lock() else {
-            return;
-        };
-        if slot.is_some() {
-            return;
-        }
-        let wake = self.inner.wake.clone();
         let channel = format!("{}_messages", self.inner.config.schema);
-        *slot = Some(tokio::spawn(listen_loop(url, channel, wake)));
+        self.inner
+            .wakeup
+            .start_once(|bump| listen_loop(url, channel, bump));
     }
 
     fn row_to_message(row: &PgRow) -> std::result::Result<OutgoingMessage, Dead> {
@@ -454,8 +437,8 @@ impl PgStore {
 /// Forwards notifications to `wake`; reconnects with capped backoff and logs each state
 /// change once (never floods the log). Every (re)connect wakes the relay, since
 /// notifications sent while disconnected are lost.
-async fn listen_loop(url: String, channel: String, wake: Arc<watch::Sender<u64>>) {
-    let bump = || wake.send_modify(|n| *n = n.wrapping_add(1));
+async fn listen_loop(url: String, channel: String, wake: super::Bump) {
+    let bump = || wake.bump();
     let mut delay = Duration::from_millis(100);
     let mut healthy = true;
     loop {
@@ -508,10 +491,6 @@ fn epoch_to_time(id: i64, secs: f64) -> Result<DateTime<Utc>> {
         id,
         reason: format!("occurred_at is not a representable time ({secs})"),
     })
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 #[async_trait]
@@ -596,22 +575,12 @@ impl Store for PgStore {
             .bind(millis(req.lease))
             .fetch_all(&self.inner.pool)
             .await?;
-        let mut messages = Vec::with_capacity(rows.len());
-        let mut malformed = Vec::new();
-        for row in &rows {
-            match super::read_row(row, Self::row_to_message, |r| {
-                r.try_get::<i64, _>("id").unwrap_or(-1)
-            }) {
-                Ok(m) => messages.push(m),
-                Err(d) => malformed.push(d),
-            }
-        }
-        messages.sort_by_key(|m| m.id);
-        Ok(Claim {
+        Ok(super::claim_from_rows(
             token,
-            messages,
-            malformed,
-        })
+            &rows,
+            Self::row_to_message,
+            |r| r.try_get::<i64, _>("id").unwrap_or(-1),
+        ))
     }
 
     async fn mark_dispatched(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
@@ -694,17 +663,10 @@ impl Store for PgStore {
     }
 
     async fn counts(&self) -> Result<Counts> {
-        let (pending, claimed, dispatched, dead, age): (i64, i64, i64, i64, Option<i64>) =
-            sqlx::query_as(self.inner.sql.counts.clone())
-                .fetch_one(&self.inner.pool)
-                .await?;
-        Ok(Counts {
-            pending,
-            claimed,
-            dispatched,
-            dead,
-            oldest_pending_age_seconds: age.map(|a| a.max(0)),
-        })
+        let row: super::CountsRow = sqlx::query_as(self.inner.sql.counts.clone())
+            .fetch_one(&self.inner.pool)
+            .await?;
+        Ok(row.into())
     }
 
     async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
@@ -734,6 +696,6 @@ impl Store for PgStore {
 
     fn wakeups(&self) -> watch::Receiver<u64> {
         self.start_listener();
-        self.inner.wake.subscribe()
+        self.inner.wakeup.subscribe()
     }
 }

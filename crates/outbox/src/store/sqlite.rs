@@ -7,7 +7,7 @@
 //! taken from SQLite's clock inside each statement.
 
 use super::{
-    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Retry, Store, StoreConfig,
+    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Retry, Store, StoreConfig, millis,
     parse_headers,
 };
 use crate::error::{Error, Result};
@@ -164,18 +164,7 @@ struct Inner {
     options: SqliteConnectOptions,
     config: StoreConfig,
     sql: Sql,
-    wake: Arc<watch::Sender<u64>>,
-    watcher: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if let Ok(mut guard) = self.watcher.lock()
-            && let Some(task) = guard.take()
-        {
-            task.abort();
-        }
-    }
+    wakeup: super::Wakeup,
 }
 
 /// The SQLite store. Cheap to clone.
@@ -222,8 +211,7 @@ impl SqliteStore {
                 options,
                 config,
                 sql,
-                wake: Arc::new(watch::Sender::new(0)),
-                watcher: std::sync::Mutex::new(None),
+                wakeup: super::Wakeup::new(),
             }),
         }
     }
@@ -318,18 +306,11 @@ impl SqliteStore {
     /// so a change of either means new rows may be due. A `stat` every few milliseconds
     /// costs microseconds and needs no connection, so an idle relay stays idle.
     fn start_watcher(&self) {
-        let Ok(mut slot) = self.inner.watcher.lock() else {
-            return;
-        };
-        if slot.is_some() {
-            return;
-        }
         let db = self.inner.options.get_filename().to_path_buf();
         let mut wal = db.clone().into_os_string();
         wal.push("-wal");
         let files = [db, std::path::PathBuf::from(wal)];
-        let wake = self.inner.wake.clone();
-        *slot = Some(tokio::spawn(async move {
+        self.inner.wakeup.start_once(|wake| async move {
             let look = || {
                 files
                     .iter()
@@ -346,23 +327,19 @@ impl SqliteStore {
                 tokio::time::sleep(interval).await;
                 let now = look();
                 if now != last {
-                    wake.send_modify(|n| *n = n.wrapping_add(1));
+                    wake.bump();
                     last = now;
                     interval = WATCH_MIN;
                 } else {
                     interval = (interval * 3 / 2).min(WATCH_MAX);
                 }
             }
-        }));
+        });
     }
 }
 
 fn ms_to_time(ms: i64) -> DateTime<Utc> {
     Utc.timestamp_millis_opt(ms).single().unwrap_or_default()
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 fn ids_json(ids: &[i64]) -> String {
@@ -443,22 +420,12 @@ impl Store for SqliteStore {
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
-        let mut messages = Vec::with_capacity(rows.len());
-        let mut malformed = Vec::new();
-        for row in &rows {
-            match super::read_row(row, Self::row_to_message, |r| {
-                r.try_get::<i64, _>("id").unwrap_or(-1)
-            }) {
-                Ok(m) => messages.push(m),
-                Err(d) => malformed.push(d),
-            }
-        }
-        messages.sort_by_key(|m| m.id);
-        Ok(Claim {
+        Ok(super::claim_from_rows(
             token,
-            messages,
-            malformed,
-        })
+            &rows,
+            Self::row_to_message,
+            |r| r.try_get::<i64, _>("id").unwrap_or(-1),
+        ))
     }
 
     async fn mark_dispatched(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
@@ -549,17 +516,10 @@ impl Store for SqliteStore {
     }
 
     async fn counts(&self) -> Result<Counts> {
-        let (pending, claimed, dispatched, dead, age): (i64, i64, i64, i64, Option<i64>) =
-            sqlx::query_as(self.inner.sql.counts.clone())
-                .fetch_one(&self.inner.pool)
-                .await?;
-        Ok(Counts {
-            pending,
-            claimed,
-            dispatched,
-            dead,
-            oldest_pending_age_seconds: age.map(|a| a.max(0)),
-        })
+        let row: super::CountsRow = sqlx::query_as(self.inner.sql.counts.clone())
+            .fetch_one(&self.inner.pool)
+            .await?;
+        Ok(row.into())
     }
 
     async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
@@ -577,6 +537,6 @@ impl Store for SqliteStore {
 
     fn wakeups(&self) -> watch::Receiver<u64> {
         self.start_watcher();
-        self.inner.wake.subscribe()
+        self.inner.wakeup.subscribe()
     }
 }
