@@ -348,17 +348,17 @@ impl Relay {
                                 reason: p.reason.unwrap_or_default(),
                             });
                         }
-                        if index > 0 {
-                            // only worker 0 logs pause changes
-                        } else if paused && !paused_logged {
-                            tracing::warn!(
-                                reason = p.reason.as_deref().unwrap_or(""),
-                                "outbox paused: not publishing"
-                            );
-                            paused_logged = true;
-                        } else if !paused && paused_logged {
-                            tracing::info!("outbox resumed");
-                            paused_logged = false;
+                        // Worker 0 speaks for the relay: one log line per change.
+                        if index == 0 && paused != paused_logged {
+                            if paused {
+                                tracing::warn!(
+                                    reason = p.reason.as_deref().unwrap_or(""),
+                                    "outbox paused: not publishing"
+                                );
+                            } else {
+                                tracing::info!("outbox resumed");
+                            }
+                            paused_logged = paused;
                         }
                     }
                     Err(e) => {
