@@ -343,27 +343,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             for (k, v) in headers {
                 msg = msg.header(k.clone(), v.clone());
             }
-            let enqueued = match &store {
-                AnyStore::Postgres(pg) => {
-                    let mut tx = pg.pool().begin().await?;
-                    let e = pg.enqueue(&mut tx, &msg).await?;
-                    tx.commit().await?;
-                    e
-                }
-                AnyStore::Sqlite(sq) => {
-                    let mut tx = sq.pool().begin().await?;
-                    let e = sq.enqueue(&mut tx, &msg).await?;
-                    tx.commit().await?;
-                    e
-                }
-                AnyStore::MySql(my) => {
-                    let mut tx = my.pool().begin().await?;
-                    let e = my.enqueue(&mut tx, &msg).await?;
-                    tx.commit().await?;
-                    e
-                }
-                _ => anyhow::bail!("this store does not support enqueue from the CLI"),
-            };
+            let enqueued = store.enqueue_alone(&msg).await?;
             out(&serde_json::json!({"id": enqueued.id, "message_id": enqueued.message_id, "inserted": enqueued.inserted}).to_string());
             Ok(ExitCode::SUCCESS)
         }

@@ -249,6 +249,38 @@ impl AnyStore {
         Err(crate::Error::UnsupportedDatabaseUrl(url.to_owned()))
     }
 
+    /// Enqueues `msg` in a transaction of its own. For tools and scripts (the CLI's
+    /// `enqueue`); a service enqueues inside the transaction of its business change with
+    /// the concrete store's `enqueue`, which is the point of an outbox.
+    ///
+    /// # Errors
+    /// As the concrete store's `enqueue`, plus database errors from begin and commit.
+    pub async fn enqueue_alone(&self, msg: &crate::Message) -> Result<crate::Enqueued> {
+        match self {
+            #[cfg(feature = "postgres")]
+            AnyStore::Postgres(s) => {
+                let mut tx = s.pool().begin().await?;
+                let e = s.enqueue(&mut tx, msg).await?;
+                tx.commit().await?;
+                Ok(e)
+            }
+            #[cfg(feature = "sqlite")]
+            AnyStore::Sqlite(s) => {
+                let mut tx = s.pool().begin().await?;
+                let e = s.enqueue(&mut tx, msg).await?;
+                tx.commit().await?;
+                Ok(e)
+            }
+            #[cfg(feature = "mysql")]
+            AnyStore::MySql(s) => {
+                let mut tx = s.pool().begin().await?;
+                let e = s.enqueue(&mut tx, msg).await?;
+                tx.commit().await?;
+                Ok(e)
+            }
+        }
+    }
+
     fn inner(&self) -> &dyn Store {
         match self {
             #[cfg(feature = "postgres")]
