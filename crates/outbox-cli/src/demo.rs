@@ -8,7 +8,7 @@
 
 use outbox::message::OutgoingMessage;
 use outbox::sink::file::{FileSink, payload_from_json_line};
-use outbox::sink::{PublishError, Sink};
+use outbox::sink::{Confirmations, PublishError, Sink};
 use outbox::sqlite::SqliteStore;
 use outbox::store::Store;
 use outbox::{Contract, Message, Relay, RelayConfig, StoreConfig};
@@ -48,42 +48,41 @@ struct DemoSink {
 
 #[async_trait::async_trait]
 impl Sink for DemoSink {
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
-        let mut results = vec![Ok(()); batch.len()];
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
         let mut valid = Vec::new();
         let mut index = Vec::new();
         for (i, m) in batch.iter().enumerate() {
             let json =
                 m.headers.get("content-type").map(String::as_str) == Some("application/json");
             if json && serde_json::from_slice::<serde_json::Value>(&m.payload).is_err() {
-                results[i] = Err(PublishError::permanent(format!(
-                    "payload of {} is not valid JSON although content-type says so",
-                    m.message_id
-                )));
+                confirm.set(
+                    i,
+                    Err(PublishError::permanent(format!(
+                        "payload of {} is not valid JSON although content-type says so",
+                        m.message_id
+                    ))),
+                );
             } else {
                 valid.push(m.clone());
                 index.push(i);
             }
         }
-        let inner = self.inner.publish(&valid).await;
+        let inner = confirm.subset(&index);
+        self.inner.publish(&valid, &inner).await;
         let now = Instant::now();
         {
             let mut confirmed = self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
-            for (r, m) in inner.iter().zip(&valid) {
-                if r.is_ok() {
+            for (j, m) in valid.iter().enumerate() {
+                if matches!(inner.get(j), Some(Ok(()))) {
                     confirmed.entry(m.message_id).or_insert(now);
                 }
             }
-        }
-        for (i, r) in index.into_iter().zip(inner) {
-            results[i] = r;
         }
         let n = self.batches.fetch_add(1, Ordering::SeqCst) + 1;
         if Some(n) == self.crash_on_batch {
             self.crashed.notify_one();
             std::future::pending::<()>().await;
         }
-        results
     }
 
     fn describe(&self) -> String {

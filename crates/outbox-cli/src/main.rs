@@ -89,10 +89,6 @@ enum Command {
         /// ("no route for topic …"). In OUTBOX_ROUTE, separate routes by spaces.
         #[arg(long = "route", env = "OUTBOX_ROUTE", value_delimiter = ' ', value_parser = parse_route)]
         routes: Vec<(String, String)>,
-        /// With routes: bound on one destination's publish, in ms (below
-        /// --publish-timeout-ms, so a slow destination fails alone).
-        #[arg(long, env = "OUTBOX_DESTINATION_TIMEOUT_MS", default_value_t = 5_000)]
-        destination_timeout_ms: u64,
         /// Exit once nothing is due: 0 when every publish succeeded or was quarantined, 3
         /// when some failed and were rescheduled (they are still pending).
         #[arg(long, env = "OUTBOX_DRAIN")]
@@ -109,7 +105,8 @@ enum Command {
         /// Poll interval when no wake-up arrives, in ms.
         #[arg(long, env = "OUTBOX_POLL_INTERVAL_MS", default_value_t = 1_000)]
         poll_interval_ms: u64,
-        /// Bound on one batch's publish and confirmations, in ms (below the lease).
+        /// How long each message may wait for its confirmation, in ms (may exceed the
+        /// lease: in-flight claims are renewed every third of it).
         #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT_MS", default_value_t = 10_000)]
         publish_timeout_ms: u64,
         /// First retry delay, in ms (doubles per attempt, with jitter).
@@ -350,7 +347,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Relay {
             sink,
             routes,
-            destination_timeout_ms,
             drain,
             batch_size,
             lease_ms,
@@ -364,18 +360,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             in_flight_batches,
         } => {
             let store = connect(&cli, true).await?;
-            let sink: Arc<dyn outbox::Sink> = if routes.is_empty() {
-                Arc::from(outbox::sink::open(sink.as_deref().unwrap_or("stdout")).await?)
+            let router = if routes.is_empty() {
+                let sink: Arc<dyn outbox::Sink> =
+                    Arc::from(outbox::sink::open(sink.as_deref().unwrap_or("stdout")).await?);
+                outbox::sink::router::Router::single(sink)
             } else {
                 let mut all = routes.clone();
                 if let Some(catch_all) = sink {
                     all.push((">".to_owned(), catch_all.clone()));
                 }
-                let options = outbox::sink::router::RouterOptions {
-                    destination_timeout: Duration::from_millis(*destination_timeout_ms),
-                    ..Default::default()
-                };
-                Arc::new(outbox::sink::router::Router::open(&all, options).await?)
+                outbox::sink::router::Router::open(&all, Default::default()).await?
             };
             let mut config = RelayConfig {
                 batch_size: *batch_size,
@@ -395,7 +389,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             let cancel = CancellationToken::new();
             tokio::spawn(shutdown_on_signal(cancel.clone()));
-            let relay = Relay::new(Arc::new(store), sink, config);
+            let relay = Relay::with_router(Arc::new(store), router, config);
             let stats = relay.run(cancel).await?;
             if *drain && stats.retried > 0 {
                 eprintln!(

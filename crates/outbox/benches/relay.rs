@@ -13,6 +13,7 @@
 
 use async_trait::async_trait;
 use outbox::postgres::PgStore;
+use outbox::sink::Confirmations;
 use outbox::sink::nats::{NatsOptions, NatsSink};
 use outbox::sink::{PublishError, Sink};
 use outbox::store::Store;
@@ -32,8 +33,11 @@ struct NullSink;
 
 #[async_trait]
 impl Sink for NullSink {
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
-        vec![Ok(()); batch.len()]
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
+        let results: Vec<Result<(), PublishError>> = async { vec![Ok(()); batch.len()] }.await;
+        for (i, r) in results.into_iter().enumerate() {
+            confirm.set(i, r);
+        }
     }
     fn describe(&self) -> String {
         "null".into()
@@ -48,16 +52,22 @@ struct Timed<S> {
 
 #[async_trait]
 impl<S: Sink> Sink for Timed<S> {
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
-        let r = self.inner.publish(batch).await;
-        let now = Instant::now();
-        let mut c = self.confirmed.lock().unwrap();
-        for (m, r) in batch.iter().zip(&r) {
-            if r.is_ok() {
-                c.entry(m.message_id).or_insert(now);
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
+        let results: Vec<Result<(), PublishError>> = async {
+            let r = self.inner.publish_all(batch).await;
+            let now = Instant::now();
+            let mut c = self.confirmed.lock().unwrap();
+            for (m, r) in batch.iter().zip(&r) {
+                if r.is_ok() {
+                    c.entry(m.message_id).or_insert(now);
+                }
             }
+            r
         }
-        r
+        .await;
+        for (i, r) in results.into_iter().enumerate() {
+            confirm.set(i, r);
+        }
     }
     fn describe(&self) -> String {
         self.inner.describe()
@@ -187,7 +197,7 @@ async fn main() {
         .collect();
     let t = Instant::now();
     for chunk in msgs.chunks(1000) {
-        let r = nats.publish(chunk).await;
+        let r = nats.publish_all(chunk).await;
         assert!(r.iter().all(Result::is_ok));
     }
     let nats_rate = n as f64 / t.elapsed().as_secs_f64();

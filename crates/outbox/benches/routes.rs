@@ -276,7 +276,7 @@ async fn main() {
         let batches: Vec<_> = (0..10).map(|_| batch()).collect();
         let t = Instant::now();
         for b in &batches {
-            let r = outbox::Sink::publish(&*sink, b).await;
+            let r = outbox::Sink::publish_all(&*sink, b).await;
             assert!(
                 r.iter().all(Result::is_ok),
                 "{url}: {:?}",
@@ -299,7 +299,7 @@ async fn main() {
         backoff_max: Duration::from_secs(5),
         ..RelayConfig::default()
     };
-    let relay = Relay::new(Arc::new(store.clone()), Arc::new(router), cfg).spawn();
+    let relay = Relay::with_router(Arc::new(store.clone()), router, cfg).spawn();
 
     // Phase 1.
     let t = Instant::now();

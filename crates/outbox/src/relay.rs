@@ -1,31 +1,39 @@
-//! The relay: claim → publish the batch → collect each confirmation → mark → reschedule or
-//! quarantine → repeat.
+//! The relay: claim → publish the batch → record each confirmation → settle the claim in
+//! one store call → repeat.
 //!
 //! Where each guarantee is enforced:
-//! - *publish-then-mark*: a row is marked only after its own `Ok` from the sink
-//!   (`Relay::settle`); a crash in between leaves it claimed, and it is published again
-//!   with the same message id after the lease.
+//! - *publish-then-mark*: a row is marked only after its own `Ok` in the batch's
+//!   [`Confirmations`] (`decide`); a crash in between leaves it claimed, and it is
+//!   published again with the same message id after the lease. A message confirmed
+//!   before the publish timeout, the shutdown grace or a lost lease cut the batch short is
+//!   still marked: confirmations are per message, never per batch.
 //! - *no transaction across a publish*: every store call is one statement (or one short
 //!   transaction) that has returned before the sink is called.
 //! - *stale claimants*: every update passes the claim token; the store ignores rows whose
-//!   token changed.
+//!   token changed, and the relay logs each such lost row with its message id.
+//! - *leases hold while a publish is slow but alive*: the claim is renewed every third of
+//!   the lease while its batch is in flight; a relay that cannot renew in time stops
+//!   waiting for those rows.
 //! - *bounded retries*: attempts are counted at claim; past `max_attempts` a row is
 //!   quarantined, even if earlier claims never reported back (a message that crashes the
 //!   relay). An [`ErrorKind::Unavailable`] failure (the destination, not the message)
-//!   gives the attempt back and backs off on the relay's outage streak instead.
+//!   gives the attempt back and waits for the destination's next probe instead
+//!   (destination health lives in [`Router`]).
 //! - *idle relays do not spin*: an empty claim waits for the store's wake-up or the poll
-//!   interval.
+//!   interval; while idle only one worker per relay polls.
 
 use crate::backoff;
 use crate::error::Error;
 use crate::message::OutgoingMessage;
-use crate::sink::{ErrorKind, PublishError, Sink};
-use crate::store::{Claim, ClaimRequest, Dead, Retry, Store};
+use crate::sink::router::Router;
+use crate::sink::{Confirmations, ErrorKind, PublishError, Sink};
+use crate::store::{Claim, ClaimRequest, Dead, Retry, Settlement, Store};
 use serde::Serialize;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Settings of one relay. `Default` gives production values.
@@ -35,21 +43,29 @@ pub struct RelayConfig {
     pub relay_id: String,
     /// Rows per claim (default 100).
     pub batch_size: u32,
-    /// How long a claim holds (default 30 s). Must exceed `publish_timeout`.
+    /// How long a claim holds (default 30 s) before other relays may claim its rows
+    /// again. While a batch is in flight the relay renews it every third of the lease, so
+    /// a publish may take longer than the lease; only a relay that dies (or cannot reach
+    /// the store to renew) lets it run out.
     pub lease: Duration,
     /// Attempts before a transiently failing row is quarantined (default 10).
     pub max_attempts: i32,
     /// Poll interval when no wake-up arrives (default 1 s; the store's wake-up usually
     /// comes first).
     pub poll_interval: Duration,
-    /// Bound on one batch's publish, confirmations included (default 10 s).
+    /// How long each message may wait for its own confirmation (default 10 s); the
+    /// messages of a destination are sent together, so this bounds each destination's
+    /// part of a batch. A message without a confirmation by then timed out: its own fault
+    /// when the destination confirmed others meanwhile (an attempt counts), an outage
+    /// when it confirmed nothing (no attempt counts). Sinks with their own timeout (HTTP's
+    /// request timeout, NATS' ack timeout) are judged the same way.
     pub publish_timeout: Duration,
     /// First retry delay (default 1 s); doubles per attempt, with jitter.
     pub backoff_base: Duration,
     /// Largest retry delay (default 5 min).
     pub backoff_max: Duration,
-    /// On shutdown, how long an in-flight batch may still finish before its claims are
-    /// released (default 10 s).
+    /// On shutdown, how long an in-flight batch may still finish (default 10 s): messages
+    /// confirmed by then are marked dispatched, the others are released.
     pub shutdown_grace: Duration,
     /// Exit once a claim finds nothing due, instead of waiting for more.
     pub drain: bool,
@@ -124,9 +140,11 @@ pub struct RelayStats {
     pub quarantined: u64,
     /// Rows released on shutdown.
     pub released: u64,
-    /// Rows this relay settled whose claim had already passed to another relay (its update
-    /// changed nothing).
+    /// Rows this relay held whose claim passed to another relay (found at a lease renewal
+    /// or at settle; each is logged with its message id when found).
     pub lost_claims: u64,
+    /// Lease renewals of batches still in flight.
+    pub lease_renewals: u64,
     /// Store calls that failed transiently (connection loss, SQLite busy, deadlock, lock
     /// wait) and were retried.
     pub store_retries: u64,
@@ -141,6 +159,7 @@ struct Counters {
     quarantined: AtomicU64,
     released: AtomicU64,
     lost_claims: AtomicU64,
+    lease_renewals: AtomicU64,
     store_retries: AtomicU64,
 }
 
@@ -155,6 +174,7 @@ impl Counters {
             quarantined: g(&self.quarantined),
             released: g(&self.released),
             lost_claims: g(&self.lost_claims),
+            lease_renewals: g(&self.lease_renewals),
             store_retries: g(&self.store_retries),
         }
     }
@@ -179,12 +199,22 @@ fn add(a: &AtomicU64, n: u64) {
 /// ```
 pub struct Relay {
     store: Arc<dyn Store>,
-    sink: Arc<dyn Sink>,
+    router: Arc<Router>,
     config: RelayConfig,
     counters: Arc<Counters>,
-    /// Consecutive batches that found the destination unreachable (the outage backoff's
-    /// exponent); reset by any confirmation.
-    outage_streak: AtomicU32,
+    /// The pause switch as last read, shared by the workers (one read per second per
+    /// relay).
+    pause: tokio::sync::Mutex<PauseCache>,
+    /// Wakes idle workers other than the poller when a claim came back full.
+    more: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct PauseCache {
+    checked: Option<Instant>,
+    paused: bool,
+    reason: Option<String>,
+    logged: bool,
 }
 
 /// A running relay. Dropping it does not stop the relay; call [`RelayHandle::shutdown`].
@@ -234,24 +264,148 @@ impl RelayHandle {
     }
 }
 
-/// What the sink said about one batch.
-enum Outcome {
-    /// One result per message.
-    Results(Vec<Result<(), PublishError>>),
-    /// Shutdown grace ran out before the sink answered.
+/// How a batch's wait for its confirmations ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// The router returned: every message has an outcome.
+    Finished,
+    /// The shutdown grace ran out: messages without an outcome are released.
     Abandoned,
+    /// The lease could not be renewed in time: messages without an outcome are left to
+    /// come back by lease expiry (the store is not reachable to release them anyway).
+    LeaseLost,
+}
+
+/// The retry policy [`decide`] applies.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Policy {
+    pub(crate) max_attempts: i32,
+    pub(crate) backoff_base: Duration,
+    pub(crate) backoff_max: Duration,
+}
+
+impl Policy {
+    fn of(cfg: &RelayConfig) -> Self {
+        Policy {
+            max_attempts: cfg.max_attempts,
+            backoff_base: cfg.backoff_base,
+            backoff_max: cfg.backoff_max,
+        }
+    }
+}
+
+/// Delay for an unavailable destination that named none (the router names one whenever
+/// a breaker is open).
+const UNAVAILABLE_RETRY: Duration = Duration::from_millis(500);
+
+/// Splits a claim's messages into those to publish and those already past
+/// `max_attempts` (earlier claims ended without an outcome: the relay crashed or lost its
+/// lease each time), which are quarantined unpublished.
+pub(crate) fn plan(
+    messages: Vec<OutgoingMessage>,
+    policy: &Policy,
+) -> (Vec<OutgoingMessage>, Vec<Dead>) {
+    let (publish, over): (Vec<_>, Vec<_>) = messages
+        .into_iter()
+        .partition(|m| m.attempts <= policy.max_attempts);
+    let dead = over
+        .iter()
+        .map(|m| Dead {
+            id: m.id,
+            error: format!(
+                "attempt {} exceeds max_attempts {}: earlier claims ended without an outcome (relay crashed or lost its lease)",
+                m.attempts, policy.max_attempts
+            ),
+        })
+        .collect();
+    (publish, dead)
+}
+
+/// The pure decision: what to write for each published message, given its outcome (slot
+/// `i` is `messages[i]`; `None` = no outcome) and how the wait ended.
+///
+/// - `Ok` → dispatched;
+/// - [`ErrorKind::Unavailable`] → retry after the destination's `retry_after` (its next
+///   probe), attempt given back;
+/// - transient (and a timeout, should one reach here unjudged) → retry with jittered
+///   exponential backoff (at least `retry_after`), or dead once `max_attempts` is reached;
+/// - permanent → dead;
+/// - no outcome → released when abandoned (shutdown), left alone when the lease was lost,
+///   a transient failure otherwise (a sink that returned without one).
+pub(crate) fn decide(
+    messages: &[OutgoingMessage],
+    outcomes: &[Option<Result<(), PublishError>>],
+    ending: Ending,
+    policy: &Policy,
+) -> Settlement {
+    let mut s = Settlement::default();
+    for (i, m) in messages.iter().enumerate() {
+        let outcome = match outcomes.get(i).cloned().flatten() {
+            Some(o) => o,
+            None => match ending {
+                Ending::Abandoned => {
+                    s.release.push(m.id);
+                    continue;
+                }
+                Ending::LeaseLost => continue,
+                Ending::Finished => Err(PublishError::transient("the sink gave no outcome")),
+            },
+        };
+        match outcome {
+            Ok(()) => s.dispatched.push(m.id),
+            Err(e) if e.kind == ErrorKind::Unavailable => s.retries.push(Retry {
+                id: m.id,
+                delay: e.retry_after.unwrap_or(UNAVAILABLE_RETRY),
+                error: e.to_string(),
+                refund_attempt: true,
+            }),
+            Err(e) if e.is_transient() && m.attempts < policy.max_attempts => {
+                let mut delay =
+                    backoff::jittered(m.attempts, policy.backoff_base, policy.backoff_max);
+                if let Some(after) = e.retry_after {
+                    delay = delay.max(after);
+                }
+                s.retries.push(Retry {
+                    id: m.id,
+                    delay,
+                    error: e.to_string(),
+                    refund_attempt: false,
+                });
+            }
+            Err(e) => {
+                let error = if e.is_transient() {
+                    format!("gave up after {} attempts; last error: {e}", m.attempts)
+                } else {
+                    e.to_string()
+                };
+                s.dead.push(Dead { id: m.id, error });
+            }
+        }
+    }
+    s
 }
 
 impl Relay {
-    /// A relay that claims from `store` and publishes to `sink`.
+    /// A relay that claims from `store` and publishes everything to `sink`.
     pub fn new(store: Arc<dyn Store>, sink: Arc<dyn Sink>, config: RelayConfig) -> Self {
+        Relay::with_router(store, Router::single(sink), config)
+    }
+
+    /// A relay that publishes through `router` (topic routes over several destinations).
+    pub fn with_router(store: Arc<dyn Store>, router: Router, config: RelayConfig) -> Self {
         Relay {
             store,
-            sink,
+            router: Arc::new(router),
             config,
             counters: Arc::new(Counters::default()),
-            outage_streak: AtomicU32::new(0),
+            pause: tokio::sync::Mutex::new(PauseCache::default()),
+            more: tokio::sync::Notify::new(),
         }
+    }
+
+    /// The destinations and their health.
+    pub fn router(&self) -> &Arc<Router> {
+        &self.router
     }
 
     /// Spawns the relay on the current tokio runtime.
@@ -281,11 +435,16 @@ impl Relay {
         if cfg.max_attempts < 1 {
             return Err(RelayError::Config("max_attempts must be at least 1".into()));
         }
-        if cfg.publish_timeout >= cfg.lease {
+        if cfg.lease < Duration::from_millis(30) {
             return Err(RelayError::Config(format!(
-                "publish_timeout ({:?}) must be shorter than the lease ({:?}), or claims expire while publishing",
-                cfg.publish_timeout, cfg.lease
+                "the lease ({:?}) must be at least 30 ms: it is renewed every third of it",
+                cfg.lease
             )));
+        }
+        if cfg.publish_timeout.is_zero() {
+            return Err(RelayError::Config(
+                "publish_timeout must be more than zero".into(),
+            ));
         }
         if cfg.in_flight_batches == 0 {
             return Err(RelayError::Config(
@@ -293,18 +452,18 @@ impl Relay {
             ));
         }
         self.store.check_schema().await?;
-        tracing::info!(relay_id = %cfg.relay_id, sink = %self.sink.describe(), batch_size = cfg.batch_size, in_flight_batches = cfg.in_flight_batches, "relay started");
+        tracing::info!(relay_id = %cfg.relay_id, sink = %self.router.describe(), batch_size = cfg.batch_size, in_flight_batches = cfg.in_flight_batches, "relay started");
         // Each worker claims, publishes and settles its own batches; SKIP LOCKED keeps
         // their claims apart, and one worker's publish overlaps another's claim and mark.
         let results =
             futures::future::join_all((0..cfg.in_flight_batches).map(|w| self.worker(w, &cancel)))
                 .await;
         // A broker that is down must not keep the process from exiting.
-        if tokio::time::timeout(cfg.shutdown_grace, self.sink.close())
+        if tokio::time::timeout(cfg.shutdown_grace, self.router.close())
             .await
             .is_err()
         {
-            tracing::warn!(sink = %self.sink.describe(), "sink did not close within the shutdown grace; exiting anyway");
+            tracing::warn!(sink = %self.router.describe(), "sink did not close within the shutdown grace; exiting anyway");
         }
         let stats = self.counters.snapshot();
         tracing::info!(
@@ -313,6 +472,7 @@ impl Relay {
             quarantined = stats.quarantined,
             released = stats.released,
             lost_claims = stats.lost_claims,
+            lease_renewals = stats.lease_renewals,
             store_retries = stats.store_retries,
             "relay stopped"
         );
@@ -320,8 +480,35 @@ impl Relay {
         Ok(stats)
     }
 
-    /// One claim → publish → settle loop. Worker 0 speaks for the relay in the logs about
-    /// the pause switch.
+    /// The pause switch, read from the store at most once a second per relay. `Err`
+    /// carries the store error (already counted).
+    async fn paused(&self) -> Result<bool, Error> {
+        let mut p = self.pause.lock().await;
+        if p.checked
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return Ok(p.paused);
+        }
+        let state = self.store.pause_state().await?;
+        p.checked = Some(Instant::now());
+        p.paused = state.paused;
+        p.reason = state.reason;
+        if p.paused != p.logged {
+            if p.paused {
+                tracing::warn!(
+                    reason = p.reason.as_deref().unwrap_or(""),
+                    "outbox paused: not publishing"
+                );
+            } else {
+                tracing::info!("outbox resumed");
+            }
+            p.logged = p.paused;
+        }
+        Ok(p.paused)
+    }
+
+    /// One claim → publish → settle loop. Worker 0 is the relay's poller while idle; the
+    /// others wait for a wake-up or for worker 0 to find a full batch.
     async fn worker(&self, index: u32, cancel: &CancellationToken) -> Result<(), RelayError> {
         let cfg = &self.config;
         let mut wake = self.store.wakeups();
@@ -330,50 +517,40 @@ impl Relay {
             batch_size: cfg.batch_size,
             lease: cfg.lease,
         };
-        let mut paused_logged = false;
-        let mut last_pause_check: Option<Instant> = None;
-        let mut paused = false;
         let mut failing = Failing::default();
 
         while !cancel.is_cancelled() {
             wake.borrow_and_update();
 
-            if last_pause_check.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                match self.store.pause_state().await {
-                    Ok(p) => {
-                        paused = p.paused;
-                        last_pause_check = Some(Instant::now());
-                        if paused && cfg.drain {
-                            return Err(RelayError::Paused {
-                                reason: p.reason.unwrap_or_default(),
-                            });
-                        }
-                        // Worker 0 speaks for the relay: one log line per change.
-                        if index == 0 && paused != paused_logged {
-                            if paused {
-                                tracing::warn!(
-                                    reason = p.reason.as_deref().unwrap_or(""),
-                                    "outbox paused: not publishing"
-                                );
-                            } else {
-                                tracing::info!("outbox resumed");
-                            }
-                            paused_logged = paused;
-                        }
+            let began = Instant::now();
+            match self.paused().await {
+                Ok(true) => {
+                    if cfg.drain {
+                        let reason = self.pause.lock().await.reason.clone();
+                        return Err(RelayError::Paused {
+                            reason: reason.unwrap_or_default(),
+                        });
                     }
-                    Err(e) => {
-                        add(&self.counters.store_retries, 1);
-                        failing.store_error("reading the pause switch", &e);
-                        sleep_or_cancel(failing.delay(), cancel).await;
-                        continue;
-                    }
+                    sleep_or_cancel(Duration::from_secs(1), cancel).await;
+                    continue;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    add(&self.counters.store_retries, 1);
+                    failing.store_error("reading the pause switch", &e, began);
+                    sleep_or_cancel(failing.delay(), cancel).await;
+                    continue;
                 }
             }
-            if paused {
-                sleep_or_cancel(Duration::from_secs(1), cancel).await;
+
+            // Every destination down: nothing claimed now could be published before the
+            // first probe is due, so wait for it instead of cycling rows.
+            if let Some(wait) = self.router.all_open_for() {
+                sleep_or_cancel(wait, cancel).await;
                 continue;
             }
 
+            let began = Instant::now();
             let claim = match self.store.claim(&request).await {
                 Ok(c) => {
                     failing.recovered();
@@ -381,7 +558,7 @@ impl Relay {
                 }
                 Err(e) => {
                     add(&self.counters.store_retries, 1);
-                    failing.store_error("claiming", &e);
+                    failing.store_error("claiming", &e, began);
                     sleep_or_cancel(failing.delay(), cancel).await;
                     continue;
                 }
@@ -391,13 +568,20 @@ impl Relay {
                 if cfg.drain {
                     break;
                 }
-                // Idle: wait for the store's wake-up, the poll interval, or shutdown.
+                // Idle: wait for the store's wake-up, the poll interval (worker 0 only: one
+                // idle claim per relay per interval), a full batch found by another worker,
+                // or shutdown.
                 tokio::select! {
                     _ = wake.changed() => {}
-                    _ = tokio::time::sleep(cfg.poll_interval) => {}
+                    _ = tokio::time::sleep(cfg.poll_interval), if index == 0 => {}
+                    _ = self.more.notified(), if index != 0 => {}
                     _ = cancel.cancelled() => {}
                 }
                 continue;
+            }
+            if n >= cfg.batch_size as usize {
+                // More may be due: let the idle workers claim too.
+                self.more.notify_waiters();
             }
             add(&self.counters.batches, 1);
             add(&self.counters.claimed, n as u64);
@@ -412,210 +596,184 @@ impl Relay {
     /// Publishes one claim and settles it. Returns true when shutdown grace ran out.
     async fn process(&self, claim: Claim, cancel: &CancellationToken) -> bool {
         let cfg = &self.config;
+        let policy = Policy::of(cfg);
         let Claim {
             token,
             messages,
             malformed,
         } = claim;
-        let mut dead: Vec<Dead> = malformed;
-        // Rows whose earlier claims never reported back (the relay died each time).
-        let (to_publish, over): (Vec<OutgoingMessage>, Vec<OutgoingMessage>) = messages
-            .into_iter()
-            .partition(|m| m.attempts <= cfg.max_attempts);
-        for m in &over {
-            dead.push(Dead {
-                id: m.id,
-                error: format!(
-                    "attempt {} exceeds max_attempts {}: earlier claims ended without an outcome (relay crashed or lost its lease)",
-                    m.attempts, cfg.max_attempts
-                ),
-            });
-        }
+        let (to_publish, mut dead) = plan(messages, &policy);
+        let mut dead_all: Vec<Dead> = malformed;
+        dead_all.append(&mut dead);
 
-        let outcome = if to_publish.is_empty() {
-            Outcome::Results(Vec::new())
+        let confirm = Confirmations::new(to_publish.len());
+        let ending = if to_publish.is_empty() {
+            Ending::Finished
         } else {
-            let publish = tokio::time::timeout(cfg.publish_timeout, self.sink.publish(&to_publish));
+            let ids: Vec<i64> = to_publish.iter().map(|m| m.id).collect();
+            let publish = self
+                .router
+                .publish(&to_publish, &confirm, cfg.publish_timeout);
             tokio::pin!(publish);
-            let r = tokio::select! {
-                r = &mut publish => Some(r),
-                _ = cancel.cancelled() => tokio::time::timeout(cfg.shutdown_grace, &mut publish).await.ok(),
-            };
-            match r {
-                None => Outcome::Abandoned,
-                Some(Err(_)) => Outcome::Results(vec![
-                    Err(PublishError::unavailable(format!(
-                        "publish timed out after {:?}",
-                        cfg.publish_timeout
-                    )));
-                    to_publish.len()
-                ]),
-                Some(Ok(mut results)) => {
-                    if results.len() != to_publish.len() {
-                        tracing::error!(sink = %self.sink.describe(), got = results.len(), expected = to_publish.len(), "sink returned the wrong number of outcomes");
-                        results.truncate(to_publish.len());
-                        results.resize(
-                            to_publish.len(),
-                            Err(PublishError::transient("sink returned no outcome")),
-                        );
+            let renew = self.keep_lease(token, ids, &to_publish);
+            tokio::pin!(renew);
+            tokio::select! {
+                () = &mut publish => Ending::Finished,
+                () = &mut renew => Ending::LeaseLost,
+                () = cancel.cancelled() => {
+                    tokio::select! {
+                        () = &mut publish => Ending::Finished,
+                        () = &mut renew => Ending::LeaseLost,
+                        () = tokio::time::sleep(cfg.shutdown_grace) => Ending::Abandoned,
                     }
-                    Outcome::Results(results)
                 }
             }
         };
+        let outcomes = confirm.snapshot();
+        let mut settlement = decide(&to_publish, &outcomes, ending, &policy);
+        settlement.dead.splice(0..0, dead_all);
+        if ending == Ending::LeaseLost {
+            let unsettled = to_publish.len() + settlement.dead.len() - settlement.len();
+            tracing::warn!(
+                sink = %self.router.describe(),
+                confirmed = settlement.dispatched.len(),
+                without_outcome = unsettled,
+                "could not renew the lease: stopped waiting for this batch; its unconfirmed rows come back after the lease"
+            );
+        }
+        self.log_failures(&to_publish, &settlement);
+        self.settle(token, settlement, &to_publish).await;
+        ending == Ending::Abandoned
+    }
 
-        match outcome {
-            Outcome::Abandoned => {
-                let ids: Vec<i64> = to_publish.iter().map(|m| m.id).collect();
-                self.settle(token, Vec::new(), Vec::new(), dead, ids).await;
-                true
+    /// Renews the claim every third of the lease while its batch is in flight. Returns
+    /// only when the claim cannot be kept: every row lost, or no renewal succeeded before
+    /// the lease would end (then the batch must stop: another relay may claim the rows).
+    async fn keep_lease(&self, token: uuid::Uuid, mut ids: Vec<i64>, batch: &[OutgoingMessage]) {
+        let lease = self.config.lease;
+        let every = lease / 3;
+        // The lease ends no earlier than `held_since + lease` on the database clock.
+        let mut held_since = Instant::now();
+        loop {
+            tokio::time::sleep(every).await;
+            let sent = Instant::now();
+            match self.store.renew(token, &ids, lease).await {
+                Ok(held) => {
+                    add(&self.counters.lease_renewals, 1);
+                    held_since = sent;
+                    if held.len() < ids.len() {
+                        let lost: Vec<i64> = ids
+                            .iter()
+                            .copied()
+                            .filter(|id| !held.contains(id))
+                            .collect();
+                        self.log_lost(&lost, batch, "renewing the lease");
+                        ids = held;
+                    }
+                    if ids.is_empty() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    add(&self.counters.store_retries, 1);
+                    let left = (held_since + lease).saturating_duration_since(Instant::now());
+                    tracing::warn!(error = %e, lease_left = ?left, "renewing the lease failed; retrying");
+                    if left <= every {
+                        return;
+                    }
+                }
             }
-            Outcome::Results(results) => {
-                let mut ok = Vec::new();
-                let mut retries = Vec::new();
-                let unavailable = results
+        }
+    }
+
+    fn log_lost(&self, lost: &[i64], batch: &[OutgoingMessage], when: &str) {
+        if lost.is_empty() {
+            return;
+        }
+        add(&self.counters.lost_claims, lost.len() as u64);
+        let ids: Vec<String> = lost
+            .iter()
+            .map(|id| {
+                batch
                     .iter()
-                    .any(|r| matches!(r, Err(e) if e.kind == ErrorKind::Unavailable));
-                let streak = if unavailable {
-                    self.outage_streak.fetch_add(1, Ordering::Relaxed) + 1
-                } else {
-                    if results.iter().any(Result::is_ok) {
-                        self.outage_streak.store(0, Ordering::Relaxed);
-                    }
-                    0
-                };
-                for (m, r) in to_publish.iter().zip(results) {
-                    match r {
-                        Ok(()) => ok.push(m.id),
-                        Err(e) if e.kind == ErrorKind::Unavailable => {
-                            // The destination, not the message: outage backoff, attempt
-                            // given back.
-                            let mut delay = backoff::jittered(
-                                i32::try_from(streak).unwrap_or(i32::MAX),
-                                cfg.backoff_base,
-                                cfg.backoff_max,
-                            );
-                            if let Some(after) = e.retry_after {
-                                delay = delay.max(after);
-                            }
-                            retries.push(Retry {
-                                id: m.id,
-                                delay,
-                                error: e.to_string(),
-                                refund_attempt: true,
-                            });
-                        }
-                        Err(e) if e.is_transient() && m.attempts < cfg.max_attempts => {
-                            let mut delay =
-                                backoff::jittered(m.attempts, cfg.backoff_base, cfg.backoff_max);
-                            if let Some(after) = e.retry_after {
-                                delay = delay.max(after);
-                            }
-                            tracing::debug!(message_id = %m.message_id, topic = %m.topic, attempt = m.attempts, error = %e, "publish failed; will retry");
-                            retries.push(Retry {
-                                id: m.id,
-                                delay,
-                                error: e.to_string(),
-                                refund_attempt: false,
-                            });
-                        }
-                        Err(e) => {
-                            let error = if e.is_transient() {
-                                format!("gave up after {} attempts; last error: {e}", m.attempts)
-                            } else {
-                                e.to_string()
-                            };
-                            dead.push(Dead { id: m.id, error });
-                        }
-                    }
-                }
-                if let Some(first) = retries.first() {
-                    tracing::warn!(
-                        sink = %self.sink.describe(),
-                        count = retries.len(),
-                        first_error = %first.error,
-                        "publish failed transiently; rescheduled with backoff"
-                    );
-                }
-                for d in &dead {
-                    if let Some(m) = to_publish.iter().chain(&over).find(|m| m.id == d.id) {
-                        tracing::warn!(message_id = %m.message_id, topic = %m.topic, attempts = m.attempts, error = %d.error, "message quarantined");
-                    } else {
-                        tracing::warn!(row = d.id, error = %d.error, "row quarantined");
-                    }
-                }
-                self.settle(token, ok, retries, dead, Vec::new()).await;
-                false
+                    .find(|m| m.id == *id)
+                    .map_or_else(|| format!("row {id}"), |m| m.message_id.to_string())
+            })
+            .collect();
+        tracing::warn!(
+            count = lost.len(),
+            message_ids = %ids.join(","),
+            "lost the claim on these rows while {when}: their lease ran out and another relay claimed them (this relay changed nothing for them)"
+        );
+    }
+
+    fn log_failures(&self, batch: &[OutgoingMessage], s: &Settlement) {
+        if let Some(first) = s.retries.iter().find(|r| !r.refund_attempt) {
+            tracing::warn!(
+                sink = %self.router.describe(),
+                count = s.retries.iter().filter(|r| !r.refund_attempt).count(),
+                first_error = %first.error,
+                "publish failed; will retry with backoff"
+            );
+        }
+        if let Some(first) = s.retries.iter().find(|r| r.refund_attempt) {
+            tracing::debug!(
+                count = s.retries.iter().filter(|r| r.refund_attempt).count(),
+                retry_in = ?first.delay,
+                first_error = %first.error,
+                "destination unavailable; rows wait for it without counting an attempt"
+            );
+        }
+        for m in batch {
+            if let Some(r) = s.retries.iter().find(|r| r.id == m.id && !r.refund_attempt) {
+                tracing::debug!(message_id = %m.message_id, topic = %m.topic, attempt = m.attempts, error = %r.error, "publish failed; will retry");
             }
         }
     }
 
-    /// Writes a batch's outcome: marks first (what the broker confirmed), then retries,
-    /// quarantines and releases. Each is retried on transient store errors until the
-    /// lease would run out; after that the rows come back by lease expiry (the marked
-    /// ones as duplicates, never lost).
-    async fn settle(
-        &self,
-        token: uuid::Uuid,
-        ok: Vec<i64>,
-        retries: Vec<Retry>,
-        dead: Vec<Dead>,
-        release: Vec<i64>,
-    ) {
+    /// Writes a claim's outcome in one store call, retried on transient store errors
+    /// until the lease would run out (then the rows come back by lease expiry: marked
+    /// ones as duplicates, never lost). Logs what actually changed.
+    async fn settle(&self, token: uuid::Uuid, s: Settlement, batch: &[OutgoingMessage]) {
+        if s.is_empty() {
+            return;
+        }
         let deadline = Instant::now() + self.config.lease;
+        let Some(settled) = self
+            .store_retry("settling a batch", deadline, || {
+                self.store.settle(token, &s)
+            })
+            .await
+        else {
+            return;
+        };
         let c = &self.counters;
-        if !ok.is_empty() {
-            let n = self
-                .store_retry("marking dispatched", deadline, || {
-                    self.store.mark_dispatched(token, &ok)
-                })
-                .await;
-            if let Some(n) = n {
-                add(&c.dispatched, n);
-                add(&c.lost_claims, ok.len() as u64 - n.min(ok.len() as u64));
+        let changed = |ids: &mut dyn Iterator<Item = i64>| -> u64 {
+            ids.filter(|id| settled.changed.binary_search(id).is_ok())
+                .count() as u64
+        };
+        add(&c.dispatched, changed(&mut s.dispatched.iter().copied()));
+        add(&c.retried, changed(&mut s.retries.iter().map(|r| r.id)));
+        add(&c.released, changed(&mut s.release.iter().copied()));
+        for d in &s.dead {
+            if settled.changed.binary_search(&d.id).is_err() {
+                continue;
+            }
+            add(&c.quarantined, 1);
+            match batch.iter().find(|m| m.id == d.id) {
+                Some(m) => {
+                    tracing::warn!(message_id = %m.message_id, topic = %m.topic, attempts = m.attempts, error = %d.error, "message quarantined");
+                }
+                None => tracing::warn!(row = d.id, error = %d.error, "row quarantined"),
             }
         }
-        if !retries.is_empty() {
-            let n = self
-                .store_retry("rescheduling", deadline, || {
-                    self.store.reschedule(token, &retries)
-                })
-                .await;
-            if let Some(n) = n {
-                add(&c.retried, n);
-                add(
-                    &c.lost_claims,
-                    retries.len() as u64 - n.min(retries.len() as u64),
-                );
-            }
-        }
-        if !dead.is_empty() {
-            let n = self
-                .store_retry("quarantining", deadline, || {
-                    self.store.quarantine(token, &dead)
-                })
-                .await;
-            if let Some(n) = n {
-                add(&c.quarantined, n);
-                add(&c.lost_claims, dead.len() as u64 - n.min(dead.len() as u64));
-            }
-        }
-        if !release.is_empty() {
-            let n = self
-                .store_retry("releasing", deadline, || {
-                    self.store.release(token, &release)
-                })
-                .await;
-            if let Some(n) = n {
-                add(&c.released, n);
-            }
-        }
+        self.log_lost(&settled.lost, batch, "settling");
     }
 
-    async fn store_retry<'a, F, Fut>(&'a self, what: &str, deadline: Instant, f: F) -> Option<u64>
+    async fn store_retry<'a, T, F, Fut>(&'a self, what: &str, deadline: Instant, f: F) -> Option<T>
     where
         F: Fn() -> Fut,
-        Fut: Future<Output = Result<u64, Error>> + 'a,
+        Fut: Future<Output = Result<T, Error>> + 'a,
     {
         let mut delay = Duration::from_millis(50);
         loop {
@@ -645,10 +803,12 @@ struct Failing {
 }
 
 impl Failing {
-    fn store_error(&mut self, what: &str, e: &Error) {
+    /// A store call that began at `began` failed (the outage is counted from the first
+    /// failed call's start, not from when its error arrived).
+    fn store_error(&mut self, what: &str, e: &Error, began: Instant) {
         let now = Instant::now();
         if self.since.is_none() {
-            self.since = Some(now);
+            self.since = Some(began);
             self.delay = Duration::from_millis(100);
         } else {
             self.delay = (self.delay * 2).min(Duration::from_secs(5));
@@ -678,5 +838,118 @@ async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) {
     tokio::select! {
         _ = tokio::time::sleep(d) => {}
         _ = cancel.cancelled() => {}
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn msg(id: i64, attempts: i32) -> OutgoingMessage {
+        OutgoingMessage {
+            id,
+            message_id: uuid::Uuid::now_v7(),
+            topic: "t.v1".into(),
+            key: None,
+            payload: bytes::Bytes::from_static(b"x"),
+            headers: BTreeMap::new(),
+            occurred_at: chrono::Utc::now(),
+            attempts,
+        }
+    }
+
+    const POLICY: Policy = Policy {
+        max_attempts: 3,
+        backoff_base: Duration::from_secs(1),
+        backoff_max: Duration::from_secs(60),
+    };
+
+    #[test]
+    fn each_message_is_settled_by_its_own_outcome() {
+        let batch = [
+            msg(1, 1),
+            msg(2, 1),
+            msg(3, 1),
+            msg(4, 3),
+            msg(5, 1),
+            msg(6, 1),
+        ];
+        let outcomes = vec![
+            Some(Ok(())),
+            Some(Err(PublishError::transient("busy"))),
+            Some(Err(PublishError::permanent("too large"))),
+            Some(Err(PublishError::transient("busy"))),
+            Some(Err(
+                PublishError::unavailable("down").with_retry_after(Duration::from_secs(2))
+            )),
+            None,
+        ];
+        let s = decide(&batch, &outcomes, Ending::Finished, &POLICY);
+        assert_eq!(s.dispatched, vec![1]);
+        let retried: Vec<(i64, bool)> =
+            s.retries.iter().map(|r| (r.id, r.refund_attempt)).collect();
+        // 6: the sink gave no outcome on a finished publish: a transient failure.
+        assert_eq!(retried, vec![(2, false), (5, true), (6, false)]);
+        let unavailable = s.retries.iter().find(|r| r.id == 5).unwrap();
+        assert_eq!(unavailable.delay, Duration::from_secs(2));
+        let dead: Vec<i64> = s.dead.iter().map(|d| d.id).collect();
+        assert_eq!(dead, vec![3, 4]);
+        assert!(
+            s.dead[1].error.starts_with("gave up after 3 attempts"),
+            "{}",
+            s.dead[1].error
+        );
+        assert!(s.release.is_empty());
+    }
+
+    #[test]
+    fn confirmed_messages_are_marked_when_the_grace_runs_out() {
+        let batch = [msg(1, 1), msg(2, 1), msg(3, 1)];
+        let outcomes = vec![Some(Ok(())), None, Some(Ok(()))];
+        let s = decide(&batch, &outcomes, Ending::Abandoned, &POLICY);
+        assert_eq!(s.dispatched, vec![1, 3]);
+        assert_eq!(s.release, vec![2]);
+        assert!(s.retries.is_empty() && s.dead.is_empty());
+    }
+
+    #[test]
+    fn a_lost_lease_settles_only_what_was_confirmed() {
+        let batch = [msg(1, 1), msg(2, 1)];
+        let outcomes = vec![Some(Ok(())), None];
+        let s = decide(&batch, &outcomes, Ending::LeaseLost, &POLICY);
+        assert_eq!(s.dispatched, vec![1]);
+        assert_eq!(s.len(), 1, "{s:?}");
+    }
+
+    #[test]
+    fn an_unavailable_destination_never_quarantines() {
+        // At the last attempt, an outage still gives the attempt back.
+        let batch = [msg(1, 3)];
+        let outcomes = vec![Some(Err(PublishError::unavailable("down")))];
+        let s = decide(&batch, &outcomes, Ending::Finished, &POLICY);
+        assert!(s.dead.is_empty());
+        assert!(s.retries[0].refund_attempt);
+        assert_eq!(s.retries[0].delay, UNAVAILABLE_RETRY);
+    }
+
+    #[test]
+    fn rows_past_max_attempts_are_quarantined_unpublished() {
+        let (publish, dead) = plan(vec![msg(1, 3), msg(2, 4)], &POLICY);
+        assert_eq!(publish.iter().map(|m| m.id).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(dead.len(), 1);
+        assert!(dead[0].error.contains("exceeds max_attempts 3"));
+    }
+
+    #[test]
+    fn a_transient_retry_honours_retry_after() {
+        let batch = [msg(1, 1)];
+        let outcomes = vec![Some(Err(
+            PublishError::transient("slow down").with_retry_after(Duration::from_secs(30))
+        ))];
+        let s = decide(&batch, &outcomes, Ending::Finished, &POLICY);
+        assert_eq!(s.retries[0].delay, Duration::from_secs(30));
+        assert!(!s.retries[0].refund_attempt);
     }
 }

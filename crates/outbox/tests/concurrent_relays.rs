@@ -8,6 +8,7 @@ mod common;
 
 use async_trait::async_trait;
 use common::{RecordingSink, TestDb, messages, relay_config, total, wait_until};
+use outbox::sink::Confirmations;
 use outbox::sink::{PublishError, Sink};
 use outbox::{OutgoingMessage, Relay};
 use std::sync::Arc;
@@ -62,8 +63,11 @@ struct Hang;
 
 #[async_trait]
 impl Sink for Hang {
-    async fn publish(&self, _batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
-        std::future::pending().await
+    async fn publish(&self, _batch: &[OutgoingMessage], confirm: &Confirmations) {
+        let results: Vec<Result<(), PublishError>> = async { std::future::pending().await }.await;
+        for (i, r) in results.into_iter().enumerate() {
+            confirm.set(i, r);
+        }
     }
     fn describe(&self) -> String {
         "hang".into()

@@ -11,6 +11,7 @@ use common::{RecordingWrapper, Seen, TestDb, TestStream, messages, nats_connect,
 use common::{relay_config, wait_until};
 use outbox::Relay;
 use outbox::message::OutgoingMessage;
+use outbox::sink::Confirmations;
 use outbox::sink::nats::{NatsOptions, NatsSink};
 use outbox::sink::{PublishError, Sink};
 use outbox::store::status;
@@ -30,10 +31,16 @@ struct ConfirmThenHang {
 
 #[async_trait]
 impl Sink for ConfirmThenHang {
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
-        let results = self.inner.publish(batch).await;
-        let _ = self.confirmed.send(results);
-        std::future::pending().await
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
+        let results: Vec<Result<(), PublishError>> = async {
+            let results = self.inner.publish_all(batch).await;
+            let _ = self.confirmed.send(results);
+            std::future::pending().await
+        }
+        .await;
+        for (i, r) in results.into_iter().enumerate() {
+            confirm.set(i, r);
+        }
     }
 
     fn describe(&self) -> String {

@@ -8,6 +8,7 @@ mod common;
 
 use async_trait::async_trait;
 use common::{RecordingSink, TestDb, messages, relay_config, wait_until};
+use outbox::sink::Confirmations;
 use outbox::sink::router::{BreakerState, Router, RouterOptions, TopicPattern};
 use outbox::sink::{PublishError, Sink};
 use outbox::{OutgoingMessage, Relay};
@@ -24,12 +25,18 @@ struct Flaky {
 
 #[async_trait]
 impl Sink for Flaky {
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        if self.up.load(Ordering::SeqCst) {
-            self.inner.publish(batch).await
-        } else {
-            vec![Err(PublishError::unavailable("connection refused")); batch.len()]
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
+        let results: Vec<Result<(), PublishError>> = async {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.up.load(Ordering::SeqCst) {
+                self.inner.publish_all(batch).await
+            } else {
+                vec![Err(PublishError::unavailable("connection refused")); batch.len()]
+            }
+        }
+        .await;
+        for (i, r) in results.into_iter().enumerate() {
+            confirm.set(i, r);
         }
     }
     fn describe(&self) -> String {
@@ -42,9 +49,15 @@ struct Slow;
 
 #[async_trait]
 impl Sink for Slow {
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
-        tokio::time::sleep(Duration::from_secs(60)).await;
-        vec![Ok(()); batch.len()]
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
+        let results: Vec<Result<(), PublishError>> = async {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            vec![Ok(()); batch.len()]
+        }
+        .await;
+        for (i, r) in results.into_iter().enumerate() {
+            confirm.set(i, r);
+        }
     }
     fn describe(&self) -> String {
         "slow".into()
@@ -65,25 +78,27 @@ async fn outage_and_slowness_stay_with_their_destination() {
         calls: AtomicU32::new(0),
         inner: flaky_inner,
     });
-    let router = Arc::new(Router::new(
+    let router = Router::new(
         vec![
             (pattern("orders.*"), healthy.clone() as Arc<dyn Sink>),
             (pattern("billing.>"), flaky.clone() as Arc<dyn Sink>),
             (pattern("slow.*"), Arc::new(Slow) as Arc<dyn Sink>),
         ],
         RouterOptions {
-            destination_timeout: Duration::from_millis(300),
             failure_threshold: 2,
             open_base: Duration::from_millis(500),
             open_max: Duration::from_secs(1),
         },
-    ));
+    );
     let mut cfg = relay_config("router");
     cfg.max_attempts = 2; // an outage must not use them up
     cfg.batch_size = 50;
     cfg.backoff_base = Duration::from_millis(50);
     cfg.backoff_max = Duration::from_millis(300);
-    let handle = Relay::new(db.store(), router.clone(), cfg).spawn();
+    cfg.publish_timeout = Duration::from_millis(300);
+    let relay = Relay::with_router(db.store(), router, cfg);
+    let router = relay.router().clone();
+    let handle = relay.spawn();
 
     db.enqueue_all(&messages("billing.invoice.v1", 100)).await;
     db.enqueue_all(&messages("slow.x", 20)).await;

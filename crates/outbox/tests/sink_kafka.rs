@@ -47,7 +47,7 @@ async fn delivery_reports_envelope_keys_and_bytes() {
         outgoing(&topic, None, vec![7u8; 512 * 1024]),
         outgoing(&topic, Some("k2"), b"plain".to_vec()),
     ];
-    let results = sink.publish(&batch).await;
+    let results = sink.publish_all(&batch).await;
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     let got = consume(&topic, batch.len(), Duration::ZERO);
     assert_eq!(got.len(), batch.len());
@@ -99,7 +99,7 @@ async fn oversize_unknown_topic_and_down_brokers_are_classified() {
         .unwrap();
     // librdkafka's message.max.bytes (1,000,000) is known before publishing.
     let r = sink
-        .publish(&[
+        .publish_all(&[
             outgoing(&topic, None, vec![1u8; 2 * 1024 * 1024]),
             outgoing(&topic, None, b"ok".to_vec()),
         ])
@@ -115,7 +115,7 @@ async fn oversize_unknown_topic_and_down_brokers_are_classified() {
     );
 
     let r = sink
-        .publish(&[outgoing(&unique_topic("missing"), None, b"x".to_vec())])
+        .publish_all(&[outgoing(&unique_topic("missing"), None, b"x".to_vec())])
         .await;
     let e = r[0].as_ref().unwrap_err();
     assert_eq!(e.kind, ErrorKind::Permanent, "{e:?}");
@@ -125,7 +125,9 @@ async fn oversize_unknown_topic_and_down_brokers_are_classified() {
     let down = KafkaSink::connect("kafka://127.0.0.1:1?message_timeout_ms=1500")
         .await
         .unwrap();
-    let r = down.publish(&[outgoing(&topic, None, b"x".to_vec())]).await;
+    let r = down
+        .publish_all(&[outgoing(&topic, None, b"x".to_vec())])
+        .await;
     assert_eq!(
         r[0].as_ref().unwrap_err().kind,
         ErrorKind::Unavailable,

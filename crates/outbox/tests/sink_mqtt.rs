@@ -198,7 +198,7 @@ async fn delivers_bytes_and_envelope(qos: QoS, query: &str) {
     );
     let c = outgoing(&topic, big);
     let batch = vec![a, b, c];
-    let results = sink.publish(&batch).await;
+    let results = sink.publish_all(&batch).await;
     assert_eq!(results, vec![Ok(()), Ok(()), Ok(())]);
 
     let got = sub.take(3, Duration::from_secs(10)).await;
@@ -258,7 +258,10 @@ async fn a_confirmed_message_has_reached_the_broker() {
         let sink = MqttSink::connect(&url_with(&url, query)).await.unwrap();
         for i in 0..20 {
             let m = outgoing(&topic, format!("m{i}").into_bytes());
-            assert_eq!(sink.publish(std::slice::from_ref(&m)).await, vec![Ok(())]);
+            assert_eq!(
+                sink.publish_all(std::slice::from_ref(&m)).await,
+                vec![Ok(())]
+            );
             let got = sub.take(1, Duration::from_secs(2)).await;
             assert_eq!(props(&got[0])["message-id"], m.message_id.to_string());
         }
@@ -287,7 +290,7 @@ async fn unreachable_broker_is_unavailable_and_connect_succeeds() {
     let d = sink.describe();
     assert!(!d.contains("hunter2"), "{d}");
     let r = sink
-        .publish(&[outgoing("a.b", b"x".to_vec()), outgoing("c.d", vec![])])
+        .publish_all(&[outgoing("a.b", b"x".to_vec()), outgoing("c.d", vec![])])
         .await;
     for e in r {
         let e = e.unwrap_err();
@@ -304,7 +307,7 @@ async fn unreachable_broker_is_unavailable_and_connect_succeeds() {
     )
     .await
     .unwrap();
-    let e = tls.publish(&[outgoing("a.b", b"x".to_vec())]).await[0]
+    let e = tls.publish_all(&[outgoing("a.b", b"x".to_vec())]).await[0]
         .clone()
         .unwrap_err();
     assert_eq!(e.kind, ErrorKind::Unavailable, "{e}");
@@ -329,7 +332,7 @@ async fn unpublishable_topics_and_headers_fail_permanently_and_the_rest_still_go
         ),
         outgoing(&topic, b"5".to_vec()),
     ];
-    let r = sink.publish(&batch).await;
+    let r = sink.publish_all(&batch).await;
     for (i, e) in r[..4].iter().enumerate() {
         assert_eq!(
             e.clone().unwrap_err().kind,
@@ -343,7 +346,7 @@ async fn unpublishable_topics_and_headers_fail_permanently_and_the_rest_still_go
     // The connection is still good.
     assert!(sink.is_connected());
     assert_eq!(
-        sink.publish(&[outgoing(&topic, b"6".to_vec())]).await,
+        sink.publish_all(&[outgoing(&topic, b"6".to_vec())]).await,
         vec![Ok(())]
     );
     sink.close().await;
@@ -354,7 +357,7 @@ async fn over_the_brokers_maximum_packet_size_is_permanent() {
     let broker = PrivateBroker::start("max_packet_size 2000").await;
     let sink = MqttSink::connect(&broker.url()).await.unwrap();
     let r = sink
-        .publish(&[
+        .publish_all(&[
             outgoing("big.v1", vec![7u8; 5000]),
             outgoing("small.v1", vec![7u8; 100]),
         ])
@@ -371,12 +374,13 @@ async fn a_broker_restart_is_unavailable_then_delivers() {
     let mut broker = PrivateBroker::start("").await;
     let sink = MqttSink::connect(&broker.url()).await.unwrap();
     assert_eq!(
-        sink.publish(&[outgoing("before.v1", b"x".to_vec())]).await,
+        sink.publish_all(&[outgoing("before.v1", b"x".to_vec())])
+            .await,
         vec![Ok(())]
     );
     broker.stop();
     let r = sink
-        .publish(&[
+        .publish_all(&[
             outgoing("during.v1", b"x".to_vec()),
             outgoing("during.v1", b"y".to_vec()),
         ])
@@ -389,7 +393,9 @@ async fn a_broker_restart_is_unavailable_then_delivers() {
     broker.restart().await;
     let start = Instant::now();
     loop {
-        let r = sink.publish(&[outgoing("after.v1", b"z".to_vec())]).await;
+        let r = sink
+            .publish_all(&[outgoing("after.v1", b"z".to_vec())])
+            .await;
         if r == vec![Ok(())] {
             break;
         }
@@ -448,12 +454,18 @@ async fn a_message_that_breaks_the_connection_is_quarantined_not_retried_forever
     // fail as transient (attempts count), not as unavailable (attempt given back forever).
     let broker = PrivateBroker::start("message_size_limit 1000").await;
     let sink = MqttSink::connect(&broker.url()).await.unwrap();
-    let r = sink.publish(&[outgoing("big.v1", vec![7u8; 5000])]).await;
+    let r = sink
+        .publish_all(&[outgoing("big.v1", vec![7u8; 5000])])
+        .await;
     let e = r[0].clone().unwrap_err();
     assert_eq!(e.kind, ErrorKind::Transient, "{e}");
     // The sink reconnects and carries on.
     let start = Instant::now();
-    while sink.publish(&[outgoing("small.v1", vec![7u8; 10])]).await != vec![Ok(())] {
+    while sink
+        .publish_all(&[outgoing("small.v1", vec![7u8; 10])])
+        .await
+        != vec![Ok(())]
+    {
         assert!(start.elapsed() < Duration::from_secs(5), "no reconnect");
     }
 
@@ -512,7 +524,7 @@ async fn measure_throughput() {
             .collect();
         let start = Instant::now();
         for b in &batches {
-            assert!(sink.publish(b).await.iter().all(Result::is_ok));
+            assert!(sink.publish_all(b).await.iter().all(Result::is_ok));
         }
         let secs = start.elapsed().as_secs_f64();
         println!(

@@ -171,7 +171,7 @@ async fn confirmed_messages_arrive_byte_for_byte_with_the_envelope() {
 
     let sink = RabbitMqSink::connect(&amqp_url()).await.unwrap();
     assert!(!sink.describe().contains("guest:"), "{}", sink.describe());
-    let results = sink.publish(&batch).await;
+    let results = sink.publish_all(&batch).await;
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     // Ok means confirmed: the broker holds every message by the time publish returns.
     assert_eq!(queue_len(&ch, &queue).await, 3);
@@ -258,7 +258,7 @@ async fn unroutable_messages_are_permanent_and_the_rest_go_through() {
         outgoing(2, &unbound, b"two".to_vec()),
         outgoing(3, &bound, b"three".to_vec()),
     ];
-    let results = sink.publish(&batch).await;
+    let results = sink.publish_all(&batch).await;
     assert!(results[0].is_ok(), "{results:?}");
     assert!(results[2].is_ok(), "{results:?}");
     let e = results[1].as_ref().unwrap_err();
@@ -274,11 +274,13 @@ async fn unroutable_messages_are_permanent_and_the_rest_go_through() {
     // The default exchange: no queue is named like the topic.
     let sink = RabbitMqSink::connect(&amqp_url()).await.unwrap();
     let results = sink
-        .publish(&[outgoing(4, &format!("no.such.queue.{u}"), b"x".to_vec())])
+        .publish_all(&[outgoing(4, &format!("no.such.queue.{u}"), b"x".to_vec())])
         .await;
     assert_eq!(results[0].as_ref().unwrap_err().kind, ErrorKind::Permanent);
     // The channel survives a return: the next batch goes through on the same link.
-    let results = sink.publish(&[outgoing(5, &queue, b"y".to_vec())]).await;
+    let results = sink
+        .publish_all(&[outgoing(5, &queue, b"y".to_vec())])
+        .await;
     assert!(results[0].is_ok(), "{results:?}");
     assert_eq!(queue_len(&ch, &queue).await, 3);
 }
@@ -304,7 +306,7 @@ async fn concurrent_batches_keep_each_outcome_with_its_message() {
                 })
                 .collect();
             tokio::spawn(async move {
-                let results = sink.publish(&batch).await;
+                let results = sink.publish_all(&batch).await;
                 (batch, results)
             })
         })
@@ -334,7 +336,7 @@ async fn broker_down_is_unavailable_and_connect_still_succeeds() {
         .await
         .expect("a broker that is down must not fail connect");
     let batch: Vec<OutgoingMessage> = (0..3).map(|i| outgoing(i, "t.down.v1", vec![1])).collect();
-    let results = sink.publish(&batch).await;
+    let results = sink.publish_all(&batch).await;
     assert_eq!(results.len(), 3);
     for r in &results {
         let e = r.as_ref().unwrap_err();
@@ -366,7 +368,7 @@ async fn missing_exchange_is_unavailable_until_it_exists() {
     let sink = RabbitMqSink::connect(&format!("{}?exchange={exchange}", amqp_url()))
         .await
         .unwrap();
-    let results = sink.publish(&[outgoing(1, "k", b"a".to_vec())]).await;
+    let results = sink.publish_all(&[outgoing(1, "k", b"a".to_vec())]).await;
     let e = results[0].as_ref().unwrap_err();
     assert_eq!(e.kind, ErrorKind::Unavailable, "{e}");
     assert!(e.message.contains(&exchange), "{e}");
@@ -382,7 +384,7 @@ async fn missing_exchange_is_unavailable_until_it_exists() {
     )
     .await
     .unwrap();
-    let results = sink.publish(&[outgoing(2, "k", b"b".to_vec())]).await;
+    let results = sink.publish_all(&[outgoing(2, "k", b"b".to_vec())]).await;
     assert!(results[0].is_ok(), "{results:?}");
 
     // Deleted under a live link: the broker closes the channel (404), the batch is
@@ -390,7 +392,7 @@ async fn missing_exchange_is_unavailable_until_it_exists() {
     ch.exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
         .await
         .unwrap();
-    let results = sink.publish(&[outgoing(3, "k", b"c".to_vec())]).await;
+    let results = sink.publish_all(&[outgoing(3, "k", b"c".to_vec())]).await;
     let e = results[0].as_ref().unwrap_err();
     assert_eq!(e.kind, ErrorKind::Unavailable, "{e}");
     cleanup.exchange(&ch, &exchange).await;
@@ -403,7 +405,7 @@ async fn missing_exchange_is_unavailable_until_it_exists() {
     )
     .await
     .unwrap();
-    let results = sink.publish(&[outgoing(4, "k", b"d".to_vec())]).await;
+    let results = sink.publish_all(&[outgoing(4, "k", b"d".to_vec())]).await;
     assert!(results[0].is_ok(), "{results:?}");
     assert_eq!(queue_len(&ch, &queue).await, 2);
 }
@@ -426,7 +428,7 @@ async fn oversized_messages_are_permanent_without_being_sent() {
     ];
     // Headers count too; and headers larger than one AMQP frame (128 KiB) cannot be sent.
     batch[3].headers.insert("h".into(), "v".repeat(995));
-    let results = sink.publish(&batch).await;
+    let results = sink.publish_all(&batch).await;
     assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
     for i in [1, 3] {
         let e = results[i].as_ref().unwrap_err();
@@ -441,7 +443,7 @@ async fn oversized_messages_are_permanent_without_being_sent() {
     let mut huge = outgoing(5, &queue, Vec::new());
     huge.headers.insert("h".into(), "v".repeat(200 * 1024));
     let results = sink
-        .publish(&[huge, outgoing(6, &queue, b"ok".to_vec())])
+        .publish_all(&[huge, outgoing(6, &queue, b"ok".to_vec())])
         .await;
     let e = results[0].as_ref().unwrap_err();
     assert_eq!(e.kind, ErrorKind::Permanent, "{e}");
@@ -544,7 +546,7 @@ async fn measure_rabbitmq_throughput() {
         .collect();
     let start = Instant::now();
     for batch in &batches {
-        let results = sink.publish(batch).await;
+        let results = sink.publish_all(batch).await;
         assert!(results.iter().all(Result::is_ok));
     }
     let elapsed = start.elapsed();

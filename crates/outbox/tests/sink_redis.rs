@@ -103,7 +103,7 @@ async fn confirmed_entries_arrive_byte_for_byte_with_the_envelope() {
         .insert("tenant".into(), "grüße ✓ 東京".into());
 
     let sink = RedisStreamsSink::connect(&redis_url()).await.unwrap();
-    let results = sink.publish(&batch).await;
+    let results = sink.publish_all(&batch).await;
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     // Ok means XADD replied: the entries are in the stream by the time publish returns.
     let got = entries(&mut admin, &stream).await;
@@ -144,7 +144,7 @@ async fn a_key_that_is_not_a_stream_is_permanent_and_the_rest_go_through() {
         outgoing(2, &string_key, b"two".to_vec()),
         outgoing(3, &good, b"three".to_vec()),
     ];
-    let results = sink.publish(&batch).await;
+    let results = sink.publish_all(&batch).await;
     assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
     let e = results[1].as_ref().unwrap_err();
     assert_eq!(e.kind, ErrorKind::Permanent, "{e}");
@@ -166,7 +166,7 @@ async fn server_down_is_unavailable_and_connect_still_succeeds() {
         .expect("a server that is down must not fail connect");
     assert!(!sink.describe().contains("secret"), "{}", sink.describe());
     let batch: Vec<OutgoingMessage> = (0..3).map(|i| outgoing(i, "t.down.v1", vec![1])).collect();
-    let results = sink.publish(&batch).await;
+    let results = sink.publish_all(&batch).await;
     assert_eq!(results.len(), 3);
     for r in &results {
         let e = r.as_ref().unwrap_err();
@@ -221,7 +221,11 @@ async fn a_killed_connection_is_unavailable_then_replaced() {
         }
     }
     let (sink, id) = found.expect("could not single out the sink's connection");
-    assert!(sink.publish(&[outgoing(1, &stream, b"a".to_vec())]).await[0].is_ok());
+    assert!(
+        sink.publish_all(&[outgoing(1, &stream, b"a".to_vec())])
+            .await[0]
+            .is_ok()
+    );
 
     let _: i64 = redis::cmd("CLIENT")
         .arg("KILL")
@@ -234,7 +238,7 @@ async fn a_killed_connection_is_unavailable_then_replaced() {
     let mut delivered = false;
     for i in 2..6 {
         match sink
-            .publish(&[outgoing(i, &stream, b"b".to_vec())])
+            .publish_all(&[outgoing(i, &stream, b"b".to_vec())])
             .await
             .remove(0)
         {
@@ -271,14 +275,14 @@ async fn maxlen_trims_and_oversized_messages_are_permanent() {
         let batch: Vec<OutgoingMessage> = (0..100)
             .map(|i| outgoing(i, &stream, vec![1; 10]))
             .collect();
-        assert!(sink.publish(&batch).await.iter().all(Result::is_ok));
+        assert!(sink.publish_all(&batch).await.iter().all(Result::is_ok));
     }
     // Approximate trimming removes whole macro nodes (100 entries by default).
     let len: usize = admin.xlen(&stream).await.unwrap();
     assert!((10..=110).contains(&len), "XLEN {len}");
 
     let results = sink
-        .publish(&[
+        .publish_all(&[
             outgoing(1, &stream, vec![0; 1000]),
             outgoing(2, &stream, vec![0; 10]),
         ])
@@ -357,7 +361,7 @@ async fn measure_redis_throughput() {
         .collect();
     let start = Instant::now();
     for batch in &batches {
-        let results = sink.publish(batch).await;
+        let results = sink.publish_all(batch).await;
         assert!(results.iter().all(Result::is_ok));
     }
     let elapsed = start.elapsed();

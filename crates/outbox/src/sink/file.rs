@@ -5,7 +5,7 @@
 //! it is valid UTF-8, else base64 (standard alphabet, padded): bytes round-trip either way.
 //! A file batch counts as confirmed once written, flushed and `fsync`ed (`sync_data`).
 
-use super::{PublishError, Sink};
+use super::{Confirmations, PublishError, Sink};
 use crate::message::OutgoingMessage;
 use async_trait::async_trait;
 use base64::Engine;
@@ -92,7 +92,7 @@ pub fn payload_from_json_line(value: &serde_json::Value) -> Option<Vec<u8>> {
 
 #[async_trait]
 impl Sink for FileSink {
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
         let mut buf = Vec::with_capacity(batch.len() * 256);
         for m in batch {
             buf.extend_from_slice(&to_json_line(m));
@@ -122,7 +122,9 @@ impl Sink for FileSink {
             };
             PublishError::unavailable(format!("writing to {place} failed: {e}"))
         });
-        vec![outcome; batch.len()]
+        for i in 0..batch.len() {
+            confirm.set(i, outcome.clone());
+        }
     }
 
     async fn close(&self) {

@@ -51,7 +51,7 @@
 //! cannot make it stronger. Receivers should persist (or deduplicate on `Idempotency-Key`)
 //! before answering `2xx`.
 
-use super::{PublishError, Sink, SinkError};
+use super::{Confirmations, PublishError, Sink, SinkError};
 use crate::message::{OutgoingMessage, header};
 use async_trait::async_trait;
 use base64::Engine as _;
@@ -412,7 +412,7 @@ impl WebhookSink {
         if text.connect {
             PublishError::unavailable(format!("cannot reach {}: {}", self.describe, text.text))
         } else if text.timeout {
-            PublishError::transient(format!(
+            PublishError::timed_out(format!(
                 "{} did not answer within {:?}",
                 self.describe, self.timeout
             ))
@@ -631,14 +631,22 @@ fn install_ring_provider() {
 
 #[async_trait]
 impl Sink for WebhookSink {
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
         // Collected first: a lazy `map` closure in the stream trips the `Send` check of
-        // `async_trait`'s boxed future (higher-ranked lifetime inference).
-        let posts: Vec<_> = batch.iter().map(|m| self.post(m)).collect();
+        // `async_trait`'s boxed future (higher-ranked lifetime inference). Each outcome is
+        // recorded as soon as its response is in.
+        let posts: Vec<_> = batch
+            .iter()
+            .enumerate()
+            .map(|(i, m)| async move {
+                let r = self.post(m).await;
+                confirm.set(i, r);
+            })
+            .collect();
         futures::stream::iter(posts)
-            .buffered(self.max_in_flight)
-            .collect()
-            .await
+            .buffer_unordered(self.max_in_flight)
+            .collect::<Vec<()>>()
+            .await;
     }
 
     fn describe(&self) -> String {

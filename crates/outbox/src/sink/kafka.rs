@@ -14,7 +14,7 @@
 //!
 //! URL: `kafka://HOST:PORT[,HOST:PORT…][?message_timeout_ms=N]`.
 
-use super::{ErrorKind, PublishError, Sink, SinkError};
+use super::{Confirmations, ErrorKind, PublishError, Sink, SinkError};
 use crate::message::OutgoingMessage;
 use async_trait::async_trait;
 use futures::future::join_all;
@@ -137,7 +137,7 @@ fn classify(e: &KafkaError, topic: &str) -> PublishError {
 
 #[async_trait]
 impl Sink for KafkaSink {
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
         // Queue every record (pipelined), then await each delivery report.
         let mut pending = Vec::with_capacity(batch.len());
         for m in batch {
@@ -152,34 +152,39 @@ impl Sink for KafkaSink {
                 Err((e, _)) => Err(classify(&e, &m.topic)),
             });
         }
-        let results = join_all(pending.into_iter().zip(batch).map(|(p, m)| async move {
-            match p {
-                Err(e) => Err(e),
-                Ok(delivery) => match delivery.await {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err((e, _))) => Err(classify(&e, &m.topic)),
-                    Err(_) => Err(PublishError::unavailable("Kafka producer was shut down")),
-                },
-            }
-        }))
+        let results = join_all(pending.into_iter().zip(batch).enumerate().map(
+            |(i, (p, m))| async move {
+                let r = match p {
+                    Err(e) => Err(e),
+                    Ok(delivery) => match delivery.await {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err((e, _))) => Err(classify(&e, &m.topic)),
+                        Err(_) => Err(PublishError::unavailable("Kafka producer was shut down")),
+                    },
+                };
+                // Confirmations are recorded as they arrive; a possible missing topic is
+                // looked up below first.
+                if !matches!(&r, Err(e) if e.kind == ErrorKind::Unavailable) {
+                    confirm.set(i, r.clone());
+                }
+                r
+            },
+        ))
         .await;
         // A record for a topic that does not exist only times out in librdkafka: ask the
         // cluster, so a missing topic is quarantined instead of retried forever.
         let mut checked: HashMap<&str, Option<PublishError>> = HashMap::new();
-        let mut out = Vec::with_capacity(results.len());
-        for (m, r) in batch.iter().zip(results) {
-            match r {
-                Err(e) if e.kind == ErrorKind::Unavailable => {
-                    if !checked.contains_key(m.topic.as_str()) {
-                        let missing = self.topic_missing(&m.topic).await;
-                        checked.insert(m.topic.as_str(), missing);
-                    }
-                    out.push(Err(checked[m.topic.as_str()].clone().unwrap_or(e)));
+        for (i, (m, r)) in batch.iter().zip(results).enumerate() {
+            if let Err(e) = r
+                && e.kind == ErrorKind::Unavailable
+            {
+                if !checked.contains_key(m.topic.as_str()) {
+                    let missing = self.topic_missing(&m.topic).await;
+                    checked.insert(m.topic.as_str(), missing);
                 }
-                other => out.push(other),
+                confirm.set(i, Err(checked[m.topic.as_str()].clone().unwrap_or(e)));
             }
         }
-        out
     }
 
     async fn close(&self) {

@@ -1,9 +1,12 @@
 //! The sink seam: where messages go, and what "confirmed" means for each.
 //!
-//! A sink publishes a batch and returns one outcome per message, in order. `Ok(())` means
-//! the broker confirmed that message (see each sink's docs for what its confirmation
-//! promises); an error says whether a retry can help ([`ErrorKind::Transient`]) or not
-//! ([`ErrorKind::Permanent`]). Sinks never log payloads.
+//! A sink publishes a batch and reports one outcome per message into the batch's
+//! [`Confirmations`], as soon as each is known. `Ok(())` means the broker confirmed that
+//! message (see each sink's docs for what its confirmation promises); an error says what
+//! kind of failure it was ([`ErrorKind`]). A slot the sink never fills is never a success:
+//! the relay reads it as "timed out" (when its deadline passed) or as "no outcome" (when
+//! the sink returned without one), so no sink can turn a missing outcome into a dispatch.
+//! Sinks never log payloads.
 
 use crate::message::OutgoingMessage;
 use async_trait::async_trait;
@@ -25,18 +28,27 @@ pub mod rabbitmq;
 pub mod redis_streams;
 pub mod router;
 
-/// Whether a failed publish may succeed later.
+/// What a failed publish says, and so what the relay does with the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
-    /// Broker down, timeout, throttled: the relay reschedules with backoff.
+    /// This message failed but may succeed later (a broker error about it, a nack): the
+    /// relay reschedules it with backoff and the attempt counts towards `max_attempts`.
     Transient,
     /// Can never succeed as it is (too large, unroutable, refused): the relay quarantines.
     Permanent,
-    /// The destination could not be reached at all (not connected, the whole batch timed
-    /// out). It says nothing about the message: the relay reschedules it with the
-    /// relay-wide outage backoff and gives back its attempt, so an outage, however long,
-    /// never quarantines a healthy message.
+    /// The destination, not the message: not connected, refused the connection, rate
+    /// limited (HTTP 429, a broker quota), out of service (HTTP 503), or confirmed nothing
+    /// within the timeout. The relay gives the attempt back and reschedules the message
+    /// for when the destination's circuit breaker next lets a publish through (or
+    /// `retry_after`), so an outage, however long, never quarantines a healthy message.
     Unavailable,
+    /// No confirmation for this message within its timeout (the sink's own, or the
+    /// relay's). Whether that is the message's fault or the destination's is decided in
+    /// one place ([`router`]): when the destination confirmed other messages meanwhile it
+    /// is the message's (counted like [`ErrorKind::Transient`], quarantined eventually
+    /// with a reason that says "timed out"); when it confirmed nothing it is an outage
+    /// ([`ErrorKind::Unavailable`]).
+    TimedOut,
 }
 
 /// A failed publish of one message.
@@ -78,9 +90,25 @@ impl PublishError {
         }
     }
 
-    /// True for [`ErrorKind::Transient`] and [`ErrorKind::Unavailable`]: a retry may work.
+    /// No confirmation in time (see [`ErrorKind::TimedOut`]).
+    pub fn timed_out(message: impl Into<String>) -> Self {
+        PublishError {
+            kind: ErrorKind::TimedOut,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// The same error, asking for at least `after` before the next try.
+    #[must_use]
+    pub fn with_retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    /// True unless [`ErrorKind::Permanent`]: a retry may work.
     pub fn is_transient(&self) -> bool {
-        matches!(self.kind, ErrorKind::Transient | ErrorKind::Unavailable)
+        !matches!(self.kind, ErrorKind::Permanent)
     }
 }
 
@@ -90,6 +118,7 @@ impl fmt::Display for PublishError {
             ErrorKind::Transient => "transient",
             ErrorKind::Permanent => "permanent",
             ErrorKind::Unavailable => "unavailable",
+            ErrorKind::TimedOut => "timed out",
         };
         write!(f, "{kind}: {}", self.message)
     }
@@ -122,13 +151,170 @@ pub enum SinkError {
     },
 }
 
+/// One outcome slot per message of a batch: slot `i` belongs to `batch[i]`.
+///
+/// A sink fills a slot with [`Confirmations::set`] as soon as it knows that message's
+/// outcome; the first outcome of a slot is final. The relay reads the slots when the
+/// publish returns *or* when it stops waiting for it (the publish timeout, the shutdown
+/// grace, a lost lease): every message confirmed by then is marked dispatched, whatever
+/// happened to the others. A slot left empty is never a success. Cloning gives another
+/// handle on the same slots.
+#[derive(Clone)]
+pub struct Confirmations {
+    slots: std::sync::Arc<std::sync::Mutex<Vec<Option<Result<(), PublishError>>>>>,
+    /// Woken whenever a slot is filled.
+    filled: std::sync::Arc<tokio::sync::Notify>,
+    /// For a view over part of a batch (a router's group): local index → batch index.
+    map: Option<std::sync::Arc<[usize]>>,
+}
+
+impl Confirmations {
+    /// `n` empty slots.
+    pub fn new(n: usize) -> Self {
+        Confirmations {
+            slots: std::sync::Arc::new(std::sync::Mutex::new(vec![None; n])),
+            filled: std::sync::Arc::new(tokio::sync::Notify::new()),
+            map: None,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<Result<(), PublishError>>>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn global(&self, i: usize) -> Option<usize> {
+        match &self.map {
+            Some(m) => m.get(i).copied(),
+            None => Some(i),
+        }
+    }
+
+    /// Number of slots (the batch's length).
+    pub fn len(&self) -> usize {
+        match &self.map {
+            Some(m) => m.len(),
+            None => self.lock().len(),
+        }
+    }
+
+    /// True for an empty batch.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Records message `i`'s outcome. Returns false (and changes nothing) when the slot
+    /// already had one or `i` is out of range.
+    pub fn set(&self, i: usize, outcome: Result<(), PublishError>) -> bool {
+        let Some(g) = self.global(i) else {
+            return false;
+        };
+        let mut slots = self.lock();
+        match slots.get_mut(g) {
+            Some(slot @ None) => {
+                *slot = Some(outcome);
+                drop(slots);
+                self.filled.notify_waiters();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Records `error` for every message that has no outcome yet.
+    pub fn fail_unset(&self, error: &PublishError) {
+        for i in 0..self.len() {
+            self.set(i, Err(error.clone()));
+        }
+    }
+
+    /// Message `i`'s outcome so far.
+    pub fn get(&self, i: usize) -> Option<Result<(), PublishError>> {
+        let g = self.global(i)?;
+        self.lock().get(g).cloned().flatten()
+    }
+
+    /// How many messages were confirmed (`Ok`) so far.
+    pub fn confirmed(&self) -> usize {
+        (0..self.len())
+            .filter(|&i| matches!(self.get(i), Some(Ok(()))))
+            .count()
+    }
+
+    /// A view over the messages `indices` of this batch: its slot `j` is this one's slot
+    /// `indices[j]` (how a router hands each destination its group).
+    pub fn subset(&self, indices: &[usize]) -> Confirmations {
+        let map: Vec<usize> = indices.iter().filter_map(|&i| self.global(i)).collect();
+        Confirmations {
+            slots: self.slots.clone(),
+            filled: self.filled.clone(),
+            map: Some(map.into()),
+        }
+    }
+
+    /// True when every slot of this view has an outcome.
+    pub fn is_complete(&self) -> bool {
+        (0..self.len()).all(|i| self.get(i).is_some())
+    }
+
+    /// Resolves once every slot of this view has an outcome.
+    pub(crate) async fn complete(&self) {
+        loop {
+            let notified = self.filled.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_complete() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Replaces the outcome of slot `i` (the router resolving a timeout).
+    pub(crate) fn replace(&self, i: usize, outcome: Result<(), PublishError>) {
+        if let Some(g) = self.global(i)
+            && let Some(slot) = self.lock().get_mut(g)
+        {
+            *slot = Some(outcome);
+        }
+    }
+
+    /// Every slot of the whole batch, empty ones as `None`.
+    pub(crate) fn snapshot(&self) -> Vec<Option<Result<(), PublishError>>> {
+        self.lock().clone()
+    }
+}
+
+impl fmt::Debug for Confirmations {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Confirmations")
+            .field("len", &self.len())
+            .field("confirmed", &self.confirmed())
+            .finish()
+    }
+}
+
 /// Where messages go. Implement it to add a broker.
 #[async_trait]
 pub trait Sink: Send + Sync + 'static {
-    /// Publishes `batch` and returns exactly one outcome per message, in the same order.
-    /// Publishes should be pipelined: send all, then collect confirmations. Must not panic
-    /// on any input; the relay bounds the whole call with its publish timeout.
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>>;
+    /// Publishes `batch` and records each message's outcome in `confirm` (slot `i` is
+    /// `batch[i]`) as soon as it is known. Publishes should be pipelined: send all, then
+    /// collect confirmations. Must not panic on any input. The caller may stop waiting
+    /// (drop the future) at any time: what was recorded by then counts, empty slots do
+    /// not count as confirmed.
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations);
+
+    /// Publishes `batch` and returns its outcomes in order, waiting as long as the sink
+    /// takes (no timeout): for tools and tests. A slot the sink left empty comes back as
+    /// a transient "no outcome" error.
+    async fn publish_all(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
+        let confirm = Confirmations::new(batch.len());
+        self.publish(batch, &confirm).await;
+        confirm
+            .snapshot()
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(PublishError::transient("the sink gave no outcome"))))
+            .collect()
+    }
 
     /// Flushes and closes; called once when the relay stops.
     async fn close(&self) {}

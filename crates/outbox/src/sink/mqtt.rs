@@ -59,7 +59,7 @@
 //!   shutdown; a crash in between loses acknowledged messages queued for offline
 //!   subscribers. Lower `autosave_interval` (or `autosave_on_changes`) to narrow the window.
 
-use super::{PublishError, Sink, SinkError};
+use super::{Confirmations, PublishError, Sink, SinkError};
 use crate::message::{OutgoingMessage, header};
 use async_trait::async_trait;
 use futures::future::join_all;
@@ -850,10 +850,11 @@ fn install_ring_provider() {
 
 #[async_trait]
 impl Sink for MqttSink {
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
         if !self.connected_within(Duration::from_millis(500)).await {
             let reason = self.shared.lock().down_reason.clone();
-            return vec![Err(PublishError::unavailable(reason)); batch.len()];
+            confirm.fail_unset(&PublishError::unavailable(reason));
+            return;
         }
         // Hand every publish over first (pipelined, bounded by the in-flight permits),
         // then wait for the acknowledgements.
@@ -862,19 +863,20 @@ impl Sink for MqttSink {
             slots.push(self.send(m).await);
         }
         let ack_timeout = self.ack_timeout;
-        join_all(slots.into_iter().map(|slot| async move {
-            match slot {
+        join_all(slots.into_iter().enumerate().map(|(i, slot)| async move {
+            let outcome = match slot {
                 Slot::Done(outcome) => outcome,
                 Slot::Wait(rx) => match tokio::time::timeout(ack_timeout, rx).await {
                     Ok(Ok(outcome)) => outcome,
                     Ok(Err(_)) => Err(PublishError::unavailable("the MQTT sink is closed")),
-                    Err(_) => Err(PublishError::unavailable(format!(
+                    Err(_) => Err(PublishError::timed_out(format!(
                         "no MQTT acknowledgement within {ack_timeout:?}"
                     ))),
                 },
-            }
+            };
+            confirm.set(i, outcome);
         }))
-        .await
+        .await;
     }
 
     async fn close(&self) {

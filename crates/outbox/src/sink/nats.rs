@@ -13,7 +13,7 @@
 //!   permanent; no connection, an acknowledgement timeout or a broken pipe mean the
 //!   server is unavailable (the message keeps its attempts); anything else is transient.
 
-use super::{PublishError, Sink, SinkError};
+use super::{Confirmations, PublishError, Sink, SinkError};
 use crate::message::OutgoingMessage;
 use async_nats::HeaderMap;
 use async_nats::jetstream::context::PublishErrorKind;
@@ -147,10 +147,11 @@ impl NatsSink {
 
 #[async_trait]
 impl Sink for NatsSink {
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
         if !self.connected_within(Duration::from_millis(500)).await {
             let e = PublishError::unavailable(format!("not connected to {}", self.describe));
-            return vec![Err(e); batch.len()];
+            confirm.fail_unset(&e);
+            return;
         }
         // Send every publish first (pipelined), then collect the PubAcks.
         let mut pending = Vec::with_capacity(batch.len());
@@ -177,32 +178,39 @@ impl Sink for NatsSink {
             };
             pending.push(sent);
         }
-        let acks = join_all(pending.into_iter().zip(batch).map(|(sent, m)| async move {
-            match sent {
-                Err(e) => Err(e),
-                Ok(ack) => ack
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| classify(e.kind(), e.to_string(), &m.topic)),
-            }
-        }))
-        .await;
-        let mut out = Vec::with_capacity(batch.len());
-        let mut no_stream: HashMap<&str, PublishError> = HashMap::new();
-        for (m, r) in batch.iter().zip(acks) {
-            out.push(match r {
-                Ok(()) => Ok(()),
-                Err(Err_::Classified(e)) => Err(e),
-                Err(Err_::NoStream) => {
-                    if !no_stream.contains_key(m.topic.as_str()) {
-                        let e = self.confirm_no_stream(&m.topic).await;
-                        no_stream.insert(m.topic.as_str(), e);
+        // Each PubAck is recorded as it arrives; "no stream" needs an API call first.
+        let acks = join_all(pending.into_iter().zip(batch).enumerate().map(
+            |(i, (sent, m))| async move {
+                let r = match sent {
+                    Err(e) => Err(e),
+                    Ok(ack) => ack
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| classify(e.kind(), e.to_string(), &m.topic)),
+                };
+                match r {
+                    Ok(()) => {
+                        confirm.set(i, Ok(()));
+                        None
                     }
-                    Err(no_stream[m.topic.as_str()].clone())
+                    Err(Err_::Classified(e)) => {
+                        confirm.set(i, Err(e));
+                        None
+                    }
+                    Err(Err_::NoStream) => Some(i),
                 }
-            });
+            },
+        ))
+        .await;
+        let mut no_stream: HashMap<&str, PublishError> = HashMap::new();
+        for i in acks.into_iter().flatten() {
+            let m = &batch[i];
+            if !no_stream.contains_key(m.topic.as_str()) {
+                let e = self.confirm_no_stream(&m.topic).await;
+                no_stream.insert(m.topic.as_str(), e);
+            }
+            confirm.set(i, Err(no_stream[m.topic.as_str()].clone()));
         }
-        out
     }
 
     async fn close(&self) {
@@ -246,7 +254,10 @@ fn classify(kind: PublishErrorKind, text: String, topic: &str) -> Err_ {
         PublishErrorKind::StreamNotFound => Err_::NoStream,
         // No acknowledgement at all: the server or stream is not answering, which says
         // nothing about the message.
-        PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => {
+        PublishErrorKind::TimedOut => {
+            Err_::Classified(PublishError::timed_out(format!("NATS publish: {text}")))
+        }
+        PublishErrorKind::BrokenPipe => {
             Err_::Classified(PublishError::unavailable(format!("NATS publish: {text}")))
         }
         // Too many acks pending and anything unexpected are transient.

@@ -50,7 +50,7 @@
 //!
 //! Payloads never appear in logs; [`Sink::describe`] omits the credentials.
 
-use super::{PublishError, Sink, SinkError};
+use super::{Confirmations, PublishError, Sink, SinkError};
 use crate::message::{OutgoingMessage, header};
 use async_trait::async_trait;
 use futures::future::{MaybeDone, join_all, maybe_done};
@@ -439,13 +439,16 @@ impl RabbitMqSink {
 
 #[async_trait]
 impl Sink for RabbitMqSink {
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
         if batch.is_empty() {
-            return Vec::new();
+            return;
         }
         let link = match self.link().await {
             Ok(link) => link,
-            Err(e) => return vec![Err(e); batch.len()],
+            Err(e) => {
+                confirm.fail_unset(&e);
+                return;
+            }
         };
         // Armed until the outcomes are in: a batch dropped before that (the relay's timeout)
         // leaves the link in an unknown state.
@@ -460,7 +463,8 @@ impl Sink for RabbitMqSink {
                     "cannot open a channel on {}: {e}",
                     self.describe
                 ));
-                return vec![Err(e); batch.len()];
+                confirm.fail_unset(&e);
+                return;
             }
         };
         let channel = &channel;
@@ -515,11 +519,13 @@ impl Sink for RabbitMqSink {
             })
             .collect();
 
-        let mut out = Vec::with_capacity(batch.len());
+        // Recorded once every confirm is in: lapin may attach a returned message to
+        // another message's confirm, so an ack means "routed" only when no return for
+        // that message id came back in the whole batch.
         let mut broken = false;
-        for (m, outcome) in batch.iter().zip(outcomes) {
+        for (i, (m, outcome)) in batch.iter().zip(outcomes).enumerate() {
             let returned = returns.get(&m.message_id.to_string());
-            out.push(match (outcome, returned) {
+            confirm.set(i, match (outcome, returned) {
                 (None, _) => Err(PublishError::transient("no publisher confirm outcome")),
                 (Some(Ok(Confirmed::Ack | Confirmed::Nack)), Some((code, text))) => {
                     Err(PublishError::permanent(format!(
@@ -551,7 +557,6 @@ impl Sink for RabbitMqSink {
         }
         guard.armed = false;
         drop(guard);
-        out
     }
 
     async fn close(&self) {

@@ -36,7 +36,7 @@
 //!
 //! Payloads never appear in logs; [`Sink::describe`] omits the credentials.
 
-use super::{PublishError, Sink, SinkError};
+use super::{Confirmations, PublishError, Sink, SinkError};
 use crate::message::{OutgoingMessage, header};
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
@@ -187,9 +187,9 @@ impl RedisStreamsSink {
 
 #[async_trait]
 impl Sink for RedisStreamsSink {
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
         if batch.is_empty() {
-            return Vec::new();
+            return;
         }
         let mut out: Vec<Option<Result<(), PublishError>>> = vec![None; batch.len()];
         let mut pipe = redis::pipe();
@@ -210,7 +210,10 @@ impl Sink for RedisStreamsSink {
         if !sent.is_empty() {
             let mut conn = match self.connection().await {
                 Ok(c) => c,
-                Err(e) => return vec![Err(e); batch.len()],
+                Err(e) => {
+                    confirm.fail_unset(&e);
+                    return;
+                }
             };
             match pipe.query_async::<Vec<RedisResult<Value>>>(&mut conn).await {
                 Ok(replies) if replies.len() == sent.len() => {
@@ -248,9 +251,11 @@ impl Sink for RedisStreamsSink {
                 }
             }
         }
-        out.into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(PublishError::transient("no XADD outcome"))))
-            .collect()
+        for (i, r) in out.into_iter().enumerate() {
+            if let Some(r) = r {
+                confirm.set(i, r);
+            }
+        }
     }
 
     fn describe(&self) -> String {

@@ -1,7 +1,9 @@
-//! Routing: one relay, several destinations. A [`Router`] is itself a [`Sink`]: it splits
-//! each batch by the first route whose pattern matches the topic, publishes the groups to
-//! their destinations concurrently, and isolates the destinations from one another with a
-//! timeout and a circuit breaker each.
+//! Routing and destination health: the one place that decides what a destination's
+//! failures mean. The relay always publishes through a [`Router`]: a single sink is a
+//! router with one catch-all route ([`Router::single`]).
+//!
+//! Each batch is split by the first route whose pattern matches the topic; the groups go
+//! to their destinations concurrently, each bounded by the publish timeout.
 //!
 //! Patterns are NATS-style over dotted topics: a token matches itself, `*` matches exactly
 //! one token, `>` (last) matches one or more tokens. `orders.*` matches `orders.placed`,
@@ -10,21 +12,32 @@
 //! A topic no route matches is a permanent error that names the topic ("no route for
 //! topic …"): the message is quarantined, never dropped.
 //!
-//! The circuit breaker of a destination opens after `failure_threshold` consecutive
-//! batches that found it unavailable (every message `Unavailable`, or the route's timeout
-//! passed). While open, its messages get [`ErrorKind::Unavailable`] at once, without a
-//! publish attempt, with `retry_after` = the rest of the open period: the relay reschedules
-//! them and gives their attempt back, so an outage never quarantines healthy messages and
-//! never slows the other destinations. After the open period one batch goes through as a
-//! probe: success closes the breaker, failure opens it again for twice as long (capped).
+//! Health, per destination:
+//! - **Timeouts are judged here.** A message with no confirmation within the timeout
+//!   ([`ErrorKind::TimedOut`], whether the sink's own timeout or the router's) is the
+//!   message's fault when the destination confirmed any other message since this group
+//!   was sent (it becomes [`ErrorKind::Transient`]: an attempt counts, and it is
+//!   quarantined eventually with a reason saying it timed out); when the destination
+//!   confirmed nothing, it is an outage ([`ErrorKind::Unavailable`]).
+//! - **A circuit breaker.** A group in which every message found the destination
+//!   unavailable opens the destination's breaker (after `failure_threshold` such groups
+//!   in a row) for `open_base`, doubling per failed probe up to `open_max`, or for the
+//!   destination's own `retry_after` (HTTP `Retry-After`, a broker quota) when longer.
+//!   While open, its messages get [`ErrorKind::Unavailable`] at once, without a publish,
+//!   with `retry_after` = the rest of the open period: the relay reschedules them for
+//!   then and gives their attempt back. When every destination is open the relay stops
+//!   claiming until the first probe is due ([`Router::all_open_for`]). After the open
+//!   period the next group is the probe: any confirmation closes the breaker and delivery
+//!   resumes at full speed at once.
+//! - A destination that answers (a confirmation, or a refusal about the message) is
+//!   healthy; only "could not reach it" counts towards opening.
 
-use super::{ErrorKind, PublishError, Sink, SinkError};
+use super::{Confirmations, ErrorKind, PublishError, Sink, SinkError};
 use crate::message::OutgoingMessage;
-use async_trait::async_trait;
 use futures::future::join_all;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
+use std::time::Duration;
+use tokio::time::Instant;
 /// A topic pattern (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicPattern {
@@ -83,28 +96,26 @@ impl TopicPattern {
     }
 }
 
-/// Settings of a [`Router`].
+/// Settings of a [`Router`]'s circuit breakers.
 #[derive(Debug, Clone)]
 pub struct RouterOptions {
-    /// Bound on one destination's publish of its group, confirmations included (default
-    /// 5 s). Keep it below the relay's publish timeout so a slow destination fails alone.
-    pub destination_timeout: Duration,
-    /// Consecutive unavailable batches that open a destination's breaker (default 3).
+    /// Groups in a row that found a destination unavailable before its breaker opens
+    /// (default 1).
     pub failure_threshold: u32,
-    /// First open period (default 1 s); doubles after each failed probe.
+    /// First open period (default 500 ms); doubles after each failed probe.
     pub open_base: Duration,
-    /// Longest open period (default 10 s): the longest a recovered destination waits for
-    /// its next probe.
+    /// Longest open period (default 2 s): after an outage ends, the longest a destination
+    /// waits for its next probe, so a backlog resumes within about this long of the
+    /// broker's return (plus the sink's reconnect).
     pub open_max: Duration,
 }
 
 impl Default for RouterOptions {
     fn default() -> Self {
         RouterOptions {
-            destination_timeout: Duration::from_secs(5),
-            failure_threshold: 3,
-            open_base: Duration::from_secs(1),
-            open_max: Duration::from_secs(10),
+            failure_threshold: 1,
+            open_base: Duration::from_millis(500),
+            open_max: Duration::from_secs(2),
         }
     }
 }
@@ -112,9 +123,9 @@ impl Default for RouterOptions {
 /// The state of one destination's circuit breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BreakerState {
-    /// Publishing; `failures` consecutive unavailable batches so far.
+    /// Publishing; `failures` consecutive unavailable groups so far.
     Closed {
-        /// Consecutive unavailable batches.
+        /// Consecutive unavailable groups.
         failures: u32,
     },
     /// Not publishing until `until`.
@@ -126,36 +137,94 @@ pub enum BreakerState {
     },
 }
 
+struct Health {
+    breaker: BreakerState,
+    /// The last time this destination confirmed a message.
+    last_confirmed: Option<Instant>,
+    /// When the current outage began (for the recovery log line).
+    down_since: Option<Instant>,
+}
+
 struct Route {
     pattern: TopicPattern,
     sink: Arc<dyn Sink>,
-    breaker: Mutex<BreakerState>,
+    /// Index into `Router::health`: routes naming the same sink share one health.
+    health: usize,
 }
 
-/// A sink that routes by topic (see the module docs).
+/// Topic routes over destinations, with each destination's health (see the module docs).
 pub struct Router {
     routes: Vec<Route>,
+    health: Vec<(Arc<dyn Sink>, Mutex<Health>)>,
     options: RouterOptions,
 }
 
+impl From<Arc<dyn Sink>> for Router {
+    fn from(sink: Arc<dyn Sink>) -> Self {
+        Router::single(sink)
+    }
+}
+
+impl From<Box<dyn Sink>> for Router {
+    fn from(sink: Box<dyn Sink>) -> Self {
+        Router::single(Arc::from(sink))
+    }
+}
+
 impl Router {
-    /// A router over `routes`, tried in order (first match wins).
+    /// A router over `routes`, tried in order (first match wins). Routes given the same
+    /// `Arc` share one destination (one breaker).
     pub fn new(routes: Vec<(TopicPattern, Arc<dyn Sink>)>, options: RouterOptions) -> Self {
-        Router {
-            routes: routes
-                .into_iter()
-                .map(|(pattern, sink)| Route {
+        let mut health: Vec<(Arc<dyn Sink>, Mutex<Health>)> = Vec::new();
+        let routes = routes
+            .into_iter()
+            .map(|(pattern, sink)| {
+                let h = match health.iter().position(|(s, _)| Arc::ptr_eq(s, &sink)) {
+                    Some(h) => h,
+                    None => {
+                        health.push((
+                            sink.clone(),
+                            Mutex::new(Health {
+                                breaker: BreakerState::Closed { failures: 0 },
+                                last_confirmed: None,
+                                down_since: None,
+                            }),
+                        ));
+                        health.len() - 1
+                    }
+                };
+                Route {
                     pattern,
                     sink,
-                    breaker: Mutex::new(BreakerState::Closed { failures: 0 }),
-                })
-                .collect(),
+                    health: h,
+                }
+            })
+            .collect();
+        Router {
+            routes,
+            health,
             options,
         }
     }
 
+    /// Every topic to `sink`, with default breaker settings.
+    pub fn single(sink: Arc<dyn Sink>) -> Self {
+        let all = TopicPattern {
+            text: ">".into(),
+            tokens: vec![">".into()],
+        };
+        Router::new(vec![(all, sink)], RouterOptions::default())
+    }
+
+    /// The same routes with other breaker settings.
+    #[must_use]
+    pub fn with_options(mut self, options: RouterOptions) -> Self {
+        self.options = options;
+        self
+    }
+
     /// Opens the sink of every `(pattern, url)` route with [`super::open`]; routes naming
-    /// the same URL share one sink (one connection).
+    /// the same URL share one sink (one connection, one breaker).
     ///
     /// # Errors
     /// [`SinkError::InvalidUrl`] for a bad pattern or URL, or the sink's own error.
@@ -187,151 +256,435 @@ impl Router {
     pub fn breakers(&self) -> Vec<(String, BreakerState)> {
         self.routes
             .iter()
-            .map(|r| {
-                let state = *r.breaker.lock().unwrap_or_else(|e| e.into_inner());
-                (r.pattern.as_str().to_owned(), state)
-            })
+            .map(|r| (r.pattern.as_str().to_owned(), self.lock(r.health).breaker))
             .collect()
+    }
+
+    /// `Some(wait)` when every destination's breaker is open: nothing claimed now could
+    /// be published before `wait` has passed (the soonest probe). `None` when some
+    /// destination may be published to.
+    pub fn all_open_for(&self) -> Option<Duration> {
+        let now = Instant::now();
+        let mut soonest: Option<Duration> = None;
+        for i in 0..self.health.len() {
+            match self.lock(i).breaker {
+                BreakerState::Open { until, .. } if until > now => {
+                    let rest = until - now;
+                    soonest = Some(soonest.map_or(rest, |s| s.min(rest)));
+                }
+                _ => return None,
+            }
+        }
+        soonest
+    }
+
+    /// A description for logs: the routes and their destinations (no secrets).
+    pub fn describe(&self) -> String {
+        match self.routes.as_slice() {
+            [only] if only.pattern.as_str() == ">" => only.sink.describe(),
+            routes => {
+                let routes: Vec<String> = routes
+                    .iter()
+                    .map(|r| format!("{}={}", r.pattern.as_str(), r.sink.describe()))
+                    .collect();
+                format!("router({})", routes.join(", "))
+            }
+        }
+    }
+
+    /// Closes every destination once.
+    pub async fn close(&self) {
+        join_all(self.health.iter().map(|(s, _)| s.close())).await;
+    }
+
+    fn lock(&self, health: usize) -> std::sync::MutexGuard<'_, Health> {
+        self.health[health]
+            .1
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     fn route_of(&self, topic: &str) -> Option<usize> {
         self.routes.iter().position(|r| r.pattern.matches(topic))
     }
 
-    /// `Some(rest)` while the breaker is open; `None` when a publish may go (closed, or
-    /// the open period is over and this batch is the probe).
-    fn open_for(&self, route: &Route) -> Option<Duration> {
-        let state = *route.breaker.lock().unwrap_or_else(|e| e.into_inner());
-        match state {
-            BreakerState::Open { until, .. } => until.checked_duration_since(Instant::now()),
-            BreakerState::Closed { .. } => None,
+    /// Publishes `batch`, recording each message's outcome in `confirm` (slot `i` is
+    /// `batch[i]`); every destination's group is bounded by `timeout`. When it returns,
+    /// every slot is filled. Dropping the future early keeps what was recorded.
+    pub async fn publish(
+        &self,
+        batch: &[OutgoingMessage],
+        confirm: &Confirmations,
+        timeout: Duration,
+    ) {
+        let mut groups: Vec<Vec<usize>> = vec![Vec::new(); self.health.len()];
+        for (i, m) in batch.iter().enumerate() {
+            match self.route_of(&m.topic) {
+                Some(r) => groups[self.routes[r].health].push(i),
+                None => {
+                    confirm.set(
+                        i,
+                        Err(PublishError::permanent(format!(
+                            "no route for topic {:?}: add a --route whose pattern matches it, or a catch-all --sink",
+                            m.topic
+                        ))),
+                    );
+                }
+            }
         }
+        join_all(
+            groups
+                .into_iter()
+                .enumerate()
+                .filter(|(_, idx)| !idx.is_empty())
+                .map(|(h, idx)| async move {
+                    let msgs: Vec<OutgoingMessage> =
+                        idx.iter().map(|&i| batch[i].clone()).collect();
+                    let sub = confirm.subset(&idx);
+                    self.publish_group(h, &msgs, &sub, timeout).await;
+                }),
+        )
+        .await;
     }
 
-    fn record(&self, route: &Route, unavailable: bool) {
-        let mut state = route.breaker.lock().unwrap_or_else(|e| e.into_inner());
+    async fn publish_group(
+        &self,
+        h: usize,
+        msgs: &[OutgoingMessage],
+        confirm: &Confirmations,
+        timeout: Duration,
+    ) {
+        let sink = &self.health[h].0;
+        let now = Instant::now();
+        if let BreakerState::Open { until, .. } = self.lock(h).breaker
+            && until > now
+        {
+            let rest = until - now;
+            confirm.fail_unset(
+                &PublishError::unavailable(format!(
+                    "circuit open for {}: not publishing for another {rest:?}",
+                    sink.describe()
+                ))
+                .with_retry_after(rest),
+            );
+            return;
+        }
+        let sent = Instant::now();
+        // Done when the sink returns, or as soon as every message has its outcome (a sink
+        // may still be tidying up), or at the timeout.
+        let finished = tokio::time::timeout(timeout, async {
+            tokio::select! {
+                () = sink.publish(msgs, confirm) => {}
+                () = confirm.complete() => {}
+            }
+        })
+        .await
+        .is_ok();
+        if finished {
+            confirm.fail_unset(&PublishError::transient(format!(
+                "{} returned without an outcome for this message",
+                sink.describe()
+            )));
+        } else {
+            confirm.fail_unset(&PublishError::timed_out(format!(
+                "no confirmation from {} within {timeout:?}",
+                sink.describe()
+            )));
+        }
+        let confirmed = confirm.confirmed();
+        let mut health = self.lock(h);
+        if confirmed > 0 {
+            health.last_confirmed = Some(Instant::now());
+        }
+        // Did the destination confirm anything since this group was sent (this group, or
+        // another batch meanwhile)? Then a timeout here is about the message.
+        let alive = health.last_confirmed.is_some_and(|t| t >= sent);
+        let mut unavailable = 0;
+        let mut answered = false;
+        let mut retry_after: Option<Duration> = None;
+        for i in 0..confirm.len() {
+            match confirm.get(i) {
+                Some(Err(e)) if e.kind == ErrorKind::TimedOut => {
+                    if alive {
+                        answered = true;
+                        confirm.replace(
+                            i,
+                            Err(PublishError::transient(format!(
+                                "timed out: {} (the destination confirmed other messages meanwhile)",
+                                e.message
+                            ))),
+                        );
+                    } else {
+                        unavailable += 1;
+                        confirm.replace(
+                            i,
+                            Err(PublishError::unavailable(format!(
+                                "{} (the destination confirmed nothing)",
+                                e.message
+                            ))),
+                        );
+                    }
+                }
+                Some(Err(e)) if e.kind == ErrorKind::Unavailable => {
+                    unavailable += 1;
+                    retry_after = retry_after.max(e.retry_after);
+                }
+                _ => answered = true,
+            }
+        }
+        let down = !answered && unavailable > 0;
         let o = &self.options;
-        *state = match (*state, unavailable) {
-            (_, false) => BreakerState::Closed { failures: 0 },
+        let describe = || sink.describe();
+        health.breaker = match (health.breaker, down) {
+            (_, false) => {
+                if let Some(since) = health.down_since.take() {
+                    tracing::info!(destination = %describe(), outage = ?since.elapsed(), "destination reachable again: circuit closed");
+                }
+                BreakerState::Closed { failures: 0 }
+            }
             (BreakerState::Closed { failures }, true) if failures + 1 < o.failure_threshold => {
                 BreakerState::Closed {
                     failures: failures + 1,
                 }
             }
             (BreakerState::Closed { .. }, true) => {
-                tracing::warn!(route = route.pattern.as_str(), destination = %route.sink.describe(), open_for = ?o.open_base, "destination unavailable: circuit opened");
+                let period = o.open_base.max(retry_after.unwrap_or_default());
+                health.down_since.get_or_insert(sent);
+                tracing::warn!(destination = %describe(), open_for = ?period, "destination unavailable: circuit opened");
                 BreakerState::Open {
-                    until: Instant::now() + o.open_base,
+                    until: Instant::now() + period,
                     period: o.open_base,
                 }
             }
             (BreakerState::Open { period, .. }, true) => {
                 let period = (period * 2).min(o.open_max);
-                tracing::warn!(route = route.pattern.as_str(), destination = %route.sink.describe(), open_for = ?period, "destination still unavailable: circuit stays open");
+                tracing::debug!(destination = %describe(), open_for = ?period, "destination still unavailable: circuit stays open");
                 BreakerState::Open {
-                    until: Instant::now() + period,
+                    until: Instant::now() + period.max(retry_after.unwrap_or_default()),
                     period,
                 }
             }
         };
-    }
-
-    async fn publish_group(
-        &self,
-        route: &Route,
-        msgs: Vec<OutgoingMessage>,
-    ) -> Vec<Result<(), PublishError>> {
-        if let Some(rest) = self.open_for(route) {
-            let e = PublishError {
-                kind: ErrorKind::Unavailable,
-                message: format!(
-                    "circuit open for {}: not publishing for another {rest:?}",
-                    route.sink.describe()
-                ),
-                retry_after: Some(rest),
-            };
-            return vec![Err(e); msgs.len()];
-        }
-        let results =
-            match tokio::time::timeout(self.options.destination_timeout, route.sink.publish(&msgs))
-                .await
-            {
-                Ok(r) => r,
-                Err(_) => vec![
-                    Err(PublishError::unavailable(format!(
-                        "{} did not answer within {:?}",
-                        route.sink.describe(),
-                        self.options.destination_timeout
-                    )));
-                    msgs.len()
-                ],
-            };
-        let unavailable = !results.is_empty()
-            && results
-                .iter()
-                .all(|r| matches!(r, Err(e) if e.kind == ErrorKind::Unavailable));
-        self.record(route, unavailable);
-        results
-    }
-}
-
-#[async_trait]
-impl Sink for Router {
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
-        let mut out: Vec<Result<(), PublishError>> = vec![Ok(()); batch.len()];
-        // Group by route, remembering each message's place in the batch.
-        let mut groups: Vec<(Vec<usize>, Vec<OutgoingMessage>)> = (0..self.routes.len())
-            .map(|_| (Vec::new(), Vec::new()))
-            .collect();
-        for (i, m) in batch.iter().enumerate() {
-            match self.route_of(&m.topic) {
-                Some(r) => {
-                    groups[r].0.push(i);
-                    groups[r].1.push(m.clone());
-                }
-                None => {
-                    out[i] = Err(PublishError::permanent(format!(
-                        "no route for topic {:?}: add a --route whose pattern matches it, or a catch-all --sink",
-                        m.topic
-                    )));
+        // Rows of an open destination come back when its next probe is due.
+        if let BreakerState::Open { until, .. } = health.breaker {
+            let rest = until.saturating_duration_since(Instant::now());
+            for i in 0..confirm.len() {
+                if let Some(Err(e)) = confirm.get(i)
+                    && e.kind == ErrorKind::Unavailable
+                {
+                    let after = e.retry_after.unwrap_or_default().max(rest);
+                    confirm.replace(i, Err(e.with_retry_after(after)));
                 }
             }
         }
-        let published = join_all(
-            groups
-                .into_iter()
-                .enumerate()
-                .filter(|(_, (idx, _))| !idx.is_empty())
-                .map(|(r, (idx, msgs))| async move {
-                    (idx, self.publish_group(&self.routes[r], msgs).await)
-                }),
-        )
-        .await;
-        for (idx, results) in published {
-            for (i, r) in idx.into_iter().zip(results) {
-                out[i] = r;
-            }
-        }
-        out
-    }
-
-    async fn close(&self) {
-        join_all(self.routes.iter().map(|r| r.sink.close())).await;
-    }
-
-    fn describe(&self) -> String {
-        let routes: Vec<String> = self
-            .routes
-            .iter()
-            .map(|r| format!("{}={}", r.pattern.as_str(), r.sink.describe()))
-            .collect();
-        format!("router({})", routes.join(", "))
     }
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
-    use super::TopicPattern;
+    use super::*;
+    use async_trait::async_trait;
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    fn msg(id: i64, topic: &str) -> OutgoingMessage {
+        OutgoingMessage {
+            id,
+            message_id: uuid::Uuid::now_v7(),
+            topic: topic.into(),
+            key: None,
+            payload: bytes::Bytes::from_static(b"x"),
+            headers: BTreeMap::new(),
+            occurred_at: chrono::Utc::now(),
+            attempts: 1,
+        }
+    }
+
+    /// Confirms every message at once, except those whose id is in `slow` (never
+    /// answered); reports "not connected" while `down`.
+    struct Scripted {
+        slow: Vec<i64>,
+        down: AtomicBool,
+        calls: AtomicU32,
+    }
+
+    impl Scripted {
+        fn new(slow: Vec<i64>) -> Arc<Self> {
+            Arc::new(Scripted {
+                slow,
+                down: AtomicBool::new(false),
+                calls: AtomicU32::new(0),
+            })
+        }
+    }
+
+    #[async_trait]
+    impl Sink for Scripted {
+        async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.down.load(Ordering::SeqCst) {
+                confirm.fail_unset(&PublishError::unavailable("not connected"));
+                return;
+            }
+            for (i, m) in batch.iter().enumerate() {
+                if !self.slow.contains(&m.id) {
+                    confirm.set(i, Ok(()));
+                }
+            }
+            std::future::pending::<()>().await;
+        }
+        fn describe(&self) -> String {
+            "scripted".into()
+        }
+    }
+
+    fn kinds(c: &Confirmations) -> Vec<Option<ErrorKind>> {
+        (0..c.len())
+            .map(|i| c.get(i).unwrap().err().map(|e| e.kind))
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_message_beside_confirmed_ones_is_its_own_fault() {
+        let sink = Scripted::new(vec![3]);
+        let router = Router::single(sink.clone());
+        let batch: Vec<_> = (1..=5).map(|i| msg(i, "t.v1")).collect();
+        let c = Confirmations::new(5);
+        let started = Instant::now();
+        router.publish(&batch, &c, Duration::from_secs(10)).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+        assert_eq!(
+            kinds(&c),
+            vec![None, None, Some(ErrorKind::Transient), None, None]
+        );
+        let e = c.get(2).unwrap().unwrap_err();
+        assert!(e.message.contains("timed out"), "{e}");
+        assert!(matches!(
+            router.breakers()[0].1,
+            BreakerState::Closed { failures: 0 }
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_destination_that_confirms_nothing_is_an_outage_and_opens_its_breaker() {
+        let sink = Scripted::new(vec![1, 2]);
+        let router = Router::single(sink.clone());
+        let batch = vec![msg(1, "t.v1"), msg(2, "t.v1")];
+        let c = Confirmations::new(2);
+        router.publish(&batch, &c, Duration::from_secs(10)).await;
+        assert_eq!(kinds(&c), vec![Some(ErrorKind::Unavailable); 2]);
+        // The rows come back when the next probe is due.
+        let e = c.get(0).unwrap().unwrap_err();
+        assert_eq!(e.retry_after, Some(Duration::from_millis(500)));
+        assert_eq!(router.all_open_for(), Some(Duration::from_millis(500)));
+
+        // While open: no publish, Unavailable at once.
+        let c = Confirmations::new(1);
+        router
+            .publish(&batch[..1], &c, Duration::from_secs(10))
+            .await;
+        assert_eq!(sink.calls.load(Ordering::SeqCst), 1);
+        assert_eq!(kinds(&c), vec![Some(ErrorKind::Unavailable)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_breaker_probes_and_recovery_is_immediate() {
+        let sink = Scripted::new(vec![]);
+        sink.down.store(true, Ordering::SeqCst);
+        let router = Router::single(sink.clone());
+        let batch = vec![msg(1, "t.v1")];
+        // Failing probes double the open period up to open_max (2 s).
+        let mut periods = Vec::new();
+        for _ in 0..5 {
+            let c = Confirmations::new(1);
+            router.publish(&batch, &c, Duration::from_secs(1)).await;
+            let wait = router.all_open_for().unwrap();
+            periods.push(wait);
+            tokio::time::advance(wait).await;
+        }
+        assert_eq!(
+            periods,
+            [500, 1000, 2000, 2000, 2000].map(Duration::from_millis)
+        );
+        // The destination is back: the next probe succeeds and the breaker closes.
+        sink.down.store(false, Ordering::SeqCst);
+        let c = Confirmations::new(1);
+        router.publish(&batch, &c, Duration::from_secs(1)).await;
+        assert_eq!(kinds(&c), vec![None]);
+        assert_eq!(router.all_open_for(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_destination_does_not_hold_back_a_healthy_one() {
+        let healthy = Scripted::new(vec![]);
+        let dead = Scripted::new(vec![]);
+        dead.down.store(true, Ordering::SeqCst);
+        let router = Router::new(
+            vec![
+                (
+                    TopicPattern::parse("a.>").unwrap(),
+                    healthy.clone() as Arc<dyn Sink>,
+                ),
+                (
+                    TopicPattern::parse("b.>").unwrap(),
+                    dead.clone() as Arc<dyn Sink>,
+                ),
+            ],
+            RouterOptions::default(),
+        );
+        let batch = vec![msg(1, "a.x"), msg(2, "b.x"), msg(3, "c.x")];
+        let c = Confirmations::new(3);
+        let started = Instant::now();
+        router.publish(&batch, &c, Duration::from_secs(10)).await;
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        assert_eq!(
+            kinds(&c),
+            vec![
+                None,
+                Some(ErrorKind::Unavailable),
+                Some(ErrorKind::Permanent)
+            ]
+        );
+        assert!(c.get(2).unwrap().unwrap_err().message.contains("no route"));
+        // Only the dead destination's breaker is open, so the relay keeps claiming.
+        assert_eq!(router.all_open_for(), None);
+    }
+
+    /// A sink that returns without recording some outcomes can never have them count as
+    /// confirmed.
+    struct Forgetful;
+
+    #[async_trait]
+    impl Sink for Forgetful {
+        async fn publish(&self, _batch: &[OutgoingMessage], confirm: &Confirmations) {
+            confirm.set(0, Ok(()));
+        }
+        fn describe(&self) -> String {
+            "forgetful".into()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_missing_outcome_is_never_success() {
+        let router = Router::single(Arc::new(Forgetful));
+        let batch = vec![msg(1, "t.v1"), msg(2, "t.v1")];
+        let c = Confirmations::new(2);
+        router.publish(&batch, &c, Duration::from_secs(1)).await;
+        assert_eq!(kinds(&c), vec![None, Some(ErrorKind::Transient)]);
+    }
+
+    #[test]
+    fn a_slot_keeps_its_first_outcome() {
+        let c = Confirmations::new(2);
+        assert!(c.set(0, Ok(())));
+        assert!(!c.set(0, Err(PublishError::permanent("late"))));
+        assert!(!c.set(5, Ok(())));
+        let sub = c.subset(&[1]);
+        assert!(sub.set(0, Err(PublishError::permanent("no"))));
+        assert_eq!(c.confirmed(), 1);
+        assert!(matches!(c.get(1), Some(Err(_))));
+    }
 
     fn m(p: &str, t: &str) -> bool {
         TopicPattern::parse(p)

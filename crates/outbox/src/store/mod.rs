@@ -91,7 +91,7 @@ pub struct Claim {
 
 /// A transient failure to reschedule: the row becomes pending again after `delay`
 /// (added to the database clock).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Retry {
     /// Primary key.
     pub id: i64,
@@ -106,12 +106,60 @@ pub struct Retry {
 }
 
 /// A row to quarantine, with the reason kept in `last_error`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Dead {
     /// Primary key.
     pub id: i64,
     /// Why it was quarantined.
     pub error: String,
+}
+
+/// Everything a relay decided about one claim, written by [`Store::settle`] in one call.
+/// Each id appears at most once across the four lists.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Settlement {
+    /// Confirmed by the sink: → dispatched.
+    pub dispatched: Vec<i64>,
+    /// → pending after their delay, with their error (and the attempt given back when
+    /// `refund_attempt`).
+    pub retries: Vec<Retry>,
+    /// → dead, with their error.
+    pub dead: Vec<Dead>,
+    /// Given back unpublished (shutdown, a lost lease): → pending, due now, attempt given
+    /// back.
+    pub release: Vec<i64>,
+}
+
+impl Settlement {
+    /// Rows in the settlement.
+    pub fn len(&self) -> usize {
+        self.dispatched.len() + self.retries.len() + self.dead.len() + self.release.len()
+    }
+
+    /// True when there is nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every id, in the order dispatched, retries, dead, release.
+    pub fn ids(&self) -> Vec<i64> {
+        let mut ids = Vec::with_capacity(self.len());
+        ids.extend(&self.dispatched);
+        ids.extend(self.retries.iter().map(|r| r.id));
+        ids.extend(self.dead.iter().map(|d| d.id));
+        ids.extend(&self.release);
+        ids
+    }
+}
+
+/// What [`Store::settle`] changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Rows changed, by primary key.
+    pub changed: Vec<i64>,
+    /// Rows of the settlement this claim no longer held (another relay claimed them after
+    /// the lease ran out, or they were settled already): nothing was changed for them.
+    pub lost: Vec<i64>,
 }
 
 /// Row counts by status, as `outbox status --json` prints them.
@@ -166,18 +214,54 @@ pub trait Store: Send + Sync + 'static {
     /// claim token, `locked_until = now + lease`, and counts the attempt.
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim>;
 
-    /// Marks confirmed rows dispatched. Returns how many rows changed (rows whose claim
-    /// was lost are not changed).
-    async fn mark_dispatched(&self, token: Uuid, ids: &[i64]) -> Result<u64>;
+    /// Writes a claim's whole outcome in one call (one statement where the store allows):
+    /// every row changes only while `claim_token = token AND status = claimed`, so a stale
+    /// claimant changes nothing. Dispatched rows get `dispatched_at = now()` and their
+    /// `last_error` cleared; retries become pending at `now() + delay`; dead rows keep
+    /// their error; released rows are due at once with the attempt given back.
+    async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled>;
+
+    /// Extends the lease of the rows `ids` still held by `token` to `now() + lease`
+    /// (database clock). Returns the ids still held (a row missing from the answer was
+    /// lost: its lease ran out and another relay claimed it, or it was settled).
+    async fn renew(&self, token: Uuid, ids: &[i64], lease: Duration) -> Result<Vec<i64>>;
+
+    /// Marks confirmed rows dispatched ([`Store::settle`] with only `dispatched`). Returns
+    /// how many rows changed (rows whose claim was lost are not changed).
+    async fn mark_dispatched(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
+        let s = Settlement {
+            dispatched: ids.to_vec(),
+            ..Settlement::default()
+        };
+        Ok(self.settle(token, &s).await?.changed.len() as u64)
+    }
 
     /// Puts transiently failed rows back to pending with their backoff and error.
-    async fn reschedule(&self, token: Uuid, retries: &[Retry]) -> Result<u64>;
+    async fn reschedule(&self, token: Uuid, retries: &[Retry]) -> Result<u64> {
+        let s = Settlement {
+            retries: retries.to_vec(),
+            ..Settlement::default()
+        };
+        Ok(self.settle(token, &s).await?.changed.len() as u64)
+    }
 
     /// Moves rows to dead with their error.
-    async fn quarantine(&self, token: Uuid, dead: &[Dead]) -> Result<u64>;
+    async fn quarantine(&self, token: Uuid, dead: &[Dead]) -> Result<u64> {
+        let s = Settlement {
+            dead: dead.to_vec(),
+            ..Settlement::default()
+        };
+        Ok(self.settle(token, &s).await?.changed.len() as u64)
+    }
 
     /// Gives claimed rows back (due now) and gives back the attempt the claim counted.
-    async fn release(&self, token: Uuid, ids: &[i64]) -> Result<u64>;
+    async fn release(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
+        let s = Settlement {
+            release: ids.to_vec(),
+            ..Settlement::default()
+        };
+        Ok(self.settle(token, &s).await?.changed.len() as u64)
+    }
 
     /// Reads the pause switch.
     async fn pause_state(&self) -> Result<PauseState>;
@@ -304,17 +388,11 @@ impl Store for AnyStore {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim> {
         self.inner().claim(req).await
     }
-    async fn mark_dispatched(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
-        self.inner().mark_dispatched(token, ids).await
+    async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
+        self.inner().settle(token, settlement).await
     }
-    async fn reschedule(&self, token: Uuid, retries: &[Retry]) -> Result<u64> {
-        self.inner().reschedule(token, retries).await
-    }
-    async fn quarantine(&self, token: Uuid, dead: &[Dead]) -> Result<u64> {
-        self.inner().quarantine(token, dead).await
-    }
-    async fn release(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
-        self.inner().release(token, ids).await
+    async fn renew(&self, token: Uuid, ids: &[i64], lease: Duration) -> Result<Vec<i64>> {
+        self.inner().renew(token, ids, lease).await
     }
     async fn pause_state(&self) -> Result<PauseState> {
         self.inner().pause_state().await
@@ -395,6 +473,51 @@ pub(crate) fn claim_from_rows<R>(
         messages,
         malformed,
     }
+}
+
+/// One row of a settlement, flattened for a single statement: id, new status, delay (ms),
+/// error (None keeps `last_error`), whether the attempt is given back.
+pub(crate) type SettleRow = (i64, i16, i64, Option<String>, bool);
+
+/// The settlement as rows (see [`SettleRow`]).
+pub(crate) fn settle_rows(s: &Settlement) -> Vec<SettleRow> {
+    let mut rows = Vec::with_capacity(s.len());
+    rows.extend(
+        s.dispatched
+            .iter()
+            .map(|&id| (id, status::DISPATCHED, 0, None, false)),
+    );
+    rows.extend(s.retries.iter().map(|r| {
+        (
+            r.id,
+            status::PENDING,
+            millis(r.delay),
+            Some(r.error.clone()),
+            r.refund_attempt,
+        )
+    }));
+    rows.extend(
+        s.dead
+            .iter()
+            .map(|d| (d.id, status::DEAD, 0, Some(d.error.clone()), false)),
+    );
+    rows.extend(
+        s.release
+            .iter()
+            .map(|&id| (id, status::PENDING, 0, None, true)),
+    );
+    rows
+}
+
+/// `Settled` from the settlement and the ids the store reports changed.
+pub(crate) fn settled(s: &Settlement, mut changed: Vec<i64>) -> Settled {
+    changed.sort_unstable();
+    let lost = s
+        .ids()
+        .into_iter()
+        .filter(|id| changed.binary_search(id).is_err())
+        .collect();
+    Settled { changed, lost }
 }
 
 /// A duration in whole milliseconds, saturating, as the stores bind it.

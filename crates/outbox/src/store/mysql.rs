@@ -14,8 +14,8 @@
 //! PostgreSQL's partial index, so the claim range never reaches dispatched rows.
 
 use super::{
-    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Retry, Store, StoreConfig, millis,
-    parse_headers,
+    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Settled, Settlement, Store,
+    StoreConfig, millis, parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::message::{Enqueued, Message, OutgoingMessage};
@@ -44,8 +44,6 @@ struct Sql {
     enqueue: SqlStr,
     existing_id: SqlStr,
     claim_select: SqlStr,
-    reschedule: SqlStr,
-    quarantine: SqlStr,
     pause_state: SqlStr,
     set_pause: SqlStr,
     counts: SqlStr,
@@ -71,19 +69,6 @@ impl Sql {
                  ORDER BY live_at, id
                  LIMIT ?
                  FOR UPDATE SKIP LOCKED"
-            )),
-            reschedule: q(format!(
-                "UPDATE {p}_messages
-                 SET status = 0, available_at = TIMESTAMPADD(MICROSECOND, ? * 1000, {n}),
-                     last_error = ?, locked_until = NULL, claim_token = NULL,
-                     attempts = CASE WHEN ? THEN GREATEST(attempts - 1, 0) ELSE attempts END
-                 WHERE id = ? AND claim_token = ? AND status = 1"
-            )),
-            quarantine: q(format!(
-                "UPDATE {p}_messages
-                 SET status = 3, last_error = ?, locked_until = NULL, claim_token = NULL,
-                     available_at = {n}
-                 WHERE id = ? AND claim_token = ? AND status = 1"
             )),
             pause_state: q(format!(
                 "SELECT paused, reason, changed_at FROM {p}_control WHERE id = 1"
@@ -438,29 +423,14 @@ impl MySqlStore {
         s.push_str("' USING utf8mb4)");
         s
     }
-
-    /// Statements whose text varies per call (id lists) go by the text protocol with their
-    /// values inlined (integers, a UUID we formatted, [`Self::text_literal`]): a one-off
-    /// prepared statement ends with `COM_STMT_CLOSE`, which the server never answers, so
-    /// the connection's next command waited for the server's delayed ACK (Nagle; sqlx sets
-    /// no `TCP_NODELAY`): 40 ms per statement, ~90 ms per claim.
-    async fn update_ids(&self, set: &str, ids: &[i64], token: Uuid) -> Result<u64> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        let p = &self.inner.config.schema;
-        let sql = format!(
-            "UPDATE {p}_messages SET {set} WHERE id IN ({}) AND claim_token = '{}' AND status = 1",
-            Self::id_list(ids),
-            token.hyphenated()
-        );
-        let r = sqlx::raw_sql(AssertSqlSafe(sql))
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(r.rows_affected())
-    }
 }
 
+// Statements whose text varies per call (id lists: settle, renew) go by the text
+// protocol with their values inlined (integers, a UUID we formatted,
+// `MySqlStore::text_literal`): a one-off prepared statement ends with `COM_STMT_CLOSE`,
+// which the server never answers, so the connection's next command waited for the
+// server's delayed ACK (Nagle; sqlx sets no `TCP_NODELAY`): 40 ms per statement, ~90 ms
+// per claim.
 #[async_trait]
 impl Store for MySqlStore {
     async fn migrate(&self) -> Result<()> {
@@ -595,68 +565,105 @@ impl Store for MySqlStore {
         ))
     }
 
-    async fn mark_dispatched(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
-        self.update_ids(
-            &format!(
-                "status = 2, dispatched_at = {NOW}, locked_until = NULL, claim_token = NULL, last_error = NULL"
-            ),
-            ids,
-            token,
-        )
-        .await
+    async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
+        if settlement.is_empty() {
+            return Ok(Settled::default());
+        }
+        let p = &self.inner.config.schema;
+        // One multi-table UPDATE over an inlined derived table of outcomes. MySQL has no
+        // UPDATE … RETURNING: when fewer rows changed than were sent, a second query
+        // finds the rows another claim now holds (the lost ones).
+        let mut rows = String::with_capacity(settlement.len() * 64);
+        for (i, (id, st, delay, err, refund)) in
+            super::settle_rows(settlement).into_iter().enumerate()
+        {
+            let err = err.map_or_else(
+                || "CAST(NULL AS CHAR CHARACTER SET utf8mb4)".to_owned(),
+                |e| Self::text_literal(&e),
+            );
+            if i > 0 {
+                rows.push_str(" UNION ALL ");
+            }
+            let _ = write!(
+                rows,
+                "SELECT {id} AS id, {st} AS st, {delay} AS delay_ms, {err} AS err, {} AS refund",
+                i32::from(refund)
+            );
+        }
+        let token_text = token.hyphenated();
+        // Assignments that read the row come before `status` changes (MySQL applies
+        // multi-table assignments in no promised order, but the WHERE was evaluated first).
+        let sql = format!(
+            "UPDATE {p}_messages m JOIN ({rows}) x ON m.id = x.id
+             SET m.available_at = CASE WHEN x.st = 0 THEN TIMESTAMPADD(MICROSECOND, x.delay_ms * 1000, {NOW})
+                                       WHEN x.st = 3 THEN {NOW} ELSE m.available_at END,
+                 m.attempts = CASE WHEN x.refund = 1 THEN GREATEST(m.attempts - 1, 0) ELSE m.attempts END,
+                 m.dispatched_at = CASE WHEN x.st = 2 THEN {NOW} ELSE m.dispatched_at END,
+                 m.last_error = CASE WHEN x.st = 2 THEN NULL ELSE COALESCE(x.err, m.last_error) END,
+                 m.locked_until = NULL, m.claim_token = NULL, m.status = x.st
+             WHERE m.claim_token = '{token_text}' AND m.status = 1"
+        );
+        let n = sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&self.inner.pool)
+            .await?
+            .rows_affected();
+        let ids = settlement.ids();
+        if n >= ids.len() as u64 {
+            return Ok(super::settled(settlement, ids));
+        }
+        if n == 0 {
+            return Ok(super::settled(settlement, Vec::new()));
+        }
+        // Some changed: the rows another claim holds now are certainly lost. A row that
+        // was already settled by its new owner cannot be told from one settled here, so
+        // the rest are attributed by count (this only affects which ids a log names).
+        let held: Vec<i64> = sqlx::raw_sql(AssertSqlSafe(format!(
+            "SELECT id FROM {p}_messages WHERE id IN ({}) AND claim_token IS NOT NULL",
+            Self::id_list(&ids)
+        )))
+        .fetch_all(&self.inner.pool)
+        .await?
+        .iter()
+        .map(|r| r.try_get::<i64, _>(0))
+        .collect::<std::result::Result<_, _>>()?;
+        let changed = ids
+            .into_iter()
+            .filter(|id| !held.contains(id))
+            .take(usize::try_from(n).unwrap_or(usize::MAX))
+            .collect();
+        Ok(super::settled(settlement, changed))
     }
 
-    async fn reschedule(&self, token: Uuid, retries: &[Retry]) -> Result<u64> {
-        if retries.is_empty() {
-            return Ok(0);
+    async fn renew(&self, token: Uuid, ids: &[i64], lease: Duration) -> Result<Vec<i64>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
         }
-        let token = token.hyphenated().to_string();
-        let mut tx = self.inner.pool.begin().await?;
-        let mut n = 0;
-        for r in retries {
-            n += sqlx::query(self.inner.sql.reschedule.clone())
-                .bind(millis(r.delay))
-                .bind(&r.error)
-                .bind(r.refund_attempt)
-                .bind(r.id)
-                .bind(&token)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
+        let p = &self.inner.config.schema;
+        let list = Self::id_list(ids);
+        let token_text = token.hyphenated();
+        let ms = millis(lease);
+        let n = sqlx::raw_sql(AssertSqlSafe(format!(
+            "UPDATE {p}_messages
+             SET locked_until = TIMESTAMPADD(MICROSECOND, {ms} * 1000, {NOW}),
+                 available_at = TIMESTAMPADD(MICROSECOND, {ms} * 1000, {NOW})
+             WHERE id IN ({list}) AND claim_token = '{token_text}' AND status = 1"
+        )))
+        .execute(&self.inner.pool)
+        .await?
+        .rows_affected();
+        if n >= ids.len() as u64 {
+            return Ok(ids.to_vec());
         }
-        tx.commit().await?;
-        Ok(n)
-    }
-
-    async fn quarantine(&self, token: Uuid, dead: &[Dead]) -> Result<u64> {
-        if dead.is_empty() {
-            return Ok(0);
-        }
-        let token = token.hyphenated().to_string();
-        let mut tx = self.inner.pool.begin().await?;
-        let mut n = 0;
-        for d in dead {
-            n += sqlx::query(self.inner.sql.quarantine.clone())
-                .bind(&d.error)
-                .bind(d.id)
-                .bind(&token)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-        }
-        tx.commit().await?;
-        Ok(n)
-    }
-
-    async fn release(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
-        self.update_ids(
-            &format!(
-                "status = 0, attempts = GREATEST(attempts - 1, 0), available_at = {NOW}, locked_until = NULL, claim_token = NULL"
-            ),
-            ids,
-            token,
-        )
-        .await
+        let held = sqlx::raw_sql(AssertSqlSafe(format!(
+            "SELECT id FROM {p}_messages
+             WHERE id IN ({list}) AND claim_token = '{token_text}' AND status = 1"
+        )))
+        .fetch_all(&self.inner.pool)
+        .await?
+        .iter()
+        .map(|r| r.try_get::<i64, _>(0))
+        .collect::<std::result::Result<_, _>>()?;
+        Ok(held)
     }
 
     async fn pause_state(&self) -> Result<PauseState> {

@@ -4,8 +4,8 @@
 //! Supported: PostgreSQL 13 and later (`gen_random_uuid()` in core).
 
 use super::{
-    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Retry, Store, StoreConfig, millis,
-    parse_headers,
+    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Settled, Settlement, Store,
+    StoreConfig, millis, parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::message::{Enqueued, Message, OutgoingMessage};
@@ -25,10 +25,8 @@ pub const SCHEMA_VERSION: i64 = 2;
 struct Sql {
     enqueue: SqlStr,
     claim: SqlStr,
-    mark: SqlStr,
-    reschedule: SqlStr,
-    quarantine: SqlStr,
-    release: SqlStr,
+    settle: SqlStr,
+    renew: SqlStr,
     pause_state: SqlStr,
     set_pause: SqlStr,
     counts: SqlStr,
@@ -61,33 +59,28 @@ impl Sql {
                            extract(epoch FROM m.occurred_at)::float8 AS occurred_epoch,
                            m.attempts"
             )),
-            mark: q(format!(
-                "UPDATE {s}.messages
-                 SET status = 2, dispatched_at = now(), locked_until = NULL, claim_token = NULL,
-                     last_error = NULL
-                 WHERE id = ANY($1) AND claim_token = $2 AND status = 1"
-            )),
-            reschedule: q(format!(
+            // One statement for a claim's whole outcome (River's
+            // `JobSetStateIfRunningMany`): every row changes only while this claim holds it.
+            settle: q(format!(
                 "UPDATE {s}.messages m
-                 SET status = 0, available_at = now() + x.delay_ms * interval '1 millisecond',
-                     last_error = x.err, locked_until = NULL, claim_token = NULL,
-                     attempts = CASE WHEN x.refund THEN greatest(m.attempts - 1, 0) ELSE m.attempts END
-                 FROM unnest($1::bigint[], $2::bigint[], $3::text[], $5::bool[])
-                      AS x(id, delay_ms, err, refund)
-                 WHERE m.id = x.id AND m.claim_token = $4 AND m.status = 1"
-            )),
-            quarantine: q(format!(
-                "UPDATE {s}.messages m
-                 SET status = 3, last_error = x.err, locked_until = NULL, claim_token = NULL,
-                     available_at = now()
-                 FROM unnest($1::bigint[], $2::text[]) AS x(id, err)
-                 WHERE m.id = x.id AND m.claim_token = $3 AND m.status = 1"
-            )),
-            release: q(format!(
-                "UPDATE {s}.messages
-                 SET status = 0, attempts = greatest(attempts - 1, 0), available_at = now(),
+                 SET status = x.status,
+                     available_at = CASE WHEN x.status = 0 THEN now() + x.delay_ms * interval '1 millisecond'
+                                         WHEN x.status = 3 THEN now() ELSE m.available_at END,
+                     attempts = CASE WHEN x.refund THEN greatest(m.attempts - 1, 0) ELSE m.attempts END,
+                     dispatched_at = CASE WHEN x.status = 2 THEN now() ELSE m.dispatched_at END,
+                     last_error = CASE WHEN x.status = 2 THEN NULL ELSE coalesce(x.err, m.last_error) END,
                      locked_until = NULL, claim_token = NULL
-                 WHERE id = ANY($1) AND claim_token = $2 AND status = 1"
+                 FROM unnest($1::bigint[], $2::smallint[], $3::bigint[], $4::text[], $5::bool[])
+                      AS x(id, status, delay_ms, err, refund)
+                 WHERE m.id = x.id AND m.claim_token = $6 AND m.status = 1
+                 RETURNING m.id"
+            )),
+            renew: q(format!(
+                "UPDATE {s}.messages
+                 SET locked_until = now() + $2 * interval '1 millisecond',
+                     available_at = now() + $2 * interval '1 millisecond'
+                 WHERE id = ANY($3) AND claim_token = $1 AND status = 1
+                 RETURNING id"
             )),
             pause_state: q(format!(
                 "SELECT paused, reason, changed_at FROM {s}.control WHERE id"
@@ -583,62 +576,33 @@ impl Store for PgStore {
         ))
     }
 
-    async fn mark_dispatched(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
+    async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
+        if settlement.is_empty() {
+            return Ok(Settled::default());
+        }
+        let rows = super::settle_rows(settlement);
+        let changed: Vec<i64> = sqlx::query_scalar(self.inner.sql.settle.clone())
+            .bind(rows.iter().map(|r| r.0).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.1).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.2).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.3.clone()).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.4).collect::<Vec<_>>())
+            .bind(token)
+            .fetch_all(&self.inner.pool)
+            .await?;
+        Ok(super::settled(settlement, changed))
+    }
+
+    async fn renew(&self, token: Uuid, ids: &[i64], lease: Duration) -> Result<Vec<i64>> {
         if ids.is_empty() {
-            return Ok(0);
+            return Ok(Vec::new());
         }
-        let r = sqlx::query(self.inner.sql.mark.clone())
-            .bind(ids)
+        Ok(sqlx::query_scalar(self.inner.sql.renew.clone())
             .bind(token)
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(r.rows_affected())
-    }
-
-    async fn reschedule(&self, token: Uuid, retries: &[Retry]) -> Result<u64> {
-        if retries.is_empty() {
-            return Ok(0);
-        }
-        let ids: Vec<i64> = retries.iter().map(|r| r.id).collect();
-        let delays: Vec<i64> = retries.iter().map(|r| millis(r.delay)).collect();
-        let errs: Vec<String> = retries.iter().map(|r| r.error.clone()).collect();
-        let refunds: Vec<bool> = retries.iter().map(|r| r.refund_attempt).collect();
-        let r = sqlx::query(self.inner.sql.reschedule.clone())
+            .bind(millis(lease))
             .bind(ids)
-            .bind(delays)
-            .bind(errs)
-            .bind(token)
-            .bind(refunds)
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(r.rows_affected())
-    }
-
-    async fn quarantine(&self, token: Uuid, dead: &[Dead]) -> Result<u64> {
-        if dead.is_empty() {
-            return Ok(0);
-        }
-        let ids: Vec<i64> = dead.iter().map(|d| d.id).collect();
-        let errs: Vec<String> = dead.iter().map(|d| d.error.clone()).collect();
-        let r = sqlx::query(self.inner.sql.quarantine.clone())
-            .bind(ids)
-            .bind(errs)
-            .bind(token)
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(r.rows_affected())
-    }
-
-    async fn release(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        let r = sqlx::query(self.inner.sql.release.clone())
-            .bind(ids)
-            .bind(token)
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(r.rows_affected())
+            .fetch_all(&self.inner.pool)
+            .await?)
     }
 
     async fn pause_state(&self) -> Result<PauseState> {

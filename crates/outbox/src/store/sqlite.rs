@@ -7,8 +7,8 @@
 //! taken from SQLite's clock inside each statement.
 
 use super::{
-    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Retry, Store, StoreConfig, millis,
-    parse_headers,
+    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Settled, Settlement, Store,
+    StoreConfig, millis, parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::message::{Enqueued, Message, OutgoingMessage};
@@ -41,10 +41,8 @@ struct Sql {
     enqueue: SqlStr,
     existing_id: SqlStr,
     claim: SqlStr,
-    mark: SqlStr,
-    reschedule: SqlStr,
-    quarantine: SqlStr,
-    release: SqlStr,
+    settle: SqlStr,
+    renew: SqlStr,
     pause_state: SqlStr,
     set_pause: SqlStr,
     counts: SqlStr,
@@ -71,30 +69,28 @@ impl Sql {
                               ORDER BY available_at, id LIMIT ?4)
                  RETURNING id, message_id, topic, key, payload, headers, occurred_at, attempts"
             )),
-            mark: q(format!(
-                "UPDATE {p}_messages
-                 SET status = 2, dispatched_at = {n}, locked_until = NULL, claim_token = NULL,
-                     last_error = NULL
-                 WHERE id IN (SELECT value FROM json_each(?1)) AND claim_token = ?2 AND status = 1"
-            )),
-            reschedule: q(format!(
-                "UPDATE {p}_messages
-                 SET status = 0, available_at = {n} + ?2, last_error = ?3, locked_until = NULL,
-                     claim_token = NULL,
-                     attempts = CASE WHEN ?5 THEN max(attempts - 1, 0) ELSE attempts END
-                 WHERE id = ?1 AND claim_token = ?4 AND status = 1"
-            )),
-            quarantine: q(format!(
-                "UPDATE {p}_messages
-                 SET status = 3, last_error = ?2, locked_until = NULL, claim_token = NULL,
-                     available_at = {n}
-                 WHERE id = ?1 AND claim_token = ?3 AND status = 1"
-            )),
-            release: q(format!(
-                "UPDATE {p}_messages
-                 SET status = 0, attempts = max(attempts - 1, 0), available_at = {n},
+            // A claim's whole outcome in one statement; ?1 is a JSON array of
+            // [id, status, delay_ms, error or null, refund].
+            settle: q(format!(
+                "UPDATE {p}_messages AS m
+                 SET status = x.st,
+                     available_at = CASE WHEN x.st = 0 THEN {n} + x.delay_ms
+                                         WHEN x.st = 3 THEN {n} ELSE m.available_at END,
+                     attempts = CASE WHEN x.refund THEN max(m.attempts - 1, 0) ELSE m.attempts END,
+                     dispatched_at = CASE WHEN x.st = 2 THEN {n} ELSE m.dispatched_at END,
+                     last_error = CASE WHEN x.st = 2 THEN NULL ELSE coalesce(x.err, m.last_error) END,
                      locked_until = NULL, claim_token = NULL
-                 WHERE id IN (SELECT value FROM json_each(?1)) AND claim_token = ?2 AND status = 1"
+                 FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS st,
+                              json_extract(value, '$[2]') AS delay_ms, json_extract(value, '$[3]') AS err,
+                              json_extract(value, '$[4]') AS refund
+                       FROM json_each(?1)) AS x
+                 WHERE m.id = x.id AND m.claim_token = ?2 AND m.status = 1
+                 RETURNING id"
+            )),
+            renew: q(format!(
+                "UPDATE {p}_messages SET locked_until = {n} + ?2, available_at = {n} + ?2
+                 WHERE id IN (SELECT value FROM json_each(?3)) AND claim_token = ?1 AND status = 1
+                 RETURNING id"
             )),
             pause_state: q(format!(
                 "SELECT paused, reason, changed_at FROM {p}_control WHERE id = 1"
@@ -428,70 +424,32 @@ impl Store for SqliteStore {
         ))
     }
 
-    async fn mark_dispatched(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
-        if ids.is_empty() {
-            return Ok(0);
+    async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
+        if settlement.is_empty() {
+            return Ok(Settled::default());
         }
-        let r = sqlx::query(self.inner.sql.mark.clone())
-            .bind(ids_json(ids))
+        let rows: Vec<serde_json::Value> = super::settle_rows(settlement)
+            .into_iter()
+            .map(|(id, st, delay, err, refund)| serde_json::json!([id, st, delay, err, refund]))
+            .collect();
+        let changed: Vec<i64> = sqlx::query_scalar(self.inner.sql.settle.clone())
+            .bind(serde_json::Value::from(rows).to_string())
             .bind(token.hyphenated().to_string())
-            .execute(&self.inner.pool)
+            .fetch_all(&self.inner.pool)
             .await?;
-        Ok(r.rows_affected())
+        Ok(super::settled(settlement, changed))
     }
 
-    async fn reschedule(&self, token: Uuid, retries: &[Retry]) -> Result<u64> {
-        if retries.is_empty() {
-            return Ok(0);
-        }
-        let token = token.hyphenated().to_string();
-        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let mut n = 0;
-        for r in retries {
-            n += sqlx::query(self.inner.sql.reschedule.clone())
-                .bind(r.id)
-                .bind(millis(r.delay))
-                .bind(&r.error)
-                .bind(&token)
-                .bind(r.refund_attempt)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-        }
-        tx.commit().await?;
-        Ok(n)
-    }
-
-    async fn quarantine(&self, token: Uuid, dead: &[Dead]) -> Result<u64> {
-        if dead.is_empty() {
-            return Ok(0);
-        }
-        let token = token.hyphenated().to_string();
-        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let mut n = 0;
-        for d in dead {
-            n += sqlx::query(self.inner.sql.quarantine.clone())
-                .bind(d.id)
-                .bind(&d.error)
-                .bind(&token)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-        }
-        tx.commit().await?;
-        Ok(n)
-    }
-
-    async fn release(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
+    async fn renew(&self, token: Uuid, ids: &[i64], lease: Duration) -> Result<Vec<i64>> {
         if ids.is_empty() {
-            return Ok(0);
+            return Ok(Vec::new());
         }
-        let r = sqlx::query(self.inner.sql.release.clone())
-            .bind(ids_json(ids))
+        Ok(sqlx::query_scalar(self.inner.sql.renew.clone())
             .bind(token.hyphenated().to_string())
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(r.rows_affected())
+            .bind(millis(lease))
+            .bind(ids_json(ids))
+            .fetch_all(&self.inner.pool)
+            .await?)
     }
 
     async fn pause_state(&self) -> Result<PauseState> {

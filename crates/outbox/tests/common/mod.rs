@@ -10,6 +10,7 @@
 use async_trait::async_trait;
 use outbox::message::{Enqueued, Message, OutgoingMessage};
 use outbox::postgres::PgStore;
+use outbox::sink::Confirmations;
 use outbox::sink::{PublishError, Sink};
 use outbox::sqlite::SqliteStore;
 use outbox::{Ident, RelayConfig, Store, StoreConfig};
@@ -734,9 +735,15 @@ impl RecordingSink {
 
 #[async_trait]
 impl Sink for RecordingSink {
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
-        record(&self.seen, batch);
-        vec![Ok(()); batch.len()]
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
+        let results: Vec<Result<(), PublishError>> = async {
+            record(&self.seen, batch);
+            vec![Ok(()); batch.len()]
+        }
+        .await;
+        for (i, r) in results.into_iter().enumerate() {
+            confirm.set(i, r);
+        }
     }
 
     fn describe(&self) -> String {
@@ -752,9 +759,15 @@ pub(crate) struct RecordingWrapper<S> {
 
 #[async_trait]
 impl<S: Sink> Sink for RecordingWrapper<S> {
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
-        record(&self.seen, batch);
-        self.inner.publish(batch).await
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
+        let results: Vec<Result<(), PublishError>> = async {
+            record(&self.seen, batch);
+            self.inner.publish_all(batch).await
+        }
+        .await;
+        for (i, r) in results.into_iter().enumerate() {
+            confirm.set(i, r);
+        }
     }
 
     async fn close(&self) {

@@ -19,6 +19,7 @@ use crate::common::{RecordingSink, Seen, messages, record, relay_config, total, 
 use async_trait::async_trait;
 use chrono::Utc;
 use outbox::message::{Enqueued, Message, OutgoingMessage};
+use outbox::sink::Confirmations;
 use outbox::sink::{PublishError, Sink};
 use outbox::store::{Claim, ClaimRequest, Dead, Retry, status};
 use outbox::{Error, Relay, RelayError, Store};
@@ -821,28 +822,34 @@ struct Poisoned {
 
 #[async_trait]
 impl Sink for Poisoned {
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
-        record(&self.handed, batch);
-        let healthy: Vec<OutgoingMessage> = batch
-            .iter()
-            .filter(|m| m.message_id != self.permanent && m.message_id != self.transient)
-            .cloned()
-            .collect();
-        let mut inner = self.inner.publish(&healthy).await.into_iter();
-        batch
-            .iter()
-            .map(|m| {
-                if m.message_id == self.permanent {
-                    Err(PublishError::permanent(
-                        "broker refused: unauthorised topic",
-                    ))
-                } else if m.message_id == self.transient {
-                    Err(PublishError::transient("broker busy, try later"))
-                } else {
-                    inner.next().unwrap()
-                }
-            })
-            .collect()
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
+        let results: Vec<Result<(), PublishError>> = async {
+            record(&self.handed, batch);
+            let healthy: Vec<OutgoingMessage> = batch
+                .iter()
+                .filter(|m| m.message_id != self.permanent && m.message_id != self.transient)
+                .cloned()
+                .collect();
+            let mut inner = self.inner.publish_all(&healthy).await.into_iter();
+            batch
+                .iter()
+                .map(|m| {
+                    if m.message_id == self.permanent {
+                        Err(PublishError::permanent(
+                            "broker refused: unauthorised topic",
+                        ))
+                    } else if m.message_id == self.transient {
+                        Err(PublishError::transient("broker busy, try later"))
+                    } else {
+                        inner.next().unwrap()
+                    }
+                })
+                .collect()
+        }
+        .await;
+        for (i, r) in results.into_iter().enumerate() {
+            confirm.set(i, r);
+        }
     }
 
     fn describe(&self) -> String {
@@ -1283,9 +1290,15 @@ struct BlackHole {
 
 #[async_trait]
 impl Sink for BlackHole {
-    async fn publish(&self, batch: &[OutgoingMessage]) -> Vec<Result<(), PublishError>> {
-        let _ = self.handed.send(batch.len());
-        std::future::pending().await
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
+        let results: Vec<Result<(), PublishError>> = async {
+            let _ = self.handed.send(batch.len());
+            std::future::pending().await
+        }
+        .await;
+        for (i, r) in results.into_iter().enumerate() {
+            confirm.set(i, r);
+        }
     }
 
     fn describe(&self) -> String {

@@ -201,7 +201,7 @@ pub(crate) async fn confirmation_then_fidelity<H: Harness>() {
     let big_fits = limit.is_none_or(|l| batch[3].size() + 1024 < l);
     let sink = h.sink().await;
     let started = Instant::now();
-    let results = sink.publish(&batch).await;
+    let results = sink.publish_all(&batch).await;
     let took = started.elapsed();
     assert_eq!(results.len(), batch.len());
     for (m, r) in batch.iter().zip(&results).take(3) {
@@ -238,7 +238,7 @@ pub(crate) async fn broker_down_is_unavailable<H: Harness>() {
         .map(|i| outgoing(i, "outbox.down.v1", None, vec![i as u8]))
         .collect();
     let started = Instant::now();
-    let results = sink.publish(&batch).await;
+    let results = sink.publish_all(&batch).await;
     assert_eq!(results.len(), batch.len());
     for (i, r) in results.iter().enumerate() {
         match r {
@@ -265,7 +265,7 @@ pub(crate) async fn permanent_error_spares_the_batch<H: Harness>() {
         outgoing(3, &good, Some("k"), b"three".to_vec()),
     ];
     let sink = h.sink().await;
-    let results = sink.publish(&batch).await;
+    let results = sink.publish_all(&batch).await;
     assert_eq!(results.len(), 3);
     assert!(results[0].is_ok(), "{results:?}");
     assert_permanent(&results[1], &format!("topic {bad:?}"));
@@ -274,7 +274,7 @@ pub(crate) async fn permanent_error_spares_the_batch<H: Harness>() {
     assert_exactly(&got, &[&batch[0], &batch[2]]);
     // The sink is still good for the next batch.
     let next = [outgoing(4, &good, None, b"four".to_vec())];
-    assert_eq!(sink.publish(&next).await, vec![Ok(())]);
+    assert_eq!(sink.publish_all(&next).await, vec![Ok(())]);
     let got = h.read(3).await;
     assert_exactly(&got, &[&batch[0], &batch[2], &next[0]]);
     sink.close().await;
@@ -288,12 +288,15 @@ pub(crate) async fn duplicate_publish_keeps_the_message_id<H: Harness>() {
     let m = outgoing(1, &topic, Some("k"), b"once".to_vec());
     let other = outgoing(2, &topic, None, b"other".to_vec());
     let sink = h.sink().await;
-    assert_eq!(sink.publish(std::slice::from_ref(&m)).await, vec![Ok(())]);
+    assert_eq!(
+        sink.publish_all(std::slice::from_ref(&m)).await,
+        vec![Ok(())]
+    );
     // Again, as a fresh attempt of the same row, with another message in the batch.
     let mut again = m.clone();
     again.attempts = 2;
     assert_eq!(
-        sink.publish(&[again, other.clone()]).await,
+        sink.publish_all(&[again, other.clone()]).await,
         vec![Ok(()), Ok(())]
     );
     if H::DEDUPLICATES {
