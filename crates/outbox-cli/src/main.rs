@@ -260,7 +260,12 @@ async fn connect(cli: &Cli, create: bool) -> anyhow::Result<AnyStore> {
     let open = async |limit| {
         AnyStore::connect(url, config(limit)?)
             .await
-            .with_context(|| format!("cannot open the store at {}", redact(url)))
+            .with_context(|| {
+                format!(
+                    "cannot open the store at {}",
+                    outbox::redact::redact_url(url)
+                )
+            })
     };
     let default = outbox::store::DEFAULT_MAX_MESSAGE_BYTES;
     let store = open(cli.max_message_bytes.unwrap_or(default)).await?;
@@ -284,20 +289,6 @@ fn sqlite_path(url: &str) -> Option<&str> {
     let rest = url.strip_prefix("sqlite:")?;
     let rest = rest.strip_prefix("//").unwrap_or(rest);
     Some(rest.split('?').next().unwrap_or(rest))
-}
-
-/// The URL without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {

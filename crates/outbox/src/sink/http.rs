@@ -1,8 +1,8 @@
 //! HTTP webhook sink (reqwest): one `POST` per message to a fixed endpoint.
 //!
 //! - URL = the endpoint (`http://` or `https://`, query string kept; userinfo is sent as
-//!   HTTP Basic credentials). `describe()` and error messages show it without userinfo and
-//!   query. Redirects are not followed: a `POST` must not silently become a `GET` elsewhere
+//!   HTTP Basic credentials). `describe()` and error messages show it without the password
+//!   and the query ([`crate::redact::redact_url_without_query`]). Redirects are not followed: a `POST` must not silently become a `GET` elsewhere
 //!   (configure the final URL).
 //! - Body = the payload bytes, unchanged (empty payloads send an empty body).
 //!   `Content-Type` = the message's `content-type` header, else `application/octet-stream`.
@@ -53,6 +53,7 @@
 
 use super::{PublishError, Sink, SinkError};
 use crate::message::{OutgoingMessage, header};
+use crate::redact::redact_url_without_query;
 use async_trait::async_trait;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -271,7 +272,7 @@ impl WebhookSink {
     /// [`SinkError::Open`] for an unusable secret or a client that cannot be built.
     pub async fn connect(url: &str) -> Result<Self, SinkError> {
         let options = WebhookOptions::from_env().map_err(|e| SinkError::Open {
-            url: redact(url),
+            url: redact_url_without_query(url),
             source: Box::new(e),
         })?;
         Self::connect_with(url, options).await
@@ -283,7 +284,7 @@ impl WebhookSink {
     /// As [`WebhookSink::connect`].
     pub async fn connect_with(url: &str, options: WebhookOptions) -> Result<Self, SinkError> {
         let invalid = |reason: String| SinkError::InvalidUrl {
-            url: redact(url),
+            url: redact_url_without_query(url),
             reason,
         };
         let parsed = Url::parse(url).map_err(|e| invalid(e.to_string()))?;
@@ -304,12 +305,12 @@ impl WebhookSink {
             .user_agent(concat!("outbox/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| SinkError::Open {
-                url: redact(url),
+                url: redact_url_without_query(url),
                 source: Box::new(e.without_url()),
             })?;
         Ok(WebhookSink {
             client,
-            describe: describe_url(&parsed),
+            describe: redact_url_without_query(url),
             url: parsed,
             secret: options.secret,
             timeout,
@@ -588,40 +589,6 @@ fn encode_header_value(v: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// The URL without userinfo, query and fragment (they may carry credentials).
-fn describe_url(url: &Url) -> String {
-    let mut u = url.clone();
-    let _ = u.set_username("");
-    let _ = u.set_password(None);
-    u.set_query(None);
-    u.set_fragment(None);
-    u.to_string()
-}
-
-/// For error messages about a URL that may not parse: drop everything from `?`, and the
-/// userinfo.
-fn redact(url: &str) -> String {
-    match Url::parse(url) {
-        Ok(u) => describe_url(&u),
-        Err(_) => {
-            let no_query = url.split(['?', '#']).next().unwrap_or_default();
-            match no_query.split_once("://") {
-                Some((scheme, rest)) => match rest.split_once('/') {
-                    Some((auth, path)) => {
-                        let host = auth.rsplit_once('@').map_or(auth, |(_, h)| h);
-                        format!("{scheme}://{host}/{path}")
-                    }
-                    None => {
-                        let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
-                        format!("{scheme}://{host}")
-                    }
-                },
-                None => no_query.to_owned(),
-            }
-        }
-    }
-}
-
 /// The workspace's one rustls provider (ring; see DEPENDENCIES.md): reqwest's
 /// `rustls-no-provider` build takes the process default, so install it before building a
 /// client. A provider already installed (by us or the host application) is kept.
@@ -784,11 +751,23 @@ mod tests {
         assert_eq!(encode_header_value(" "), "%20");
     }
 
-    #[test]
-    fn descriptions_hide_credentials_and_queries() {
-        let u = Url::parse("https://user:pw@hooks.example.com:8443/in?token=abc#x").unwrap();
-        assert_eq!(describe_url(&u), "https://hooks.example.com:8443/in");
-        assert_eq!(redact("https://user:pw@h/p?token=abc"), "https://h/p");
-        assert_eq!(redact("http://u:p@[bad/x?t=1"), "http://[bad/x");
+    #[tokio::test]
+    async fn descriptions_hide_credentials_and_queries() {
+        let sink = WebhookSink::connect_with(
+            "https://user:pw@hooks.example.com:8443/in?token=abc#x",
+            WebhookOptions::default(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            sink.describe(),
+            "webhook https://user:***@hooks.example.com:8443/in"
+        );
+        let e = WebhookSink::connect_with("http://u:pw@[bad/x?t=1", WebhookOptions::default())
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(!e.contains("pw") && !e.contains("t=1"), "{e}");
     }
 }

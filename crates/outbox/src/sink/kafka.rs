@@ -40,8 +40,8 @@ impl KafkaSink {
     /// configuration librdkafka refuses.
     pub async fn connect(url: &str) -> Result<Self, SinkError> {
         let invalid = |reason: String| SinkError::InvalidUrl {
-            url: url.to_owned(),
-            reason,
+            url: crate::redact::redact_url(url),
+            reason: crate::redact::scrub(&reason, url),
         };
         let rest = url
             .strip_prefix("kafka://")
@@ -59,7 +59,11 @@ impl KafkaSink {
                         invalid(format!("message_timeout_ms={v:?} is not a number"))
                     })?;
                 }
-                _ => return Err(invalid(format!("unknown option {pair:?}"))),
+                _ => {
+                    // The name only: the value of a mistyped option may be a secret.
+                    let name = pair.split_once('=').map_or(pair, |(k, _)| k);
+                    return Err(invalid(format!("unknown option {name:?}")));
+                }
             }
         }
         let producer: FutureProducer = ClientConfig::new()

@@ -61,6 +61,7 @@
 
 use super::{PublishError, Sink, SinkError};
 use crate::message::{OutgoingMessage, header};
+use crate::redact::redact_url_without_query;
 use async_trait::async_trait;
 use futures::future::join_all;
 use rumqttc::Outgoing;
@@ -590,7 +591,7 @@ impl MqttSink {
     /// # Errors
     /// As [`MqttSink::connect`].
     pub async fn connect_with(url: &str, options: MqttSinkOptions) -> Result<Self, SinkError> {
-        let redacted = redact(url);
+        let redacted = redact_url_without_query(url);
         let parsed = parse_url(url).map_err(|reason| SinkError::InvalidUrl {
             url: redacted.clone(),
             reason,
@@ -830,18 +831,6 @@ fn qos_number(q: QoS) -> u8 {
     }
 }
 
-/// The URL without userinfo and query.
-fn redact(url: &str) -> String {
-    let no_query = url.split(['?', '#']).next().unwrap_or_default();
-    match no_query.split_once("://") {
-        Some((scheme, rest)) => {
-            let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
-            format!("{scheme}://{host}")
-        }
-        None => no_query.to_owned(),
-    }
-}
-
 /// The workspace's one rustls provider (ring; see DEPENDENCIES.md). A provider already
 /// installed (by another sink or the host application) is kept.
 fn install_ring_provider() {
@@ -949,12 +938,25 @@ mod tests {
         }
     }
 
-    #[test]
-    fn descriptions_hide_credentials() {
+    #[tokio::test]
+    async fn descriptions_hide_credentials() {
+        let options = MqttSinkOptions {
+            initial_connect_wait: Duration::ZERO,
+            ..MqttSinkOptions::default()
+        };
+        let sink = MqttSink::connect_with("mqtt://u:secret@127.0.0.1:1?client_id=x", options)
+            .await
+            .unwrap();
         assert_eq!(
-            redact("mqtt://u:secret@h:1883?client_id=x"),
-            "mqtt://h:1883"
+            sink.describe(),
+            "mqtt://u:***@127.0.0.1:1 (qos 1, client id x)"
         );
+        let e = MqttSink::connect_with("mqtt://u:secret@h?qos=7", MqttSinkOptions::default())
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(!e.contains("secret"), "{e}");
     }
 
     #[test]

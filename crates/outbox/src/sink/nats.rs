@@ -15,6 +15,7 @@
 
 use super::{PublishError, Sink, SinkError};
 use crate::message::OutgoingMessage;
+use crate::redact::{redact_url, scrub};
 use async_nats::HeaderMap;
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
@@ -68,20 +69,16 @@ impl NatsSink {
             .connect(url)
             .await
             .map_err(|e| SinkError::InvalidUrl {
-                url: url.to_owned(),
-                reason: e.to_string(),
+                url: redact_url(url),
+                reason: scrub(&e.to_string(), url),
             })?;
         let js = async_nats::jetstream::ContextBuilder::new()
             .timeout(options.ack_timeout)
             .build(client.clone());
-        let describe = match url.rsplit_once('@') {
-            Some((_, host)) => format!("nats://…@{host}"),
-            None => url.to_owned(),
-        };
         let sink = NatsSink {
             client,
             js,
-            describe,
+            describe: redact_url(url),
         };
         // Give the first connection a moment, so the first batch does not find it still
         // being made; a server that is down is not an error here.

@@ -52,6 +52,7 @@
 
 use super::{PublishError, Sink, SinkError};
 use crate::message::{OutgoingMessage, header};
+use crate::redact::redact_url as redact;
 use async_trait::async_trait;
 use futures::future::{MaybeDone, join_all, maybe_done};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
@@ -621,14 +622,6 @@ fn server_max_from(text: &str) -> Option<usize> {
     digits.parse().ok()
 }
 
-/// The URL without credentials, for errors and logs.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://…@{}", &url[..s], &url[at + 1..]),
-        _ => url.to_owned(),
-    }
-}
-
 /// Query parameters lapin itself reads from an AMQP URI.
 const LAPIN_PARAMS: [&str; 5] = [
     "frame_max",
@@ -760,7 +753,7 @@ mod tests {
 
     #[test]
     fn redacts_credentials_and_reads_server_limits() {
-        assert_eq!(redact("amqp://u:secret@h:1/v"), "amqp://…@h:1/v");
+        assert_eq!(redact("amqp://u:secret@h:1/v"), "amqp://u:***@h:1/v");
         assert_eq!(
             server_max_from(
                 "PRECONDITION_FAILED - message size 2000 is larger than configured max size 1024"

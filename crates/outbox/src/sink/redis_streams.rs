@@ -38,6 +38,7 @@
 
 use super::{PublishError, Sink, SinkError};
 use crate::message::{OutgoingMessage, header};
+use crate::redact::redact_url as redact;
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError, RedisResult, Value};
@@ -282,14 +283,6 @@ fn classify_reply(e: &RedisError, topic: &str) -> PublishError {
     }
 }
 
-/// The URL without credentials, for errors and logs.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://…@{}", &url[..s], &url[at + 1..]),
-        _ => url.to_owned(),
-    }
-}
-
 /// Splits our parameters off `url`; returns the URL for the client and the options.
 fn parse_url(url: &str) -> Result<(String, RedisStreamsOptions), SinkError> {
     let invalid = |reason: String| SinkError::InvalidUrl {
@@ -354,6 +347,6 @@ mod tests {
         assert!(parse_url("redis://h?maxlen=0").is_err());
         assert!(parse_url("redis://h?maxln=5").is_err());
         assert!(parse_url("rediss://h").is_err());
-        assert_eq!(redact("redis://u:secret@h:1/0"), "redis://…@h:1/0");
+        assert_eq!(redact("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
     }
 }
