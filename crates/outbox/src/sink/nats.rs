@@ -25,6 +25,10 @@ use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
 
+/// How long [`NatsSink::connect`] waits for the first connection before it returns anyway
+/// (and logs one warning naming the redacted URL).
+pub const INITIAL_CONNECT_WAIT: Duration = Duration::from_secs(2);
+
 /// Settings of the NATS sink.
 #[derive(Debug, Clone)]
 pub struct NatsOptions {
@@ -81,8 +85,10 @@ impl NatsSink {
             describe: redact_url(url),
         };
         // Give the first connection a moment, so the first batch does not find it still
-        // being made; a server that is down is not an error here.
-        sink.connected_within(Duration::from_secs(2)).await;
+        // being made; a server that is down is not an error here, but it is said once.
+        if !sink.connected_within(INITIAL_CONNECT_WAIT).await {
+            tracing::warn!(sink = %sink.describe, wait = ?INITIAL_CONNECT_WAIT, "NATS not reachable yet; the connection keeps retrying in the background");
+        }
         Ok(sink)
     }
 
