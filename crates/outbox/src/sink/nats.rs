@@ -58,7 +58,8 @@ pub struct NatsSink {
 }
 
 impl NatsSink {
-    /// Connects to `url` (`nats://HOST:PORT`, optionally `nats://user:pass@HOST:PORT`).
+    /// Connects to `url` (`nats://HOST:PORT`, optionally `nats://USER:PASS@HOST:PORT` or
+    /// `nats://TOKEN@HOST:PORT`, percent-encoded).
     /// The connection is made in the background and kept alive: a server that is down at
     /// start makes publishes report the destination unavailable until it is up (their
     /// attempts are given back); it does not fail the relay.
@@ -66,7 +67,14 @@ impl NatsSink {
     /// # Errors
     /// [`SinkError::InvalidUrl`] when the URL cannot be parsed.
     pub async fn connect(url: &str, options: NatsOptions) -> Result<Self, SinkError> {
-        let client = async_nats::ConnectOptions::new()
+        let mut connect = async_nats::ConnectOptions::new();
+        // async-nats reads no credentials from the URL itself: pass them on.
+        match url_credentials(url) {
+            Some((user, Some(pass))) => connect = connect.user_and_password(user, pass),
+            Some((token, None)) => connect = connect.token(token),
+            None => {}
+        }
+        let client = connect
             .retry_on_initial_connect()
             .max_reconnects(None)
             // Reconnect quickly after a broker restart: 50 ms doubling to at most 1 s.
@@ -247,6 +255,20 @@ impl Sink for NatsSink {
     }
 }
 
+/// The percent-decoded user name (or token) and password of `url`'s userinfo.
+fn url_credentials(url: &str) -> Option<(String, Option<String>)> {
+    let u = url::Url::parse(url).ok()?;
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    match (u.username(), u.password()) {
+        ("", None) => None,
+        (user, pass) => Some((decode(user), pass.map(decode))),
+    }
+}
+
 /// A subject a publish may use (<https://docs.nats.io/nats-concepts/subjects>): tokens
 /// separated by `.`, none empty, no whitespace or control characters, no `*` / `>`
 /// wildcard tokens.
@@ -402,6 +424,19 @@ fn classify(kind: PublishErrorKind, text: String, topic: &str) -> Err_ {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_come_from_the_url() {
+        assert_eq!(
+            url_credentials("nats://relay:p%40ss@127.0.0.1:4222"),
+            Some(("relay".into(), Some("p@ss".into())))
+        );
+        assert_eq!(
+            url_credentials("nats://s3cr3t@127.0.0.1:4222"),
+            Some(("s3cr3t".into(), None))
+        );
+        assert_eq!(url_credentials("nats://127.0.0.1:4222"), None);
+    }
 
     #[test]
     fn jetstream_error_codes_are_read_and_classified() {
