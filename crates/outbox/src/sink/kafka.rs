@@ -8,8 +8,10 @@
 //!   replicas have the record). Envelope: record headers `message-id`, `topic`, `key`,
 //!   `occurred-at` and the stored headers.
 //! - Errors: record too large, unknown topic (topics are not created by the relay), topic
-//!   authorization failure → permanent; delivery timeout, all brokers down → unavailable
-//!   (the destination, not the message); a full local queue and anything else → transient.
+//!   authorization failure, invalid record, policy violation → permanent; delivery
+//!   timeout, all brokers down, no leader, not enough in-sync replicas, authentication, a
+//!   full local queue, a throttling quota → unavailable (the destination, not the
+//!   message); anything else → transient.
 //!   Error codes: <https://docs.confluent.io/platform/current/clients/librdkafka/html/rdkafka_8h.html>.
 //!
 //! URL: `kafka://HOST:PORT[,HOST:PORT…][?message_timeout_ms=N]`.
@@ -132,9 +134,32 @@ fn classify(e: &KafkaError, topic: &str) -> PublishError {
         Some(C::TopicAuthorizationFailed) => {
             PublishError::permanent(format!("not authorised to write to {topic:?}: {e}"))
         }
-        Some(C::MessageTimedOut | C::AllBrokersDown) => {
+        // The broker's record validation or a topic policy refuses this record (Kafka
+        // protocol error codes 87 INVALID_RECORD and 44 POLICY_VIOLATION, not retriable).
+        Some(C::InvalidRecord | C::PolicyViolation) => {
+            PublishError::permanent(format!("Kafka refused the record for {topic:?}: {e}"))
+        }
+        // TIMED_OUT: no delivery report within message.timeout.ms.
+        Some(C::MessageTimedOut) => {
             PublishError::unavailable(format!("Kafka did not confirm: {e}"))
         }
+        // TIMED_OUT: the broker did not answer the produce request in time (7).
+        Some(C::RequestTimedOut) => PublishError::transient(format!("Kafka publish: {e}")),
+        // The cluster, not the record: no broker reachable, no leader, not enough in-sync
+        // replicas (5, 6, 8, 19, 20), authentication; and pressure: the local producer
+        // queue is full (queue.buffering.max.messages) or a quota throttles us (89).
+        Some(
+            C::AllBrokersDown
+            | C::LeaderNotAvailable
+            | C::NotLeaderForPartition
+            | C::BrokerNotAvailable
+            | C::NotEnoughReplicas
+            | C::NotEnoughReplicasAfterAppend
+            | C::Authentication
+            | C::SaslAuthenticationFailed
+            | C::QueueFull
+            | C::ThrottlingQuotaExceeded,
+        ) => PublishError::unavailable(format!("Kafka cannot take records now: {e}")),
         _ => PublishError::transient(format!("Kafka publish: {e}")),
     }
 }

@@ -30,8 +30,9 @@
 //!
 //! - A PUBACK/PUBREC reason code ≥ 0x80 fails the message (MQTT v5 §3.4.2.1): `0x87` not
 //!   authorized, `0x90` topic name invalid, `0x99` payload format invalid → permanent;
-//!   `0x80` unspecified, `0x83` implementation specific, `0x91` packet id in use, `0x97`
-//!   quota exceeded → transient. `0x10` "no matching subscribers" is a success: the broker
+//!   `0x80` unspecified, `0x83` implementation specific, `0x91` packet id in use →
+//!   transient; `0x97` quota exceeded → unavailable (the broker's limit, not the
+//!   message). `0x10` "no matching subscribers" is a success: the broker
 //!   accepted the message, and MQTT keeps nothing for a topic nobody subscribes to (only
 //!   persistent sessions subscribed beforehand receive it later). Subscribe before
 //!   publishing, with a persistent session (clean start off) where consumers may be offline.
@@ -352,10 +353,12 @@ fn ack_failure(reason: AckReason, reason_string: Option<String>) -> Option<Publi
     if let Some(s) = reason_string.filter(|s| !s.is_empty()) {
         text.push_str(&format!(" ({s})"));
     }
-    Some(if permanent {
-        PublishError::permanent(text)
-    } else {
-        PublishError::transient(text)
+    Some(match (reason, permanent) {
+        // 0x97 Quota exceeded (§3.4.2.1: "An implementation or administrative imposed
+        // limit has been exceeded"): the broker's pressure, not the message.
+        (AckReason::QuotaExceeded, _) => PublishError::unavailable(text),
+        (_, true) => PublishError::permanent(text),
+        (_, false) => PublishError::transient(text),
     })
 }
 
@@ -979,11 +982,14 @@ mod tests {
         ] {
             assert!(!ack_failure(r, None).unwrap().is_transient(), "{r:?}");
         }
+        assert_eq!(
+            ack_failure(AckReason::QuotaExceeded, None).unwrap().kind,
+            super::super::ErrorKind::Unavailable
+        );
         for r in [
             AckReason::UnspecifiedError,
             AckReason::ImplementationSpecificError,
             AckReason::PacketIdentifierInUse,
-            AckReason::QuotaExceeded,
         ] {
             let e = ack_failure(r, Some("busy".into())).unwrap();
             assert_eq!(e.kind, super::super::ErrorKind::Transient, "{r:?}");

@@ -418,6 +418,11 @@ impl RabbitMqSink {
                             None => PublishError::transient(format!("RabbitMQ: {text}")),
                         }
                     }
+                    // 311 content-too-large (AMQP 0-9-1 §1.9 constants): this message.
+                    AMQPErrorKind::Soft(AMQPSoftError::CONTENTTOOLARGE) => {
+                        PublishError::permanent(format!("RabbitMQ refused the message: {text}"))
+                    }
+                    // 405 resource-locked and the rest: a later try may work.
                     AMQPErrorKind::Soft(_) => PublishError::transient(format!("RabbitMQ: {text}")),
                     AMQPErrorKind::Hard(_) => {
                         PublishError::unavailable(format!("RabbitMQ closed the connection: {text}"))
