@@ -276,6 +276,8 @@ fn classify_reply(e: &RedisError, topic: &str) -> PublishError {
         | "CLUSTERDOWN" | "MOVED" | "ASK" => {
             PublishError::unavailable(format!("Redis cannot take writes now: {text}"))
         }
+        // TIMED_OUT: `is_timeout()` (no reply within the response timeout) belongs there;
+        // I/O errors and a dropped connection stay unavailable.
         _ if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
             PublishError::unavailable(format!("Redis connection failed: {text}"))
         }
