@@ -184,11 +184,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG").unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("info,sqlx=warn,async_nats=warn")
-            }),
-        )
+        .with_env_filter(log_filter(std::env::var("OUTBOX_LOG").ok().as_deref()))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
@@ -209,6 +205,59 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The log filter when `OUTBOX_LOG` is unset or empty.
+const DEFAULT_LOG: &str = "info,sqlx=warn";
+
+/// Client libraries that log message bodies, headers or frames at some level (lapin warns
+/// with a returned message's headers and payload bytes; the others dump packets, frames or
+/// commands at debug and trace), with the most they may log. Appended to every filter,
+/// `OUTBOX_LOG=trace` included, unless the filter names exactly that target itself (an
+/// explicit `OUTBOX_LOG=info,lapin=debug` is the operator's choice; naming one module,
+/// `lapin::channel=trace`, leaves the rest of the crate quiet).
+const QUIET_TARGETS: [(&str, &str); 11] = [
+    ("lapin", "error"),
+    ("amq_protocol", "error"),
+    ("async_nats", "warn"),
+    ("rumqttc", "warn"),
+    ("redis", "warn"),
+    ("reqwest", "warn"),
+    ("hyper", "warn"),
+    ("hyper_util", "warn"),
+    ("h2", "warn"),
+    ("rdkafka", "warn"),
+    ("rustls", "warn"),
+];
+
+/// The `EnvFilter` directives for `OUTBOX_LOG` (or [`DEFAULT_LOG`]) plus [`QUIET_TARGETS`]
+/// for every target the user's directives do not name. An unparsable `OUTBOX_LOG` falls
+/// back to the default.
+fn log_filter_directives(user: Option<&str>) -> String {
+    let base = user
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .unwrap_or(DEFAULT_LOG);
+    let named = |target: &str| {
+        base.split(',').any(|d| {
+            let t = d.split(['=', '[']).next().unwrap_or_default().trim();
+            t == target
+        })
+    };
+    let mut directives = base.to_owned();
+    for (target, level) in QUIET_TARGETS {
+        if !named(target) {
+            directives.push_str(&format!(",{target}={level}"));
+        }
+    }
+    directives
+}
+
+fn log_filter(user: Option<&str>) -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::try_new(log_filter_directives(user)).unwrap_or_else(|e| {
+        eprintln!("warning: OUTBOX_LOG is not a valid filter ({e}); using {DEFAULT_LOG:?}");
+        tracing_subscriber::EnvFilter::new(log_filter_directives(None))
+    })
 }
 
 /// The error and its causes, each once (many errors repeat their source's text).
@@ -257,7 +306,12 @@ async fn connect(cli: &Cli, create: bool) -> anyhow::Result<AnyStore> {
     let open = async |limit| {
         AnyStore::connect(url, config(limit)?)
             .await
-            .with_context(|| format!("cannot open the store at {}", redact(url)))
+            .with_context(|| {
+                format!(
+                    "cannot open the store at {}",
+                    outbox::redact::redact_url(url)
+                )
+            })
     };
     let default = outbox::store::DEFAULT_MAX_MESSAGE_BYTES;
     let store = open(cli.max_message_bytes.unwrap_or(default)).await?;
@@ -281,20 +335,6 @@ fn sqlite_path(url: &str) -> Option<&str> {
     let rest = url.strip_prefix("sqlite:")?;
     let rest = rest.strip_prefix("//").unwrap_or(rest);
     Some(rest.split('?').next().unwrap_or(rest))
-}
-
-/// The URL without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -510,5 +550,33 @@ async fn shutdown_on_signal(cancel: CancellationToken) {
             );
             std::process::exit(130);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter_directives;
+
+    #[test]
+    fn body_logging_targets_are_quiet_unless_named() {
+        let d = log_filter_directives(Some("trace"));
+        assert!(d.starts_with("trace,"), "{d}");
+        assert!(
+            d.contains(",lapin=error") && d.contains(",rumqttc=warn"),
+            "{d}"
+        );
+        let d = log_filter_directives(Some("info,lapin=debug"));
+        assert!(!d.contains("lapin=error"), "{d}");
+        assert!(d.contains("async_nats=warn"), "{d}");
+        // A module of the target: the rest of the target stays quiet (the most specific
+        // directive wins for that module).
+        let d = log_filter_directives(Some("lapin::channel[x]=trace"));
+        assert!(d.contains("lapin=error"), "{d}");
+        let d = log_filter_directives(None);
+        assert!(d.starts_with("info,sqlx=warn,lapin=error"), "{d}");
+        assert_eq!(
+            log_filter_directives(Some("  ")),
+            log_filter_directives(None)
+        );
     }
 }

@@ -8,12 +8,14 @@
 //! message id for consumers to deduplicate on.
 //!
 //! Modules: [`message`] (what producers enqueue), [`store`] (where messages live),
-//! [`sink`] (where they go), [`relay`] (the loop between), [`backoff`].
+//! [`sink`] (where they go), [`relay`] (the loop between), [`backoff`], [`redact`] (what of a
+//! URL may be shown).
 
 pub mod backoff;
 pub mod error;
 pub mod ident;
 pub mod message;
+pub mod redact;
 pub mod relay;
 pub mod sink;
 pub mod store;

@@ -1,8 +1,8 @@
 //! HTTP webhook sink (reqwest): one `POST` per message to a fixed endpoint.
 //!
 //! - URL = the endpoint (`http://` or `https://`, query string kept; userinfo is sent as
-//!   HTTP Basic credentials). `describe()` and error messages show it without userinfo and
-//!   query. Redirects are not followed: a `POST` must not silently become a `GET` elsewhere
+//!   HTTP Basic credentials). `describe()` and error messages show it without the password
+//!   and the query ([`crate::redact::redact_url_without_query`]). Redirects are not followed: a `POST` must not silently become a `GET` elsewhere
 //!   (configure the final URL).
 //! - Body = the payload bytes, unchanged (empty payloads send an empty body).
 //!   `Content-Type` = the message's `content-type` header, else `application/octet-stream`.
@@ -35,11 +35,18 @@
 //!   named by [`SECRET_FILE_ENV`], in the form `whsec_<base64>` (the key is the decoded
 //!   bytes). It is never logged or shown by `describe()`.
 //!
-//! Confirmed = a `2xx` response. Classification (DESIGN.md, "What confirmed means per
-//! sink"):
-//! - `408`, `429`, `5xx`, a timeout after the request was sent, a connection broken
-//!   mid-exchange → transient, with [`PublishError::retry_after`] from `Retry-After`
-//!   (delta-seconds or an HTTP-date, RFC 9110 §10.2.3; capped at [`MAX_RETRY_AFTER`]);
+//! Confirmed = a `2xx` response. Classification (RFC 9110 §15; the README's "Error
+//! classification per sink"):
+//! - `429` Too Many Requests (RFC 6585 §4) and `503` Service Unavailable (RFC 9110
+//!   §15.6.4) → unavailable: the endpoint is rate limiting or overloaded, which says
+//!   nothing about the message (the relay gives the attempt back and the destination backs
+//!   off), with [`PublishError::retry_after`] from `Retry-After`;
+//! - `408`, other `5xx`, a timeout after the request was sent, a connection broken
+//!   mid-exchange → transient, with `retry_after` from `Retry-After` too;
+//! - `Retry-After` is delta-seconds or an HTTP-date (RFC 9110 §10.2.3), capped at
+//!   [`MAX_RETRY_AFTER`]. A date is the server's clock, so the delay is that date minus the
+//!   response's own `Date` header (§6.6.1); only a response without a parseable `Date`
+//!   measures it against this host's clock;
 //! - `409` → transient too: with an `Idempotency-Key` it means "a request with this key is
 //!   still being processed" (the idempotency-key draft, §2.6), which a later retry resolves;
 //! - any other `4xx`, and `3xx` (not followed) → permanent, with the status and at most 200
@@ -47,12 +54,17 @@
 //! - connection refused, DNS failure, connect timeout, TLS handshake failure → unavailable
 //!   (the endpoint, not the message: the relay gives the attempt back).
 //!
+//! Request timeout: [`WebhookOptions::timeout`] (10 s by default), or the URL's
+//! `outbox_timeout_ms=N` query parameter ([`TIMEOUT_PARAM`]), which is removed from the
+//! URL before any request is sent.
+//!
 //! What a `2xx` promises is whatever the receiver's handler did before answering; this sink
 //! cannot make it stronger. Receivers should persist (or deduplicate on `Idempotency-Key`)
 //! before answering `2xx`.
 
 use super::{Confirmations, PublishError, Sink, SinkError};
 use crate::message::{OutgoingMessage, header};
+use crate::redact::redact_url_without_query;
 use async_trait::async_trait;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -219,7 +231,9 @@ impl WebhookSecret {
 pub struct WebhookOptions {
     /// Bound on one request, from connecting to the end of the response headers and the
     /// (bounded) read of its body (default 10 s). Keep it at or below the relay's publish
-    /// timeout, which bounds the whole batch.
+    /// timeout, which bounds the whole batch (and, with routes, below the destination
+    /// timeout). The URL's [`TIMEOUT_PARAM`] (`?outbox_timeout_ms=N`), when present,
+    /// replaces it.
     pub timeout: Duration,
     /// Requests in flight at once within one batch (default 32; at least 1). With HTTP/1.1
     /// each is a connection of its own, kept alive for the next batch.
@@ -271,7 +285,7 @@ impl WebhookSink {
     /// [`SinkError::Open`] for an unusable secret or a client that cannot be built.
     pub async fn connect(url: &str) -> Result<Self, SinkError> {
         let options = WebhookOptions::from_env().map_err(|e| SinkError::Open {
-            url: redact(url),
+            url: redact_url_without_query(url),
             source: Box::new(e),
         })?;
         Self::connect_with(url, options).await
@@ -283,10 +297,11 @@ impl WebhookSink {
     /// As [`WebhookSink::connect`].
     pub async fn connect_with(url: &str, options: WebhookOptions) -> Result<Self, SinkError> {
         let invalid = |reason: String| SinkError::InvalidUrl {
-            url: redact(url),
+            url: redact_url_without_query(url),
             reason,
         };
-        let parsed = Url::parse(url).map_err(|e| invalid(e.to_string()))?;
+        let mut parsed = Url::parse(url).map_err(|e| invalid(e.to_string()))?;
+        let timeout_param = take_timeout_param(&mut parsed).map_err(invalid)?;
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(invalid("the scheme must be http or https".into()));
         }
@@ -294,7 +309,9 @@ impl WebhookSink {
             return Err(invalid("the URL has no host".into()));
         }
         install_ring_provider();
-        let timeout = options.timeout.max(Duration::from_millis(1));
+        let timeout = timeout_param
+            .unwrap_or(options.timeout)
+            .max(Duration::from_millis(1));
         let max_in_flight = options.max_in_flight.max(1);
         let client = reqwest::Client::builder()
             .timeout(timeout)
@@ -304,12 +321,12 @@ impl WebhookSink {
             .user_agent(concat!("outbox/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| SinkError::Open {
-                url: redact(url),
+                url: redact_url_without_query(url),
                 source: Box::new(e.without_url()),
             })?;
         Ok(WebhookSink {
             client,
-            describe: describe_url(&parsed),
+            describe: redact_url_without_query(url),
             url: parsed,
             secret: options.secret,
             timeout,
@@ -412,6 +429,8 @@ impl WebhookSink {
         if text.connect {
             PublishError::unavailable(format!("cannot reach {}: {}", self.describe, text.text))
         } else if text.timeout {
+            // The request was sent and no response came within the timeout: the router
+            // judges whether that is the message's fault or the destination's.
             PublishError::timed_out(format!(
                 "{} did not answer within {:?}",
                 self.describe, self.timeout
@@ -451,13 +470,22 @@ fn error_chain(e: &reqwest::Error) -> ErrorText {
 enum StatusClass {
     Ok,
     Transient,
+    /// The endpoint says it is overloaded or rate limiting (`429`, RFC 6585 §4; `503`,
+    /// RFC 9110 §15.6.4): destination pressure, unavailable.
+    Pressure,
     Permanent,
 }
 
+/// RFC 9110 §15 (and RFC 6585 §4 for 429).
 fn classify_status(status: StatusCode) -> StatusClass {
     match status.as_u16() {
         200..=299 => StatusClass::Ok,
-        408 | 409 | 429 | 500..=599 => StatusClass::Transient,
+        429 | 503 => StatusClass::Pressure,
+        // 504 Gateway Timeout (§15.6.5): a gateway got no answer in time; the request may
+        // or may not have been processed. It is an answer (from the gateway), so not a
+        // timeout of ours: transient.
+        504 => StatusClass::Transient,
+        408 | 409 | 500..=599 => StatusClass::Transient,
         _ => StatusClass::Permanent,
     }
 }
@@ -477,11 +505,13 @@ async fn classify_response(mut resp: reqwest::Response) -> Result<(), PublishErr
             Ok(())
         }
         class => {
-            let retry_after = resp
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| parse_retry_after(v, chrono::Utc::now()));
+            let header = |name| resp.headers().get(name).and_then(|v| v.to_str().ok());
+            // An HTTP-date is the server's clock: measure it from the response's own Date.
+            let server_now = header(reqwest::header::DATE)
+                .and_then(parse_http_date)
+                .unwrap_or_else(chrono::Utc::now);
+            let retry_after =
+                header(reqwest::header::RETRY_AFTER).and_then(|v| parse_retry_after(v, server_now));
             let body = read_prefix(&mut resp, ERROR_BODY_BYTES).await;
             let mut message = format!("HTTP {status}");
             if status.is_redirection() {
@@ -501,15 +531,14 @@ async fn classify_response(mut resp: reqwest::Response) -> Result<(), PublishErr
                 message.push_str(": ");
                 message.push_str(&body);
             }
-            let mut e = if class == StatusClass::Transient {
-                PublishError::transient(message)
-            } else {
-                PublishError::permanent(message)
+            let mut e = match class {
+                StatusClass::Pressure => PublishError::unavailable(message),
+                StatusClass::Transient => PublishError::transient(message),
+                _ => PublishError::permanent(message),
             };
-            e.retry_after = if class == StatusClass::Transient {
-                retry_after
-            } else {
-                None
+            e.retry_after = match class {
+                StatusClass::Pressure | StatusClass::Transient => retry_after,
+                _ => None,
             };
             Err(e)
         }
@@ -542,15 +571,25 @@ async fn read_prefix(resp: &mut reqwest::Response, limit: usize) -> String {
 
 /// `Retry-After` (RFC 9110 §10.2.3): delta-seconds, or an HTTP-date (IMF-fixdate, and the
 /// obsolete RFC 850 and asctime forms recipients must accept, §5.6.7) relative to `now`.
-/// A date in the past gives zero; the result is capped at [`MAX_RETRY_AFTER`]. `None` when
-/// the value is neither.
+/// `now` is the server's clock: the response's `Date` header (§6.6.1), the relay's clock
+/// only when the response has no parseable `Date`, so a server whose clock is off still
+/// gets the delay it asked for. A date in the past gives zero; the result is capped at
+/// [`MAX_RETRY_AFTER`]. `None` when the value is neither.
 fn parse_retry_after(value: &str, now: chrono::DateTime<chrono::Utc>) -> Option<Duration> {
     let v = value.trim();
     if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
         let secs = v.parse::<u64>().unwrap_or(u64::MAX);
         return Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER));
     }
-    let date = chrono::DateTime::parse_from_rfc2822(v)
+    let date = parse_http_date(v)?;
+    let delta = (date - now).to_std().unwrap_or(Duration::ZERO);
+    Some(delta.min(MAX_RETRY_AFTER))
+}
+
+/// An HTTP-date (RFC 9110 §5.6.7): IMF-fixdate, RFC 850 or asctime.
+fn parse_http_date(value: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    let v = value.trim();
+    chrono::DateTime::parse_from_rfc2822(v)
         .map(|d| d.with_timezone(&chrono::Utc))
         .ok()
         .or_else(|| {
@@ -561,9 +600,7 @@ fn parse_retry_after(value: &str, now: chrono::DateTime<chrono::Utc>) -> Option<
             rfc850
                 .or_else(|| chrono::NaiveDateTime::parse_from_str(v, "%a %b %e %H:%M:%S %Y").ok())
                 .map(|n| n.and_utc())
-        })?;
-    let delta = (date - now).to_std().unwrap_or(Duration::ZERO);
-    Some(delta.min(MAX_RETRY_AFTER))
+        })
 }
 
 /// Percent-encodes what an HTTP header value cannot carry as it is (see the module docs):
@@ -588,38 +625,33 @@ fn encode_header_value(v: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// The URL without userinfo, query and fragment (they may carry credentials).
-fn describe_url(url: &Url) -> String {
-    let mut u = url.clone();
-    let _ = u.set_username("");
-    let _ = u.set_password(None);
-    u.set_query(None);
-    u.set_fragment(None);
-    u.to_string()
-}
+/// The query parameter that sets the request timeout, in milliseconds.
+pub const TIMEOUT_PARAM: &str = "outbox_timeout_ms";
 
-/// For error messages about a URL that may not parse: drop everything from `?`, and the
-/// userinfo.
-fn redact(url: &str) -> String {
-    match Url::parse(url) {
-        Ok(u) => describe_url(&u),
-        Err(_) => {
-            let no_query = url.split(['?', '#']).next().unwrap_or_default();
-            match no_query.split_once("://") {
-                Some((scheme, rest)) => match rest.split_once('/') {
-                    Some((auth, path)) => {
-                        let host = auth.rsplit_once('@').map_or(auth, |(_, h)| h);
-                        format!("{scheme}://{host}/{path}")
-                    }
-                    None => {
-                        let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
-                        format!("{scheme}://{host}")
-                    }
-                },
-                None => no_query.to_owned(),
+/// Removes [`TIMEOUT_PARAM`] from `url`'s query (the endpoint never sees it) and returns
+/// its value; other parameters stay as written.
+fn take_timeout_param(url: &mut Url) -> Result<Option<Duration>, String> {
+    let Some(query) = url.query() else {
+        return Ok(None);
+    };
+    let mut timeout = None;
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some((TIMEOUT_PARAM, v)) => {
+                let ms = v.parse::<u64>().ok().filter(|ms| *ms > 0).ok_or_else(|| {
+                    format!("{TIMEOUT_PARAM} must be a positive number of milliseconds, got {v:?}")
+                })?;
+                timeout = Some(Duration::from_millis(ms));
             }
+            _ => kept.push(pair),
         }
     }
+    if timeout.is_some() {
+        let kept = kept.join("&");
+        url.set_query((!kept.is_empty()).then_some(kept.as_str()));
+    }
+    Ok(timeout)
 }
 
 /// The workspace's one rustls provider (ring; see DEPENDENCIES.md): reqwest's
@@ -768,12 +800,31 @@ mod tests {
     }
 
     #[test]
+    fn retry_after_dates_use_the_servers_clock() {
+        // The relay's clock is a day ahead of the server's: with the server's Date as
+        // "now", the requested 30 s stand.
+        let server_date = "Sun, 06 Nov 1994 08:49:07 GMT";
+        let retry_at = "Sun, 06 Nov 1994 08:49:37 GMT";
+        let server_now = parse_http_date(server_date).unwrap();
+        assert_eq!(
+            parse_retry_after(retry_at, server_now),
+            Some(Duration::from_secs(30))
+        );
+        let relay_now = server_now + chrono::Duration::days(1);
+        assert_eq!(parse_retry_after(retry_at, relay_now), Some(Duration::ZERO));
+        assert_eq!(parse_http_date("yesterday"), None);
+    }
+
+    #[test]
     fn status_classes() {
         let c = |s: u16| classify_status(StatusCode::from_u16(s).unwrap());
         assert_eq!(c(200), StatusClass::Ok);
         assert_eq!(c(204), StatusClass::Ok);
-        for s in [408, 409, 429, 500, 502, 503, 504] {
+        for s in [408, 409, 500, 502, 504] {
             assert_eq!(c(s), StatusClass::Transient, "{s}");
+        }
+        for s in [429, 503] {
+            assert_eq!(c(s), StatusClass::Pressure, "{s}");
         }
         for s in [301, 302, 400, 401, 403, 404, 410, 413, 422] {
             assert_eq!(c(s), StatusClass::Permanent, "{s}");
@@ -792,11 +843,23 @@ mod tests {
         assert_eq!(encode_header_value(" "), "%20");
     }
 
-    #[test]
-    fn descriptions_hide_credentials_and_queries() {
-        let u = Url::parse("https://user:pw@hooks.example.com:8443/in?token=abc#x").unwrap();
-        assert_eq!(describe_url(&u), "https://hooks.example.com:8443/in");
-        assert_eq!(redact("https://user:pw@h/p?token=abc"), "https://h/p");
-        assert_eq!(redact("http://u:p@[bad/x?t=1"), "http://[bad/x");
+    #[tokio::test]
+    async fn descriptions_hide_credentials_and_queries() {
+        let sink = WebhookSink::connect_with(
+            "https://user:pw@hooks.example.com:8443/in?token=abc#x",
+            WebhookOptions::default(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            sink.describe(),
+            "webhook https://user:***@hooks.example.com:8443/in"
+        );
+        let e = WebhookSink::connect_with("http://u:pw@[bad/x?t=1", WebhookOptions::default())
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(!e.contains("pw") && !e.contains("t=1"), "{e}");
     }
 }

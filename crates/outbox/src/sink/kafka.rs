@@ -8,8 +8,10 @@
 //!   replicas have the record). Envelope: record headers `message-id`, `topic`, `key`,
 //!   `occurred-at` and the stored headers.
 //! - Errors: record too large, unknown topic (topics are not created by the relay), topic
-//!   authorization failure → permanent; delivery timeout, all brokers down → unavailable
-//!   (the destination, not the message); a full local queue and anything else → transient.
+//!   authorization failure, invalid record, policy violation → permanent; delivery
+//!   timeout, all brokers down, no leader, not enough in-sync replicas, authentication, a
+//!   full local queue, a throttling quota → unavailable (the destination, not the
+//!   message); anything else → transient.
 //!   Error codes: <https://docs.confluent.io/platform/current/clients/librdkafka/html/rdkafka_8h.html>.
 //!
 //! URL: `kafka://HOST:PORT[,HOST:PORT…][?message_timeout_ms=N]`.
@@ -40,8 +42,8 @@ impl KafkaSink {
     /// configuration librdkafka refuses.
     pub async fn connect(url: &str) -> Result<Self, SinkError> {
         let invalid = |reason: String| SinkError::InvalidUrl {
-            url: url.to_owned(),
-            reason,
+            url: crate::redact::redact_url(url),
+            reason: crate::redact::scrub(&reason, url),
         };
         let rest = url
             .strip_prefix("kafka://")
@@ -59,7 +61,11 @@ impl KafkaSink {
                         invalid(format!("message_timeout_ms={v:?} is not a number"))
                     })?;
                 }
-                _ => return Err(invalid(format!("unknown option {pair:?}"))),
+                _ => {
+                    // The name only: the value of a mistyped option may be a secret.
+                    let name = pair.split_once('=').map_or(pair, |(k, _)| k);
+                    return Err(invalid(format!("unknown option {name:?}")));
+                }
             }
         }
         let producer: FutureProducer = ClientConfig::new()
@@ -128,9 +134,30 @@ fn classify(e: &KafkaError, topic: &str) -> PublishError {
         Some(C::TopicAuthorizationFailed) => {
             PublishError::permanent(format!("not authorised to write to {topic:?}: {e}"))
         }
-        Some(C::MessageTimedOut | C::AllBrokersDown) => {
-            PublishError::unavailable(format!("Kafka did not confirm: {e}"))
+        // The broker's record validation or a topic policy refuses this record (Kafka
+        // protocol error codes 87 INVALID_RECORD and 44 POLICY_VIOLATION, not retriable).
+        Some(C::InvalidRecord | C::PolicyViolation) => {
+            PublishError::permanent(format!("Kafka refused the record for {topic:?}: {e}"))
         }
+        // No delivery report within message.timeout.ms, or the broker did not answer the
+        // produce request in time (7): judged by the router like any timeout.
+        Some(C::MessageTimedOut) => PublishError::timed_out(format!("Kafka did not confirm: {e}")),
+        Some(C::RequestTimedOut) => PublishError::timed_out(format!("Kafka publish: {e}")),
+        // The cluster, not the record: no broker reachable, no leader, not enough in-sync
+        // replicas (5, 6, 8, 19, 20), authentication; and pressure: the local producer
+        // queue is full (queue.buffering.max.messages) or a quota throttles us (89).
+        Some(
+            C::AllBrokersDown
+            | C::LeaderNotAvailable
+            | C::NotLeaderForPartition
+            | C::BrokerNotAvailable
+            | C::NotEnoughReplicas
+            | C::NotEnoughReplicasAfterAppend
+            | C::Authentication
+            | C::SaslAuthenticationFailed
+            | C::QueueFull
+            | C::ThrottlingQuotaExceeded,
+        ) => PublishError::unavailable(format!("Kafka cannot take records now: {e}")),
         _ => PublishError::transient(format!("Kafka publish: {e}")),
     }
 }
@@ -164,7 +191,7 @@ impl Sink for KafkaSink {
                 };
                 // Confirmations are recorded as they arrive; a possible missing topic is
                 // looked up below first.
-                if !matches!(&r, Err(e) if e.kind == ErrorKind::Unavailable) {
+                if !matches!(&r, Err(e) if matches!(e.kind, ErrorKind::Unavailable | ErrorKind::TimedOut)) {
                     confirm.set(i, r.clone());
                 }
                 r
@@ -176,7 +203,7 @@ impl Sink for KafkaSink {
         let mut checked: HashMap<&str, Option<PublishError>> = HashMap::new();
         for (i, (m, r)) in batch.iter().zip(results).enumerate() {
             if let Err(e) = r
-                && e.kind == ErrorKind::Unavailable
+                && matches!(e.kind, ErrorKind::Unavailable | ErrorKind::TimedOut)
             {
                 if !checked.contains_key(m.topic.as_str()) {
                     let missing = self.topic_missing(&m.topic).await;

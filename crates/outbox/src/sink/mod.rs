@@ -132,18 +132,20 @@ impl std::error::Error for PublishError {}
 pub enum SinkError {
     /// The URL's form is not one this build knows.
     #[error(
-        "invalid sink URL {url:?}: {reason} (expected stdout, file:PATH, nats://, kafka://, amqp://, redis://, mqtt:// or http(s)://)"
+        "invalid sink URL {:?}: {reason} (expected stdout, file:PATH, nats://, kafka://, amqp://, redis://, mqtt:// or http(s)://)",
+        crate::redact::redact_url(url)
     )]
     InvalidUrl {
-        /// The URL as given.
+        /// The URL, redacted ([`crate::redact::redact_url`]; the message redacts it again,
+        /// whoever built the error).
         url: String,
         /// What is wrong with it.
         reason: String,
     },
     /// The sink could not be opened (file not writable, …).
-    #[error("cannot open sink {url:?}: {source}")]
+    #[error("cannot open sink {:?}: {source}", crate::redact::redact_url(url))]
     Open {
-        /// The URL as given.
+        /// The URL, redacted (as for [`SinkError::InvalidUrl`]).
         url: String,
         /// The cause.
         #[source]
@@ -338,7 +340,7 @@ pub trait Sink: Send + Sync + 'static {
 /// file cannot be opened.
 pub async fn open(url: &str) -> Result<Box<dyn Sink>, SinkError> {
     let invalid = |reason: &str| SinkError::InvalidUrl {
-        url: url.to_owned(),
+        url: crate::redact::redact_url(url),
         reason: reason.to_owned(),
     };
     if url == "stdout" || url == "stdout:" {
@@ -351,7 +353,7 @@ pub async fn open(url: &str) -> Result<Box<dyn Sink>, SinkError> {
         }
         return Ok(Box::new(file::FileSink::open(path).await.map_err(|e| {
             SinkError::Open {
-                url: url.to_owned(),
+                url: crate::redact::redact_url(url),
                 source: Box::new(e),
             }
         })?));

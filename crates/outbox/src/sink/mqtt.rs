@@ -30,8 +30,9 @@
 //!
 //! - A PUBACK/PUBREC reason code ≥ 0x80 fails the message (MQTT v5 §3.4.2.1): `0x87` not
 //!   authorized, `0x90` topic name invalid, `0x99` payload format invalid → permanent;
-//!   `0x80` unspecified, `0x83` implementation specific, `0x91` packet id in use, `0x97`
-//!   quota exceeded → transient. `0x10` "no matching subscribers" is a success: the broker
+//!   `0x80` unspecified, `0x83` implementation specific, `0x91` packet id in use →
+//!   transient; `0x97` quota exceeded → unavailable (the broker's limit, not the
+//!   message). `0x10` "no matching subscribers" is a success: the broker
 //!   accepted the message, and MQTT keeps nothing for a topic nobody subscribes to (only
 //!   persistent sessions subscribed beforehand receive it later). Subscribe before
 //!   publishing, with a persistent session (clean start off) where consumers may be offline.
@@ -61,6 +62,7 @@
 
 use super::{Confirmations, PublishError, Sink, SinkError};
 use crate::message::{OutgoingMessage, header};
+use crate::redact::redact_url_without_query;
 use async_trait::async_trait;
 use futures::future::join_all;
 use rumqttc::Outgoing;
@@ -351,10 +353,12 @@ fn ack_failure(reason: AckReason, reason_string: Option<String>) -> Option<Publi
     if let Some(s) = reason_string.filter(|s| !s.is_empty()) {
         text.push_str(&format!(" ({s})"));
     }
-    Some(if permanent {
-        PublishError::permanent(text)
-    } else {
-        PublishError::transient(text)
+    Some(match (reason, permanent) {
+        // 0x97 Quota exceeded (§3.4.2.1: "An implementation or administrative imposed
+        // limit has been exceeded"): the broker's pressure, not the message.
+        (AckReason::QuotaExceeded, _) => PublishError::unavailable(text),
+        (_, true) => PublishError::permanent(text),
+        (_, false) => PublishError::transient(text),
     })
 }
 
@@ -590,7 +594,7 @@ impl MqttSink {
     /// # Errors
     /// As [`MqttSink::connect`].
     pub async fn connect_with(url: &str, options: MqttSinkOptions) -> Result<Self, SinkError> {
-        let redacted = redact(url);
+        let redacted = redact_url_without_query(url);
         let parsed = parse_url(url).map_err(|reason| SinkError::InvalidUrl {
             url: redacted.clone(),
             reason,
@@ -830,18 +834,6 @@ fn qos_number(q: QoS) -> u8 {
     }
 }
 
-/// The URL without userinfo and query.
-fn redact(url: &str) -> String {
-    let no_query = url.split(['?', '#']).next().unwrap_or_default();
-    match no_query.split_once("://") {
-        Some((scheme, rest)) => {
-            let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
-            format!("{scheme}://{host}")
-        }
-        None => no_query.to_owned(),
-    }
-}
-
 /// The workspace's one rustls provider (ring; see DEPENDENCIES.md). A provider already
 /// installed (by another sink or the host application) is kept.
 fn install_ring_provider() {
@@ -951,12 +943,25 @@ mod tests {
         }
     }
 
-    #[test]
-    fn descriptions_hide_credentials() {
+    #[tokio::test]
+    async fn descriptions_hide_credentials() {
+        let options = MqttSinkOptions {
+            initial_connect_wait: Duration::ZERO,
+            ..MqttSinkOptions::default()
+        };
+        let sink = MqttSink::connect_with("mqtt://u:secret@127.0.0.1:1?client_id=x", options)
+            .await
+            .unwrap();
         assert_eq!(
-            redact("mqtt://u:secret@h:1883?client_id=x"),
-            "mqtt://h:1883"
+            sink.describe(),
+            "mqtt://u:***@127.0.0.1:1 (qos 1, client id x)"
         );
+        let e = MqttSink::connect_with("mqtt://u:secret@h?qos=7", MqttSinkOptions::default())
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(!e.contains("secret"), "{e}");
     }
 
     #[test]
@@ -979,11 +984,14 @@ mod tests {
         ] {
             assert!(!ack_failure(r, None).unwrap().is_transient(), "{r:?}");
         }
+        assert_eq!(
+            ack_failure(AckReason::QuotaExceeded, None).unwrap().kind,
+            super::super::ErrorKind::Unavailable
+        );
         for r in [
             AckReason::UnspecifiedError,
             AckReason::ImplementationSpecificError,
             AckReason::PacketIdentifierInUse,
-            AckReason::QuotaExceeded,
         ] {
             let e = ack_failure(r, Some("busy".into())).unwrap();
             assert_eq!(e.kind, super::super::ErrorKind::Transient, "{r:?}");

@@ -8,13 +8,19 @@
 //!   the server's `sync_interval` (NATS 2.9 defaults to syncing every 2 minutes; set
 //!   `sync_interval: always` in the server's `jetstream` block for fsync-before-ack).
 //! - Envelope headers: `message-id`, `topic`, `key`, `occurred-at`, then the stored headers.
-//! - Errors: a subject that no stream covers, a message over the server's `max_payload`,
-//!   a header NATS cannot carry (CR/LF), a topic that is not a publishable subject are
-//!   permanent; no connection, an acknowledgement timeout or a broken pipe mean the
-//!   server is unavailable (the message keeps its attempts); anything else is transient.
+//! - Errors (each rule and its source: the README's "Error classification per sink", and
+//!   the JetStream error code table in this module's source): a subject that no stream covers, a message over the
+//!   server's `max_payload` or the stream's `max_msg_size` (10054), a header NATS cannot
+//!   carry (CR/LF), a topic that is not a publishable subject, and the other refusals of
+//!   one message (expectation, TTL, rollup, counter and schedule headers; a sealed stream)
+//!   are permanent; no connection, an acknowledgement timeout, a broken pipe, a server
+//!   without JetStream (no responders, 10076, 10039), a stream offline or out of resources
+//!   (a full stream with `discard: new`) mean the destination is unavailable (the message
+//!   keeps its attempts); anything else is transient.
 
-use super::{Confirmations, PublishError, Sink, SinkError};
+use super::{Confirmations, ErrorKind, PublishError, Sink, SinkError};
 use crate::message::OutgoingMessage;
+use crate::redact::{redact_url, scrub};
 use async_nats::HeaderMap;
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
@@ -23,6 +29,10 @@ use futures::future::join_all;
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
+
+/// How long [`NatsSink::connect`] waits for the first connection before it returns anyway
+/// (and logs one warning naming the redacted URL).
+pub const INITIAL_CONNECT_WAIT: Duration = Duration::from_secs(2);
 
 /// Settings of the NATS sink.
 #[derive(Debug, Clone)]
@@ -48,7 +58,8 @@ pub struct NatsSink {
 }
 
 impl NatsSink {
-    /// Connects to `url` (`nats://HOST:PORT`, optionally `nats://user:pass@HOST:PORT`).
+    /// Connects to `url` (`nats://HOST:PORT`, optionally `nats://USER:PASS@HOST:PORT` or
+    /// `nats://TOKEN@HOST:PORT`, percent-encoded).
     /// The connection is made in the background and kept alive: a server that is down at
     /// start makes publishes report the destination unavailable until it is up (their
     /// attempts are given back); it does not fail the relay.
@@ -56,7 +67,14 @@ impl NatsSink {
     /// # Errors
     /// [`SinkError::InvalidUrl`] when the URL cannot be parsed.
     pub async fn connect(url: &str, options: NatsOptions) -> Result<Self, SinkError> {
-        let client = async_nats::ConnectOptions::new()
+        let mut connect = async_nats::ConnectOptions::new();
+        // async-nats reads no credentials from the URL itself: pass them on.
+        match url_credentials(url) {
+            Some((user, Some(pass))) => connect = connect.user_and_password(user, pass),
+            Some((token, None)) => connect = connect.token(token),
+            None => {}
+        }
+        let client = connect
             .retry_on_initial_connect()
             .max_reconnects(None)
             // Reconnect quickly after a broker restart: 50 ms doubling to at most 1 s.
@@ -68,24 +86,22 @@ impl NatsSink {
             .connect(url)
             .await
             .map_err(|e| SinkError::InvalidUrl {
-                url: url.to_owned(),
-                reason: e.to_string(),
+                url: redact_url(url),
+                reason: scrub(&e.to_string(), url),
             })?;
         let js = async_nats::jetstream::ContextBuilder::new()
             .timeout(options.ack_timeout)
             .build(client.clone());
-        let describe = match url.rsplit_once('@') {
-            Some((_, host)) => format!("nats://…@{host}"),
-            None => url.to_owned(),
-        };
         let sink = NatsSink {
             client,
             js,
-            describe,
+            describe: redact_url(url),
         };
         // Give the first connection a moment, so the first batch does not find it still
-        // being made; a server that is down is not an error here.
-        sink.connected_within(Duration::from_secs(2)).await;
+        // being made; a server that is down is not an error here, but it is said once.
+        if !sink.connected_within(INITIAL_CONNECT_WAIT).await {
+            tracing::warn!(sink = %sink.describe, wait = ?INITIAL_CONNECT_WAIT, "NATS not reachable yet; the connection keeps retrying in the background");
+        }
         Ok(sink)
     }
 
@@ -126,8 +142,19 @@ impl NatsSink {
         Ok(h)
     }
 
-    /// Is `subject` really covered by no stream? Asks the JetStream API, so that a server
-    /// still starting up (which also answers "no responders") counts as transient.
+    /// A publish got "no responders" (status 503): is `subject` really covered by no
+    /// stream? Asks the JetStream API (`$JS.API.STREAM.NAMES` filtered by subject):
+    /// - it answers with no stream → permanent (the message's subject is the problem);
+    /// - it has no responders itself, or answers 10076 "JetStream not enabled" / 10039
+    ///   "JetStream not enabled for account" → unavailable: the server has no JetStream, so
+    ///   the destination is missing, not the message (a server still starting up answers
+    ///   the same way);
+    /// - it names a stream (which did not answer the publish) → unavailable;
+    /// - anything else → transient.
+    ///
+    /// Sources: <https://docs.nats.io/reference/reference-protocols/nats_api_reference>
+    /// (no responders, status 503) and the server's error list
+    /// (<https://github.com/nats-io/nats-server/blob/main/server/errors.json>).
     async fn confirm_no_stream(&self, subject: &str) -> PublishError {
         use async_nats::jetstream::context::GetStreamByNameErrorKind as K;
         match self.js.stream_by_subject(subject).await {
@@ -137,10 +164,21 @@ impl NatsSink {
             Err(e) if matches!(e.kind(), K::InvalidSubject) => {
                 PublishError::permanent(format!("{subject:?} is not a valid NATS subject"))
             }
-            Ok(_) => {
-                PublishError::transient(format!("stream for subject {subject:?} did not answer"))
-            }
-            Err(e) => PublishError::transient(format!("JetStream unavailable: {e}")),
+            Ok(stream) => PublishError::unavailable(format!(
+                "JetStream stream {stream:?} (covering {subject:?}) did not answer the publish"
+            )),
+            Err(e) => match api_failure(&e) {
+                ApiFailure::NotEnabled(why) => PublishError::unavailable(format!(
+                    "JetStream is not available on {}: {why} (enable JetStream on the server, or for the account)",
+                    self.describe
+                )),
+                // The JetStream API did not answer within the ack timeout: judged by the
+                // router like any timeout.
+                ApiFailure::TimedOut => {
+                    PublishError::timed_out(format!("JetStream API did not answer in time: {e}"))
+                }
+                ApiFailure::Other => PublishError::transient(format!("JetStream API: {e}")),
+            },
         }
     }
 }
@@ -226,6 +264,20 @@ impl Sink for NatsSink {
     }
 }
 
+/// The percent-decoded user name (or token) and password of `url`'s userinfo.
+fn url_credentials(url: &str) -> Option<(String, Option<String>)> {
+    let u = url::Url::parse(url).ok()?;
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    match (u.username(), u.password()) {
+        ("", None) => None,
+        (user, pass) => Some((decode(user), pass.map(decode))),
+    }
+}
+
 /// A subject a publish may use (<https://docs.nats.io/nats-concepts/subjects>): tokens
 /// separated by `.`, none empty, no whitespace or control characters, no `*` / `>`
 /// wildcard tokens.
@@ -246,21 +298,178 @@ enum Err_ {
     NoStream,
 }
 
+/// What a failed JetStream API request (not a publish) says about the server.
+enum ApiFailure {
+    /// No responders, or JetStream not enabled (10076) / not enabled for the account
+    /// (10039): the text says which.
+    NotEnabled(String),
+    /// No answer in time.
+    TimedOut,
+    Other,
+}
+
+fn api_failure(e: &(dyn std::error::Error + 'static)) -> ApiFailure {
+    use async_nats::jetstream::ErrorCode;
+    use async_nats::jetstream::context::{RequestError, RequestErrorKind};
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(r) = err.downcast_ref::<RequestError>() {
+            match r.kind() {
+                RequestErrorKind::NoResponders => {
+                    return ApiFailure::NotEnabled("no responders for the JetStream API".into());
+                }
+                RequestErrorKind::TimedOut => return ApiFailure::TimedOut,
+                _ => {}
+            }
+        }
+        if let Some(js) = err.downcast_ref::<async_nats::jetstream::Error>()
+            && matches!(
+                js.error_code(),
+                ErrorCode::JETSTREAM_NOT_ENABLED | ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT
+            )
+        {
+            return ApiFailure::NotEnabled(js.to_string());
+        }
+        cur = err.source();
+    }
+    ApiFailure::Other
+}
+
+/// The JetStream error code of a publish error's text: async-nats renders the server's
+/// API error as "… (code 400, error code 10054)".
+fn jetstream_error_code(text: &str) -> Option<u64> {
+    let rest = text.rsplit_once("error code ")?.1;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// What a JetStream error code in a PubAck means for the message, per the server's error
+/// list (<https://github.com/nats-io/nats-server/blob/main/server/errors.json>) and the
+/// stream documentation (<https://docs.nats.io/nats-concepts/jetstream/streams>,
+/// <https://docs.nats.io/nats-concepts/jetstream/headers>). `None`: not a code this sink
+/// knows (transient).
+fn jetstream_code_kind(code: u64) -> Option<ErrorKind> {
+    match code {
+        // The message itself, or headers it carries, or a stream that can never take it:
+        // 10054 message size exceeds the stream's max_msg_size; 10097 headers over 64 KiB;
+        // 10060 `Nats-Expected-Stream` does not match; 10070 / 10071 / 10193
+        // `Nats-Expected-Last-Msg-Id` / `-Last-Sequence` / `-Last-Subject-Sequence` do not
+        // hold (optimistic concurrency: the same message can never pass); 10109 the stream
+        // is sealed (sealing cannot be undone); 10111 `Nats-Rollup` refused; 10165 / 10166
+        // `Nats-TTL` invalid or not allowed by the stream; 10168-10172 `Nats-Incr` counters;
+        // 10177 / 10179 / 10200 / 10206 / 10207 atomic and batch publish headers; 10188-10192,
+        // 10203, 10212, 10223 `Nats-Schedule*` headers.
+        10054
+        | 10097
+        | 10060
+        | 10070
+        | 10071
+        | 10193
+        | 10109
+        | 10111
+        | 10165
+        | 10166
+        | 10168..=10172
+        | 10177
+        | 10179
+        | 10200
+        | 10206
+        | 10207
+        | 10188..=10192
+        | 10203
+        | 10212
+        | 10223 => Some(ErrorKind::Permanent),
+        // The destination, not the message: 10076 / 10039 JetStream not enabled (for the
+        // account); 10008 "JetStream system temporarily unavailable"; 10009 the cluster
+        // cannot handle the request (no leader); 10118 / 10194 stream offline; resources
+        // and quotas: 10002 account resources exceeded, 10023 insufficient resources, 10028
+        // memory and 10047 storage resources exceeded, 10077 store failed (a full stream
+        // with `discard: new`: "maximum messages/bytes exceeded").
+        10076 | 10039 | 10008 | 10009 | 10118 | 10194 | 10002 | 10023 | 10028 | 10047 | 10077 => {
+            Some(ErrorKind::Unavailable)
+        }
+        _ => None,
+    }
+}
+
 fn classify(kind: PublishErrorKind, text: String, topic: &str) -> Err_ {
     match kind {
         PublishErrorKind::MaxPayloadExceeded => Err_::Classified(PublishError::permanent(format!(
             "message on {topic:?} exceeds the NATS server's max_payload: {text}"
         ))),
         PublishErrorKind::StreamNotFound => Err_::NoStream,
-        // No acknowledgement at all: the server or stream is not answering, which says
-        // nothing about the message.
+        // No PubAck within the ack timeout: the router judges whether the message or the
+        // destination is at fault.
         PublishErrorKind::TimedOut => {
             Err_::Classified(PublishError::timed_out(format!("NATS publish: {text}")))
         }
+        // The connection went away before the PubAck.
         PublishErrorKind::BrokenPipe => {
             Err_::Classified(PublishError::unavailable(format!("NATS publish: {text}")))
         }
-        // Too many acks pending and anything unexpected are transient.
-        _ => Err_::Classified(PublishError::transient(format!("NATS publish: {text}"))),
+        // Expectation headers the message carries (10070, 10071): it can never pass.
+        PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
+            Err_::Classified(PublishError::permanent(format!(
+                "JetStream refused the message on {topic:?}: {text}"
+            )))
+        }
+        _ => Err_::Classified(
+            match jetstream_error_code(&text).and_then(jetstream_code_kind) {
+                Some(ErrorKind::Permanent) => PublishError::permanent(format!(
+                    "JetStream refused the message on {topic:?}: {text}"
+                )),
+                Some(ErrorKind::Unavailable) => PublishError::unavailable(format!(
+                    "JetStream cannot take messages on {topic:?} now: {text}"
+                )),
+                // Too many acks pending, codes this sink does not know, and anything
+                // unexpected are transient.
+                _ => PublishError::transient(format!("NATS publish: {text}")),
+            },
+        ),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_come_from_the_url() {
+        assert_eq!(
+            url_credentials("nats://relay:p%40ss@127.0.0.1:4222"),
+            Some(("relay".into(), Some("p@ss".into())))
+        );
+        assert_eq!(
+            url_credentials("nats://s3cr3t@127.0.0.1:4222"),
+            Some(("s3cr3t".into(), None))
+        );
+        assert_eq!(url_credentials("nats://127.0.0.1:4222"), None);
+    }
+
+    #[test]
+    fn jetstream_error_codes_are_read_and_classified() {
+        let text =
+            "publish failed: message size exceeds maximum allowed (code 400, error code 10054)";
+        assert_eq!(jetstream_error_code(text), Some(10054));
+        assert_eq!(jetstream_error_code("publish failed"), None);
+        assert_eq!(jetstream_code_kind(10054), Some(ErrorKind::Permanent));
+        assert_eq!(jetstream_code_kind(10109), Some(ErrorKind::Permanent));
+        assert_eq!(jetstream_code_kind(10076), Some(ErrorKind::Unavailable));
+        assert_eq!(jetstream_code_kind(10039), Some(ErrorKind::Unavailable));
+        assert_eq!(jetstream_code_kind(10077), Some(ErrorKind::Unavailable));
+        assert_eq!(jetstream_code_kind(10163), None);
+        let Err_::Classified(e) = classify(PublishErrorKind::Other, text.into(), "t") else {
+            panic!("classified");
+        };
+        assert_eq!(e.kind, ErrorKind::Permanent);
+        let Err_::Classified(e) = classify(
+            PublishErrorKind::MaxAckPending,
+            "max ack pending reached".into(),
+            "t",
+        ) else {
+            panic!("classified");
+        };
+        assert_eq!(e.kind, ErrorKind::Transient);
     }
 }

@@ -52,6 +52,7 @@
 
 use super::{Confirmations, PublishError, Sink, SinkError};
 use crate::message::{OutgoingMessage, header};
+use crate::redact::redact_url as redact;
 use async_trait::async_trait;
 use futures::future::{MaybeDone, join_all, maybe_done};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
@@ -417,6 +418,11 @@ impl RabbitMqSink {
                             None => PublishError::transient(format!("RabbitMQ: {text}")),
                         }
                     }
+                    // 311 content-too-large (AMQP 0-9-1 §1.9 constants): this message.
+                    AMQPErrorKind::Soft(AMQPSoftError::CONTENTTOOLARGE) => {
+                        PublishError::permanent(format!("RabbitMQ refused the message: {text}"))
+                    }
+                    // 405 resource-locked and the rest: a later try may work.
                     AMQPErrorKind::Soft(_) => PublishError::transient(format!("RabbitMQ: {text}")),
                     AMQPErrorKind::Hard(_) => {
                         PublishError::unavailable(format!("RabbitMQ closed the connection: {text}"))
@@ -626,14 +632,6 @@ fn server_max_from(text: &str) -> Option<usize> {
     digits.parse().ok()
 }
 
-/// The URL without credentials, for errors and logs.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://…@{}", &url[..s], &url[at + 1..]),
-        _ => url.to_owned(),
-    }
-}
-
 /// Query parameters lapin itself reads from an AMQP URI.
 const LAPIN_PARAMS: [&str; 5] = [
     "frame_max",
@@ -765,7 +763,7 @@ mod tests {
 
     #[test]
     fn redacts_credentials_and_reads_server_limits() {
-        assert_eq!(redact("amqp://u:secret@h:1/v"), "amqp://…@h:1/v");
+        assert_eq!(redact("amqp://u:secret@h:1/v"), "amqp://u:***@h:1/v");
         assert_eq!(
             server_max_from(
                 "PRECONDITION_FAILED - message size 2000 is larger than configured max size 1024"

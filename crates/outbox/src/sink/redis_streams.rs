@@ -38,6 +38,7 @@
 
 use super::{Confirmations, PublishError, Sink, SinkError};
 use crate::message::{OutgoingMessage, header};
+use crate::redact::redact_url as redact;
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError, RedisResult, Value};
@@ -280,18 +281,12 @@ fn classify_reply(e: &RedisError, topic: &str) -> PublishError {
         | "CLUSTERDOWN" | "MOVED" | "ASK" => {
             PublishError::unavailable(format!("Redis cannot take writes now: {text}"))
         }
-        _ if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
+        // No reply within the response timeout: judged by the router like any timeout.
+        _ if e.is_timeout() => PublishError::timed_out(format!("Redis did not reply: {text}")),
+        _ if e.is_io_error() || e.is_connection_dropped() => {
             PublishError::unavailable(format!("Redis connection failed: {text}"))
         }
         _ => PublishError::transient(format!("Redis XADD to {topic:?}: {text}")),
-    }
-}
-
-/// The URL without credentials, for errors and logs.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://…@{}", &url[..s], &url[at + 1..]),
-        _ => url.to_owned(),
     }
 }
 
@@ -359,6 +354,6 @@ mod tests {
         assert!(parse_url("redis://h?maxlen=0").is_err());
         assert!(parse_url("redis://h?maxln=5").is_err());
         assert!(parse_url("rediss://h").is_err());
-        assert_eq!(redact("redis://u:secret@h:1/0"), "redis://…@h:1/0");
+        assert_eq!(redact("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
     }
 }

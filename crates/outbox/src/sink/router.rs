@@ -236,7 +236,7 @@ impl Router {
         let mut out = Vec::with_capacity(routes.len());
         for (pattern, url) in routes {
             let p = TopicPattern::parse(pattern).map_err(|reason| SinkError::InvalidUrl {
-                url: url.clone(),
+                url: crate::redact::redact_url(url),
                 reason,
             })?;
             let sink = match opened.iter().find(|(u, _)| u == url) {

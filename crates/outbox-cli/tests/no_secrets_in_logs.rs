@@ -1,0 +1,425 @@
+//! No payload and no password ever reaches the `outbox` binary's output: every sink this
+//! machine runs (NATS JetStream, RabbitMQ, Redis, MQTT, HTTP, file) is driven by
+//! `outbox relay --drain` at `OUTBOX_LOG=trace`, with a marker payload (and header) and a
+//! marker password in the sink URL, through success, refusal, unroutable and unreachable
+//! paths; neither marker may appear on stderr, nor on stdout.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use lapin::options::QueueDeclareOptions;
+use lapin::types::{AMQPValue, FieldTable};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// In every payload and in a header.
+const PAYLOAD: &str = "SECRET-PAYLOAD-7f3a";
+/// In every sink URL that takes a password (a query secret elsewhere).
+const PASS: &str = "SECRET-PASS-9c1e";
+/// What must never show: any text starting like the markers.
+const MARKERS: [&str; 2] = ["SECRET-PAYLOAD", "SECRET-PASS"];
+
+/// `marker` as text and as the byte renderings a `Debug` of bytes produces (lapin prints
+/// payloads as `[83, 69, …]`), in hex too.
+fn renderings(marker: &str) -> Vec<String> {
+    let bytes = marker.as_bytes();
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    vec![
+        marker.to_owned(),
+        bytes
+            .iter()
+            .map(u8::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        hex.clone(),
+        hex.to_uppercase(),
+    ]
+}
+
+/// The log filter the relay runs with (`OUTBOX_LOG`); `NO_SECRETS_TEST_LOG` overrides it,
+/// e.g. `trace,lapin=trace` to see this test catch what the default quiets.
+fn test_log() -> String {
+    std::env::var("NO_SECRETS_TEST_LOG").unwrap_or_else(|_| "trace".into())
+}
+
+fn outbox(db: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_outbox"));
+    c.env_remove("OUTBOX_SINK")
+        .env_remove("OUTBOX_ROUTE")
+        .env("OUTBOX_DATABASE_URL", db)
+        .env("OUTBOX_LOG", test_log());
+    c
+}
+
+fn unique() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..10].to_owned()
+}
+
+/// Enqueues one message per topic (marker payload and header), runs the relay to `sink`
+/// with `--drain`, and checks its output for the markers. Returns the final status.
+fn relay_and_check(label: &str, sink: &str, topics: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("outbox.db").display());
+    let ok = |out: Output, what: &str| {
+        assert!(
+            out.status.success(),
+            "{label}: {what} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    ok(outbox(&db).arg("migrate").output().unwrap(), "migrate");
+    for topic in topics {
+        let payload = format!("{{\"card\":\"{PAYLOAD}\",\"topic\":\"{topic}\"}}");
+        ok(
+            outbox(&db)
+                .args(["enqueue", "--topic", topic, "--payload", &payload])
+                .args(["--header", &format!("note={PAYLOAD}")])
+                .output()
+                .unwrap(),
+            "enqueue",
+        );
+    }
+    let start = Instant::now();
+    let out = outbox(&db)
+        .args(["relay", "--sink", sink, "--drain"])
+        .args(["--max-attempts", "1", "--publish-timeout-ms", "4000"])
+        .args(["--lease-ms", "20000", "--backoff-base-ms", "100"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        matches!(out.status.code(), Some(0 | 3)),
+        "{label}: relay exited with {:?}: {stderr}",
+        out.status
+    );
+    for marker in MARKERS.iter().flat_map(|m| renderings(m)) {
+        assert!(
+            !stderr.contains(&marker),
+            "{label}: {marker} on stderr:\n{stderr}"
+        );
+        assert!(
+            !stdout.contains(&marker),
+            "{label}: {marker} on stdout:\n{stdout}"
+        );
+    }
+    let status = ok(
+        outbox(&db).args(["status", "--json"]).output().unwrap(),
+        "status",
+    );
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    eprintln!(
+        "{label}: {} stderr lines in {:?}, status {status}",
+        stderr.lines().count(),
+        start.elapsed()
+    );
+    status
+}
+
+fn count(status: &serde_json::Value, field: &str) -> i64 {
+    status[field].as_i64().unwrap()
+}
+
+// ---------------------------------------------------------------------------------------
+// NATS: a private server with a user and password, JetStream on.
+// ---------------------------------------------------------------------------------------
+
+struct PrivateNats {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for PrivateNats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn private_nats() -> PrivateNats {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let child = Command::new("/usr/sbin/nats-server")
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        .arg(dir.path())
+        .args(["--user", "relay", "--pass", PASS])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("nats-server must be installed (/usr/sbin/nats-server)");
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(start.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    PrivateNats {
+        child,
+        port,
+        _dir: dir,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_success_refusal_unroutable_and_unreachable() {
+    let server = private_nats().await;
+    let url = format!("nats://relay:{PASS}@127.0.0.1:{}", server.port);
+    let client = async_nats::ConnectOptions::with_user_and_password("relay".into(), PASS.into())
+        .connect(format!("127.0.0.1:{}", server.port))
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(client);
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "OK".into(),
+        subjects: vec!["ok.>".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "SMALL".into(),
+        subjects: vec!["small.>".into()],
+        max_message_size: 16,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let status = relay_and_check("nats", &url, &["ok.a", "small.a", "nowhere.a"]);
+    assert_eq!(
+        (count(&status, "dispatched"), count(&status, "dead")),
+        (1, 2)
+    );
+
+    // A wrong password and an unreachable server: the start warning and the errors name
+    // the URL, redacted.
+    let wrong = format!("nats://relay:{PASS}-wrong@127.0.0.1:{}", server.port);
+    relay_and_check("nats wrong password", &wrong, &["ok.b"]);
+    let closed = format!("nats://relay:{PASS}@127.0.0.1:{}", free_port());
+    let status = relay_and_check("nats unreachable", &closed, &["ok.c"]);
+    assert_eq!(count(&status, "dead"), 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// RabbitMQ: a user with the marker password.
+// ---------------------------------------------------------------------------------------
+
+fn rabbitmqctl(args: &[&str]) -> Output {
+    Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .expect("rabbitmqctl must be installed (RabbitMQ on 127.0.0.1:5672)")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_success_refusal_and_unroutable() {
+    let user = "outbox_secret_test";
+    if !rabbitmqctl(&["add_user", user, PASS]).status.success() {
+        assert!(
+            rabbitmqctl(&["change_password", user, PASS])
+                .status
+                .success()
+        );
+    }
+    assert!(
+        rabbitmqctl(&["set_permissions", "-p", "/", user, ".*", ".*", ".*"])
+            .status
+            .success()
+    );
+    let conn = lapin::Connection::connect(
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+        lapin::ConnectionProperties::default(),
+    )
+    .await
+    .expect("RabbitMQ must listen on 127.0.0.1:5672");
+    let channel = conn.create_channel().await.unwrap();
+    let id = unique();
+    let ok_queue = format!("secret_ok_{id}");
+    let full_queue = format!("secret_full_{id}");
+    let options = QueueDeclareOptions {
+        auto_delete: false,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(ok_queue.as_str().into(), options, FieldTable::default())
+        .await
+        .unwrap();
+    let mut full = FieldTable::default();
+    full.insert("x-max-length".into(), AMQPValue::LongInt(0));
+    full.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    channel
+        .queue_declare(full_queue.as_str().into(), options, full)
+        .await
+        .unwrap();
+    let url = format!("amqp://{user}:{PASS}@127.0.0.1:5672/%2f");
+    let unroutable = format!("secret_none_{id}");
+    let status = relay_and_check("rabbitmq", &url, &[&ok_queue, &full_queue, &unroutable]);
+    assert_eq!(
+        (count(&status, "dispatched"), count(&status, "dead")),
+        (1, 2)
+    );
+    // A wrong password.
+    relay_and_check(
+        "rabbitmq wrong password",
+        &format!("amqp://{user}:{PASS}-wrong@127.0.0.1:5672/%2f"),
+        &[&ok_queue],
+    );
+    for q in [&ok_queue, &full_queue] {
+        let _ = channel
+            .queue_delete(q.as_str().into(), Default::default())
+            .await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Redis: an ACL user with the marker password.
+// ---------------------------------------------------------------------------------------
+
+fn redis_cli(args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", "6379"])
+        .args(args)
+        .output()
+        .expect("redis-cli must be installed (Redis on 127.0.0.1:6379)");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_success_and_refusal() {
+    let user = "outbox_secret_test";
+    let pass_rule = format!(">{PASS}");
+    assert!(
+        redis_cli(&[
+            "ACL", "SETUSER", user, "reset", "on", &pass_rule, "~*", "&*", "+@all"
+        ])
+        .contains("OK")
+    );
+    let id = unique();
+    let stream = format!("secret.ok.{id}");
+    let not_a_stream = format!("secret.string.{id}");
+    redis_cli(&["SET", &not_a_stream, "plain"]);
+    let url = format!("redis://{user}:{PASS}@127.0.0.1:6379/0");
+    let status = relay_and_check("redis", &url, &[&stream, &not_a_stream]);
+    assert_eq!(
+        (count(&status, "dispatched"), count(&status, "dead")),
+        (1, 1)
+    );
+    relay_and_check(
+        "redis wrong password",
+        &format!("redis://{user}:{PASS}-wrong@127.0.0.1:6379/0"),
+        &[&stream],
+    );
+    redis_cli(&["DEL", &stream, &not_a_stream]);
+}
+
+// ---------------------------------------------------------------------------------------
+// MQTT: Mosquitto takes any credentials here (anonymous allowed); they are still sent.
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_success_and_unreachable() {
+    let id = unique();
+    let url = format!("mqtt://relay:{PASS}@127.0.0.1:1883?client_id=secret-{id}");
+    let status = relay_and_check("mqtt", &url, &[&format!("secret/ok/{id}")]);
+    assert_eq!(count(&status, "dispatched"), 1);
+    let closed = format!(
+        "mqtt://relay:{PASS}@127.0.0.1:{}?client_id=secret-{id}",
+        free_port()
+    );
+    relay_and_check("mqtt unreachable", &closed, &["secret/x"]);
+}
+
+// ---------------------------------------------------------------------------------------
+// HTTP: a tiny endpoint answering by path; the password in the userinfo and a token in
+// the query.
+// ---------------------------------------------------------------------------------------
+
+/// Answers every request by its path: `/ok` 200, `/refuse` 422, `/busy` 503.
+fn http_endpoint() -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                // Read the head and the body (Content-Length), then answer; keep-alive.
+                loop {
+                    let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n");
+                    if let Some(end) = head_end {
+                        let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse().ok())
+                            .unwrap_or(0);
+                        if buf.len() >= end + 4 + len {
+                            let status = if head.starts_with("post /ok") {
+                                "200 OK"
+                            } else if head.starts_with("post /busy") {
+                                "503 Service Unavailable\r\nRetry-After: 1"
+                            } else {
+                                "422 Unprocessable Content"
+                            };
+                            let reply =
+                                format!("HTTP/1.1 {status}\r\nContent-Length: 7\r\n\r\nnope :(");
+                            if stream.write_all(reply.as_bytes()).is_err() {
+                                return;
+                            }
+                            buf.drain(..end + 4 + len);
+                            continue;
+                        }
+                    }
+                    match stream.read(&mut chunk) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_success_refusal_pressure_and_unreachable() {
+    let port = http_endpoint();
+    for (path, dispatched, dead) in [("ok", 1, 0), ("refuse", 0, 1), ("busy", 0, 0)] {
+        let url = format!("http://hook:{PASS}@127.0.0.1:{port}/{path}?token={PASS}");
+        let status = relay_and_check(&format!("http {path}"), &url, &["hooks.a"]);
+        assert_eq!(
+            (count(&status, "dispatched"), count(&status, "dead")),
+            (dispatched, dead),
+            "{path}"
+        );
+    }
+    let closed = format!(
+        "http://hook:{PASS}@127.0.0.1:{}/ok?token={PASS}",
+        free_port()
+    );
+    relay_and_check("http unreachable", &closed, &["hooks.a"]);
+}
+
+// ---------------------------------------------------------------------------------------
+// File: the payload goes to the file only.
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_sink_writes_the_payload_to_the_file_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("out.jsonl");
+    let status = relay_and_check("file", &format!("file:{}", path.display()), &["a.b"]);
+    assert_eq!(count(&status, "dispatched"), 1);
+    assert!(std::fs::read_to_string(&path).unwrap().contains(PAYLOAD));
+}
