@@ -517,3 +517,52 @@ fn routes_split_topics_between_destinations() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("must be whole tokens"));
 }
+
+/// A purge that finds another purger running (here: its lock held from another session)
+/// is not a failure: it stops at once, says so on stderr, exits 0 and touches nothing; once
+/// the other purger is gone, the same command deletes the old dispatched rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_that_finds_another_purger_exits_0() {
+    use sqlx::Connection as _;
+    let schema = unique("purge");
+    run_ok(outbox().args(["--database-url", PG, "--schema", &schema, "migrate"]));
+    psql(&format!(
+        "SELECT {schema}.enqueue('purge.v1', 'x'::bytea) FROM generate_series(1, 3);
+         UPDATE {schema}.messages SET status = 2, dispatched_at = now() - interval '30 days';"
+    ));
+    let mut other = sqlx::PgConnection::connect(PG).await.unwrap();
+    // The key the store's purge takes with pg_try_advisory_xact_lock.
+    sqlx::query("SELECT pg_advisory_lock(hashtext($1))")
+        .bind(format!("outbox-purge-{schema}"))
+        .execute(&mut other)
+        .await
+        .unwrap();
+
+    let out = outbox()
+        .args(["--database-url", PG, "--schema", &schema, "purge"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    assert!(
+        stderr.contains("another purge is running") && stderr.contains("deleted 0 rows"),
+        "{stderr}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).unwrap();
+    assert_eq!(v, serde_json::json!({"deleted": 0, "locked_out": true}));
+    assert_eq!(status(&schema)["dispatched"], 3, "nothing deleted");
+
+    sqlx::query("SELECT pg_advisory_unlock(hashtext($1))")
+        .bind(format!("outbox-purge-{schema}"))
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(
+        run_ok(outbox().args(["--database-url", PG, "--schema", &schema, "purge"])).trim(),
+    )
+    .unwrap();
+    assert_eq!(v, serde_json::json!({"deleted": 3, "locked_out": false}));
+    assert_eq!(status(&schema)["dispatched"], 0);
+    psql(&format!("DROP SCHEMA {schema} CASCADE"));
+}
