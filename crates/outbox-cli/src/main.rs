@@ -79,8 +79,9 @@ enum Command {
     /// Run the relay: claim due messages, publish, mark after confirmation.
     Relay {
         /// Sink URL: stdout, file:PATH, nats://HOST:PORT, amqp://…, redis://…, mqtt://…,
-        /// http(s)://… (default stdout when no --route is given; with routes, the
-        /// catch-all).
+        /// http(s)://…; with routes, the catch-all. Required unless --route is given: the
+        /// relay refuses to start without a destination (`stdout` prints JSON lines, for
+        /// trying it out).
         #[arg(long, env = "OUTBOX_SINK")]
         sink: Option<String>,
         /// Route PATTERN=URL (repeatable; first match wins): topics matching PATTERN go to
@@ -165,6 +166,13 @@ enum Command {
         orders: u32,
     },
 }
+
+/// Why `relay` refuses to start without a destination, and how to give it one.
+const NO_SINK: &str = "the relay has no sink: nothing says where messages go, so it refuses \
+to start (it would mark them dispatched without delivering them anywhere). Choose one with \
+--sink URL (e.g. --sink nats://127.0.0.1:4222), the OUTBOX_SINK environment variable, \
+sink = \"URL\" in outbox.toml, or --route PATTERN=URL. To try the relay out, --sink stdout \
+prints each message as a JSON line.";
 
 fn parse_route(s: &str) -> Result<(String, String), String> {
     let (pattern, url) = s
@@ -364,9 +372,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             relay_id,
             in_flight_batches,
         } => {
+            if routes.is_empty() && sink.is_none() {
+                // A missing OUTBOX_SINK must not empty the outbox into a log.
+                eprintln!("error: {NO_SINK}");
+                return Ok(ExitCode::from(2));
+            }
             let store = connect(&cli, true).await?;
-            let sink: Arc<dyn outbox::Sink> = if routes.is_empty() {
-                Arc::from(outbox::sink::open(sink.as_deref().unwrap_or("stdout")).await?)
+            let sink: Arc<dyn outbox::Sink> = if let (Some(url), true) = (sink, routes.is_empty()) {
+                Arc::from(outbox::sink::open(url).await?)
             } else {
                 let mut all = routes.clone();
                 if let Some(catch_all) = sink {

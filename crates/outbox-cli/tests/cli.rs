@@ -339,7 +339,14 @@ fn pause_and_resume() {
         "x",
     ]));
     let out = outbox()
-        .args(["--database-url", &db, "relay", "--drain"])
+        .args([
+            "--database-url",
+            &db,
+            "relay",
+            "--sink",
+            "stdout",
+            "--drain",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -347,7 +354,14 @@ fn pause_and_resume() {
     let text = run_ok(outbox().args(["--database-url", &db, "status"]));
     assert!(text.contains("PAUSED: broker maintenance"), "{text}");
     run_ok(outbox().args(["--database-url", &db, "resume"]));
-    let delivered = run_ok(outbox().args(["--database-url", &db, "relay", "--drain"]));
+    let delivered = run_ok(outbox().args([
+        "--database-url",
+        &db,
+        "relay",
+        "--sink",
+        "stdout",
+        "--drain",
+    ]));
     assert_eq!(delivered.lines().count(), 1);
 }
 
@@ -565,4 +579,77 @@ async fn a_purge_that_finds_another_purger_exits_0() {
     assert_eq!(v, serde_json::json!({"deleted": 3, "locked_out": false}));
     assert_eq!(status(&schema)["dispatched"], 0);
     psql(&format!("DROP SCHEMA {schema} CASCADE"));
+}
+
+/// Without a sink (no --sink, OUTBOX_SINK, `sink` key or route) the relay refuses to start
+/// with exit 2 and says how to choose one; nothing is dispatched. The same outbox drains
+/// once a sink is given, by flag, environment variable or outbox.toml.
+#[test]
+fn relay_without_a_sink_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("s.db").display());
+    run_ok(outbox().args(["--database-url", &db, "migrate"]));
+    for _ in 0..3 {
+        run_ok(outbox().args([
+            "--database-url",
+            &db,
+            "enqueue",
+            "--topic",
+            "t.v1",
+            "--payload",
+            "x",
+        ]));
+    }
+    let out = outbox()
+        .current_dir(dir.path())
+        .args(["--database-url", &db, "relay", "--drain"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    for hint in [
+        "--sink URL",
+        "OUTBOX_SINK",
+        "sink = \"URL\" in outbox.toml",
+        "--route",
+        "--sink stdout",
+        "JSON line",
+    ] {
+        assert!(stderr.contains(hint), "no {hint:?} in: {stderr}");
+    }
+    assert!(out.stdout.is_empty(), "nothing published");
+    let pending = |expected: i64| {
+        let s = run_ok(outbox().args(["--database-url", &db, "status", "--json"]));
+        let v: serde_json::Value = serde_json::from_str(s.trim()).unwrap();
+        assert_eq!(v["pending"].as_i64(), Some(expected), "{v}");
+    };
+    pending(3);
+
+    // Each way of choosing a sink works.
+    let printed = run_ok(
+        outbox()
+            .current_dir(dir.path())
+            .env("OUTBOX_SINK", "stdout")
+            .args(["--database-url", &db, "relay", "--drain"]),
+    );
+    assert_eq!(printed.lines().count(), 3);
+    pending(0);
+    run_ok(outbox().args([
+        "--database-url",
+        &db,
+        "enqueue",
+        "--topic",
+        "t.v1",
+        "--payload",
+        "y",
+    ]));
+    std::fs::write(dir.path().join("outbox.toml"), "sink = \"stdout\"\n").unwrap();
+    let printed =
+        run_ok(
+            outbox()
+                .current_dir(dir.path())
+                .args(["--database-url", &db, "relay", "--drain"]),
+        );
+    assert_eq!(printed.lines().count(), 1);
+    pending(0);
 }
