@@ -98,6 +98,12 @@ enum Command {
         /// when some failed and were rescheduled (they are still pending).
         #[arg(long, env = "OUTBOX_DRAIN")]
         drain: bool,
+        /// Drain, and when other relays still hold claims at the end (a relay killed a
+        /// moment ago holds its rows until their lease ends), wait until those leases have
+        /// ended (or nothing is claimed any more), then drain again, so those rows are
+        /// delivered too. Implies --drain.
+        #[arg(long, env = "OUTBOX_DRAIN_WAIT_LEASES")]
+        drain_wait_leases: bool,
         /// Rows per claim.
         #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 100)]
         batch_size: u32,
@@ -361,6 +367,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             routes,
             destination_timeout_ms,
             drain,
+            drain_wait_leases,
             batch_size,
             lease_ms,
             max_attempts,
@@ -377,20 +384,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 eprintln!("error: {NO_SINK}");
                 return Ok(ExitCode::from(2));
             }
-            let store = connect(&cli, true).await?;
-            let sink: Arc<dyn outbox::Sink> = if let (Some(url), true) = (sink, routes.is_empty()) {
-                Arc::from(outbox::sink::open(url).await?)
-            } else {
-                let mut all = routes.clone();
-                if let Some(catch_all) = sink {
-                    all.push((">".to_owned(), catch_all.clone()));
-                }
-                let options = outbox::sink::router::RouterOptions {
-                    destination_timeout: Duration::from_millis(*destination_timeout_ms),
-                    ..Default::default()
-                };
-                Arc::new(outbox::sink::router::Router::open(&all, options).await?)
-            };
+            let store = Arc::new(connect(&cli, true).await?);
+            let destination_timeout = Duration::from_millis(*destination_timeout_ms);
+            let open = || open_sink(sink.as_deref(), routes, destination_timeout);
             let mut config = RelayConfig {
                 batch_size: *batch_size,
                 lease: Duration::from_millis(*lease_ms),
@@ -400,7 +396,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 backoff_base: Duration::from_millis(*backoff_base_ms),
                 backoff_max: Duration::from_millis(*backoff_max_ms),
                 shutdown_grace: Duration::from_millis(*shutdown_grace_ms),
-                drain: *drain,
+                drain: *drain || *drain_wait_leases,
                 in_flight_batches: *in_flight_batches,
                 ..RelayConfig::default()
             };
@@ -409,12 +405,70 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             let cancel = CancellationToken::new();
             tokio::spawn(shutdown_on_signal(cancel.clone()));
-            let relay = Relay::new(Arc::new(store), sink, config);
-            let stats = relay.run(cancel).await?;
-            if *drain && stats.retried > 0 {
+            let sink = open().await?;
+            let stats = Relay::new(store.clone(), sink, config.clone())
+                .run(cancel.clone())
+                .await?;
+            if !config.drain {
+                return Ok(ExitCode::SUCCESS);
+            }
+            let mut retried = stats.retried;
+            // Rows other relays still hold (one killed a moment ago holds its claims until
+            // their lease ends): say so, and with --drain-wait-leases wait for those leases,
+            // then drain again. Only the leases seen here are waited for; later claims
+            // belong to relays that are running.
+            let mut wait_until: Option<tokio::time::Instant> = None;
+            while !cancel.is_cancelled() {
+                let leases = store.leases().await?;
+                let (held, ends_in) = match (leases.held, leases.last_ends_in) {
+                    (0, _) | (_, None) => break,
+                    (held, Some(ends_in)) => (held, ends_in),
+                };
+                let now = tokio::time::Instant::now();
+                let deadline = *wait_until.get_or_insert(now + ends_in);
+                if !*drain_wait_leases || now >= deadline {
+                    eprintln!(
+                        "drain finished, but {held} rows are still claimed by other relays (running, or stopped without releasing them); their leases end within {:.1} s, after which any relay delivers them{}",
+                        ends_in.as_secs_f64(),
+                        if *drain_wait_leases {
+                            ""
+                        } else {
+                            " (--drain-wait-leases waits for that)"
+                        }
+                    );
+                    break;
+                }
                 eprintln!(
-                    "drain finished, but {} publishes failed and were rescheduled (see the warnings above): those messages are still pending",
-                    stats.retried
+                    "{held} rows are claimed by other relays; waiting up to {:.1} s for their leases to end, then draining again",
+                    deadline.saturating_duration_since(now).as_secs_f64()
+                );
+                // Until the leases end, or nothing is claimed any more (the other relay
+                // settled or released its rows).
+                loop {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(left.min(Duration::from_secs(1))) => {}
+                        _ = cancel.cancelled() => break,
+                    }
+                    if store.leases().await?.held == 0 {
+                        break;
+                    }
+                }
+                if cancel.is_cancelled() {
+                    break;
+                }
+                // The sink was closed when the last run stopped: a new one for this run.
+                let stats = Relay::new(store.clone(), open().await?, config.clone())
+                    .run(cancel.clone())
+                    .await?;
+                retried += stats.retried;
+            }
+            if retried > 0 {
+                eprintln!(
+                    "drain finished, but {retried} publishes failed and were rescheduled (see the warnings above): those messages are still pending"
                 );
                 return Ok(ExitCode::from(3));
             }
@@ -496,6 +550,30 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             store.set_pause(None).await?;
             eprintln!("outbox resumed");
             Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// The relay's sink: `sink` alone, or a router over `routes` with `sink` as the catch-all.
+async fn open_sink(
+    sink: Option<&str>,
+    routes: &[(String, String)],
+    destination_timeout: Duration,
+) -> anyhow::Result<Arc<dyn outbox::Sink>> {
+    match sink {
+        Some(url) if routes.is_empty() => Ok(Arc::from(outbox::sink::open(url).await?)),
+        _ => {
+            let mut all = routes.to_vec();
+            if let Some(catch_all) = sink {
+                all.push((">".to_owned(), catch_all.to_owned()));
+            }
+            let options = outbox::sink::router::RouterOptions {
+                destination_timeout,
+                ..Default::default()
+            };
+            Ok(Arc::new(
+                outbox::sink::router::Router::open(&all, options).await?,
+            ))
         }
     }
 }

@@ -653,3 +653,91 @@ fn relay_without_a_sink_refuses_to_start() {
     assert_eq!(printed.lines().count(), 1);
     pending(0);
 }
+
+/// A relay "killed" a moment ago (rows claimed with a 3 s lease, never settled): `relay
+/// --drain` delivers what is due, exits 0 and says on stderr how many rows other relays
+/// still hold and for how long; `--drain-wait-leases` waits for those leases to end and
+/// delivers those rows too before it exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_reports_and_can_wait_for_leases_held_by_others() {
+    use outbox::Store as _;
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("l.db").display());
+    run_ok(outbox().args(["--database-url", &db, "migrate"]));
+    for _ in 0..3 {
+        run_ok(outbox().args([
+            "--database-url",
+            &db,
+            "enqueue",
+            "--topic",
+            "t.v1",
+            "--payload",
+            "x",
+        ]));
+    }
+    let store = outbox::sqlite::SqliteStore::connect(&db, outbox::StoreConfig::default())
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(3);
+    let killed = store
+        .claim(&outbox::store::ClaimRequest {
+            relay_id: "killed".into(),
+            batch_size: 2,
+            lease,
+        })
+        .await
+        .unwrap();
+    let claimed_at = Instant::now();
+    assert_eq!(killed.messages.len(), 2);
+    let file = dir.path().join("out.jsonl");
+    let sink = format!("file:{}", file.display());
+    let lines = || {
+        std::fs::read_to_string(&file)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+
+    let out = outbox()
+        .args(["--database-url", &db, "relay", "--sink", &sink, "--drain"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        claimed_at.elapsed() < lease,
+        "machine too slow for this check"
+    );
+    assert_eq!(lines(), 1, "only the unclaimed row was due");
+    assert!(
+        stderr.contains("2 rows are still claimed by other relays")
+            && stderr.contains("leases end within")
+            && stderr.contains("--drain-wait-leases"),
+        "{stderr}"
+    );
+
+    let out = outbox()
+        .args([
+            "--database-url",
+            &db,
+            "relay",
+            "--sink",
+            &sink,
+            "--drain-wait-leases",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(claimed_at.elapsed() >= lease, "it waited for the lease");
+    assert!(
+        stderr.contains("2 rows are claimed by other relays; waiting"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("still claimed"), "{stderr}");
+    assert_eq!(lines(), 3, "the killed relay's rows were delivered");
+    let c = store.counts().await.unwrap();
+    assert_eq!((c.pending, c.claimed, c.dispatched), (0, 0, 3));
+    let l = store.leases().await.unwrap();
+    assert_eq!(l.held, 0);
+}

@@ -14,8 +14,8 @@
 //! PostgreSQL's partial index, so the claim range never reaches dispatched rows.
 
 use super::{
-    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Retry, Store, StoreConfig, millis,
-    parse_headers,
+    Claim, ClaimRequest, Counts, Dead, Leases, PauseState, PurgeBatch, Retry, Store, StoreConfig,
+    millis, parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::message::{Enqueued, Message, OutgoingMessage};
@@ -52,6 +52,7 @@ struct Sql {
     counts: SqlStr,
     purge: SqlStr,
     max_id: SqlStr,
+    leases: SqlStr,
 }
 
 impl Sql {
@@ -106,6 +107,12 @@ impl Sql {
                  ORDER BY id LIMIT ?"
             )),
             max_id: q(format!("SELECT CAST(COALESCE(MAX(id), 0) AS SIGNED) FROM {p}_messages")),
+            // live_at is the lease end on claimed rows (and reads the live index).
+            leases: q(format!(
+                "SELECT CAST(COUNT(*) AS SIGNED), MAX(live_at),
+                        CAST(CEIL(TIMESTAMPDIFF(MICROSECOND, {n}, MAX(live_at)) / 1000) AS SIGNED)
+                 FROM {p}_messages WHERE live_at > {n} AND status = 1"
+            )),
         }
     }
 }
@@ -797,6 +804,14 @@ impl Store for MySqlStore {
             deleted: r?.rows_affected(),
             locked_out: false,
         })
+    }
+
+    async fn leases(&self) -> Result<Leases> {
+        let (held, last, ms): (i64, Option<NaiveDateTime>, Option<i64>) =
+            sqlx::query_as(self.inner.sql.leases.clone())
+                .fetch_one(&self.inner.pool)
+                .await?;
+        Ok(Leases::from_row(held, last.map(|t| t.and_utc()), ms))
     }
 
     fn wakeups(&self) -> watch::Receiver<u64> {

@@ -4,8 +4,8 @@
 //! Supported: PostgreSQL 13 and later (`gen_random_uuid()` in core).
 
 use super::{
-    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Retry, Store, StoreConfig, millis,
-    parse_headers,
+    Claim, ClaimRequest, Counts, Dead, Leases, PauseState, PurgeBatch, Retry, Store, StoreConfig,
+    millis, parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::message::{Enqueued, Message, OutgoingMessage};
@@ -34,6 +34,7 @@ struct Sql {
     counts: SqlStr,
     version: SqlStr,
     purge: SqlStr,
+    leases: SqlStr,
 }
 
 impl Sql {
@@ -112,6 +113,12 @@ impl Sql {
                    WHERE status = 2 AND dispatched_at < now() - $1 * interval '1 millisecond'
                    ORDER BY id LIMIT $2
                    FOR UPDATE SKIP LOCKED)"
+            )),
+            // On a claimed row available_at is the lease end (the live index serves it).
+            leases: q(format!(
+                "SELECT count(*), max(available_at),
+                        ceil(extract(epoch FROM max(available_at) - now()) * 1000)::bigint
+                 FROM {s}.messages WHERE status = 1 AND available_at > now()"
             )),
         }
     }
@@ -692,6 +699,14 @@ impl Store for PgStore {
             deleted: r.rows_affected(),
             locked_out: false,
         })
+    }
+
+    async fn leases(&self) -> Result<Leases> {
+        let (held, last, ms): (i64, Option<DateTime<Utc>>, Option<i64>) =
+            sqlx::query_as(self.inner.sql.leases.clone())
+                .fetch_one(&self.inner.pool)
+                .await?;
+        Ok(Leases::from_row(held, last, ms))
     }
 
     fn wakeups(&self) -> watch::Receiver<u64> {

@@ -7,8 +7,8 @@
 //! taken from SQLite's clock inside each statement.
 
 use super::{
-    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Retry, Store, StoreConfig, millis,
-    parse_headers,
+    Claim, ClaimRequest, Counts, Dead, Leases, PauseState, PurgeBatch, Retry, Store, StoreConfig,
+    millis, parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::message::{Enqueued, Message, OutgoingMessage};
@@ -49,6 +49,7 @@ struct Sql {
     set_pause: SqlStr,
     counts: SqlStr,
     purge: SqlStr,
+    leases: SqlStr,
 }
 
 impl Sql {
@@ -113,6 +114,11 @@ impl Sql {
                    SELECT id FROM {p}_messages
                    WHERE status = 2 AND dispatched_at < {n} - ?1
                    ORDER BY id LIMIT ?2)"
+            )),
+            // On a claimed row available_at is the lease end; NOW_MS is one value per statement.
+            leases: q(format!(
+                "SELECT count(*), max(available_at), max(available_at) - {n}
+                 FROM {p}_messages WHERE status = 1 AND available_at > {n}"
             )),
         }
     }
@@ -533,6 +539,14 @@ impl Store for SqliteStore {
             deleted: r.rows_affected(),
             locked_out: false,
         })
+    }
+
+    async fn leases(&self) -> Result<Leases> {
+        let (held, last, ms): (i64, Option<i64>, Option<i64>) =
+            sqlx::query_as(self.inner.sql.leases.clone())
+                .fetch_one(&self.inner.pool)
+                .await?;
+        Ok(Leases::from_row(held, last.map(ms_to_time), ms))
     }
 
     fn wakeups(&self) -> watch::Receiver<u64> {
