@@ -47,6 +47,23 @@ pub mod status {
 /// Default limit on payload + topic + key + headers, in bytes (4 MiB).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
+/// The bound on getting a connection from a store's own pool, opening a new one included
+/// (TCP connect, TLS, authentication, session setup): 5 s. The first connection a store's
+/// `connect` makes, and each (re)connection of the PostgreSQL listener, have the same
+/// bound. A call on a connection already established is bounded by the server (for
+/// example `statement_timeout`) and by TCP, not by this.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs `connect` (establishing a connection) within [`ACQUIRE_TIMEOUT`].
+pub(crate) async fn bounded_connect<T>(
+    connect: impl std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
+) -> Result<T> {
+    match tokio::time::timeout(ACQUIRE_TIMEOUT, connect).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(crate::Error::Timeout(ACQUIRE_TIMEOUT)),
+    }
+}
+
 /// Settings shared by every store.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {

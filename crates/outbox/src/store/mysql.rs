@@ -322,14 +322,17 @@ impl MySqlStore {
     pub async fn connect(url: &str, config: StoreConfig) -> Result<Self> {
         let options = MySqlConnectOptions::from_str(url)?.timezone(Some("+00:00".to_owned()));
         // One direct connection first: an unreachable server or a bad password is
-        // reported as itself at once, not as a pool timeout 10 s later.
-        sqlx::Connection::close(
-            <MySqlConnectOptions as sqlx::ConnectOptions>::connect(&options).await?,
-        )
+        // reported as itself at once, not as a pool timeout later; bounded by
+        // ACQUIRE_TIMEOUT (a server that accepts TCP and never answers fails it).
+        let conn = super::bounded_connect(<MySqlConnectOptions as sqlx::ConnectOptions>::connect(
+            &options,
+        ))
         .await?;
+        sqlx::Connection::close(conn).await?;
+        // The pool's acquire_timeout bounds the wait for a connection, opening one included.
         let pool = MySqlPoolOptions::new()
             .max_connections(8)
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(super::ACQUIRE_TIMEOUT)
             .after_connect(|conn, _meta| {
                 Box::pin(async move {
                     conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")

@@ -280,12 +280,16 @@ impl PgStore {
     /// Database errors when the connection fails.
     pub async fn connect(url: &str, config: StoreConfig) -> Result<Self> {
         // One direct connection first: an unreachable server or a bad password is
-        // reported as itself at once, not as a pool timeout 10 s later.
-        sqlx::Connection::close(<sqlx::PgConnection as sqlx::Connection>::connect(url).await?)
-            .await?;
+        // reported as itself at once, not as a pool timeout later. sqlx has no connect
+        // timeout for PostgreSQL, so the bound is ours: a server that accepts TCP and never
+        // answers fails this within ACQUIRE_TIMEOUT.
+        let conn =
+            super::bounded_connect(<sqlx::PgConnection as sqlx::Connection>::connect(url)).await?;
+        sqlx::Connection::close(conn).await?;
+        // The pool's acquire_timeout bounds the wait for a connection, opening one included.
         let pool = PgPoolOptions::new()
             .max_connections(8)
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(super::ACQUIRE_TIMEOUT)
             .connect(url)
             .await?;
         let mut store = Self::from_pool(pool, config);

@@ -201,8 +201,11 @@ impl SqliteStore {
     /// Database errors when the file cannot be opened.
     pub async fn connect(url: &str, config: StoreConfig) -> Result<Self> {
         let options = connect_options(url)?;
+        // The acquire bound covers waiting for one of the four connections and opening
+        // one; a statement waiting for the write lock is bounded by the busy timeout.
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
+            .acquire_timeout(super::ACQUIRE_TIMEOUT)
             .connect_with(options.clone())
             .await?;
         Ok(Self::from_pool(pool, options, config))
