@@ -891,3 +891,27 @@ pub(crate) async fn silent_server() -> (u16, tokio::task::JoinHandle<()>) {
     });
     (port, task)
 }
+
+/// Log lines written while the returned guard lives, on this thread (a current-thread
+/// runtime's tasks included), as plain text.
+pub(crate) fn capture_logs() -> (Arc<Mutex<Vec<u8>>>, tracing::subscriber::DefaultGuard) {
+    #[derive(Clone)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    let writer = Buf(buf.clone());
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    (buf, tracing::subscriber::set_default(subscriber))
+}
