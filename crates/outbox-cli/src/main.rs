@@ -79,8 +79,9 @@ enum Command {
     /// Run the relay: claim due messages, publish, mark after confirmation.
     Relay {
         /// Sink URL: stdout, file:PATH, nats://HOST:PORT, amqp://…, redis://…, mqtt://…,
-        /// http(s)://… (default stdout when no --route is given; with routes, the
-        /// catch-all).
+        /// http(s)://…; with routes, the catch-all. Required unless --route is given: the
+        /// relay refuses to start without a destination (`stdout` prints JSON lines, for
+        /// trying it out).
         #[arg(long, env = "OUTBOX_SINK")]
         sink: Option<String>,
         /// Route PATTERN=URL (repeatable; first match wins): topics matching PATTERN go to
@@ -93,6 +94,12 @@ enum Command {
         /// when some failed and were rescheduled (they are still pending).
         #[arg(long, env = "OUTBOX_DRAIN")]
         drain: bool,
+        /// Drain, and when other relays still hold claims at the end (a relay killed a
+        /// moment ago holds its rows until their lease ends), wait until those leases have
+        /// ended (or nothing is claimed any more), then drain again, so those rows are
+        /// delivered too. Implies --drain.
+        #[arg(long, env = "OUTBOX_DRAIN_WAIT_LEASES")]
+        drain_wait_leases: bool,
         /// Rows per claim.
         #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 100)]
         batch_size: u32,
@@ -142,7 +149,8 @@ enum Command {
     /// Let relays publish again.
     Resume,
     /// Delete dispatched rows older than the retention, in bounded batches (pending,
-    /// claimed and dead rows are never touched).
+    /// claimed and dead rows are never touched). Prints `{"deleted":N,"locked_out":BOOL}`;
+    /// when another purge is running it stops, says so on stderr and exits 0.
     Purge {
         /// Keep dispatched rows younger than this many seconds.
         #[arg(long, env = "OUTBOX_RETENTION_S", default_value_t = 7 * 24 * 3600)]
@@ -161,6 +169,13 @@ enum Command {
         orders: u32,
     },
 }
+
+/// Why `relay` refuses to start without a destination, and how to give it one.
+const NO_SINK: &str = "the relay has no sink: nothing says where messages go, so it refuses \
+to start (it would mark them dispatched without delivering them anywhere). Choose one with \
+--sink URL (e.g. --sink nats://127.0.0.1:4222), the OUTBOX_SINK environment variable, \
+sink = \"URL\" in outbox.toml, or --route PATTERN=URL. To try the relay out, --sink stdout \
+prints each message as a JSON line.";
 
 fn parse_route(s: &str) -> Result<(String, String), String> {
     let (pattern, url) = s
@@ -388,6 +403,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             sink,
             routes,
             drain,
+            drain_wait_leases,
             batch_size,
             lease_ms,
             max_attempts,
@@ -399,18 +415,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             relay_id,
             in_flight_batches,
         } => {
-            let store = connect(&cli, true).await?;
-            let router = if routes.is_empty() {
-                let sink: Arc<dyn outbox::Sink> =
-                    Arc::from(outbox::sink::open(sink.as_deref().unwrap_or("stdout")).await?);
-                outbox::sink::router::Router::single(sink)
-            } else {
-                let mut all = routes.clone();
-                if let Some(catch_all) = sink {
-                    all.push((">".to_owned(), catch_all.clone()));
-                }
-                outbox::sink::router::Router::open(&all, Default::default()).await?
-            };
+            if routes.is_empty() && sink.is_none() {
+                // A missing OUTBOX_SINK must not empty the outbox into a log.
+                eprintln!("error: {NO_SINK}");
+                return Ok(ExitCode::from(2));
+            }
+            let store = Arc::new(connect(&cli, true).await?);
+            let open = || open_sink(sink.as_deref(), routes);
             let mut config = RelayConfig {
                 batch_size: *batch_size,
                 lease: Duration::from_millis(*lease_ms),
@@ -420,7 +431,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 backoff_base: Duration::from_millis(*backoff_base_ms),
                 backoff_max: Duration::from_millis(*backoff_max_ms),
                 shutdown_grace: Duration::from_millis(*shutdown_grace_ms),
-                drain: *drain,
+                drain: *drain || *drain_wait_leases,
                 in_flight_batches: *in_flight_batches,
                 ..RelayConfig::default()
             };
@@ -429,12 +440,70 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             let cancel = CancellationToken::new();
             tokio::spawn(shutdown_on_signal(cancel.clone()));
-            let relay = Relay::with_router(Arc::new(store), router, config);
-            let stats = relay.run(cancel).await?;
-            if *drain && stats.retried > 0 {
+            let sink = open().await?;
+            let stats = Relay::with_router(store.clone(), sink, config.clone())
+                .run(cancel.clone())
+                .await?;
+            if !config.drain {
+                return Ok(ExitCode::SUCCESS);
+            }
+            let mut retried = stats.retried;
+            // Rows other relays still hold (one killed a moment ago holds its claims until
+            // their lease ends): say so, and with --drain-wait-leases wait for those leases,
+            // then drain again. Only the leases seen here are waited for; later claims
+            // belong to relays that are running.
+            let mut wait_until: Option<tokio::time::Instant> = None;
+            while !cancel.is_cancelled() {
+                let leases = store.leases().await?;
+                let (held, ends_in) = match (leases.held, leases.last_ends_in) {
+                    (0, _) | (_, None) => break,
+                    (held, Some(ends_in)) => (held, ends_in),
+                };
+                let now = tokio::time::Instant::now();
+                let deadline = *wait_until.get_or_insert(now + ends_in);
+                if !*drain_wait_leases || now >= deadline {
+                    eprintln!(
+                        "drain finished, but {held} rows are still claimed by other relays (running, or stopped without releasing them); their leases end within {:.1} s, after which any relay delivers them{}",
+                        ends_in.as_secs_f64(),
+                        if *drain_wait_leases {
+                            ""
+                        } else {
+                            " (--drain-wait-leases waits for that)"
+                        }
+                    );
+                    break;
+                }
                 eprintln!(
-                    "drain finished, but {} publishes failed and were rescheduled (see the warnings above): those messages are still pending",
-                    stats.retried
+                    "{held} rows are claimed by other relays; waiting up to {:.1} s for their leases to end, then draining again",
+                    deadline.saturating_duration_since(now).as_secs_f64()
+                );
+                // Until the leases end, or nothing is claimed any more (the other relay
+                // settled or released its rows).
+                loop {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(left.min(Duration::from_secs(1))) => {}
+                        _ = cancel.cancelled() => break,
+                    }
+                    if store.leases().await?.held == 0 {
+                        break;
+                    }
+                }
+                if cancel.is_cancelled() {
+                    break;
+                }
+                // The sink was closed when the last run stopped: a new one for this run.
+                let stats = Relay::with_router(store.clone(), open().await?, config.clone())
+                    .run(cancel.clone())
+                    .await?;
+                retried += stats.retried;
+            }
+            if retried > 0 {
+                eprintln!(
+                    "drain finished, but {retried} publishes failed and were rescheduled (see the warnings above): those messages are still pending"
                 );
                 return Ok(ExitCode::from(3));
             }
@@ -485,14 +554,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             store.check_schema().await?;
             anyhow::ensure!(*batch_size > 0, "--batch-size must be at least 1");
             let mut total = 0u64;
+            let mut locked_out = false;
             loop {
                 let b = store
                     .purge(Duration::from_secs(*older_than_s), *batch_size)
                     .await?;
                 if b.locked_out {
-                    anyhow::bail!(
-                        "another purge is running on this outbox; deleted {total} rows before stopping"
+                    // Not a failure: the other purger does the same work (a cron job that
+                    // overlaps the previous run must not page anyone).
+                    eprintln!(
+                        "another purge is running on this outbox; this one stops, having deleted {total} rows"
                     );
+                    locked_out = true;
+                    break;
                 }
                 total += b.deleted;
                 if b.deleted < u64::from(*batch_size) {
@@ -502,7 +576,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     tokio::time::sleep(Duration::from_millis(*pause_ms)).await;
                 }
             }
-            out(&serde_json::json!({ "deleted": total }).to_string());
+            out(&serde_json::json!({ "deleted": total, "locked_out": locked_out }).to_string());
             Ok(ExitCode::SUCCESS)
         }
         Command::Resume => {
@@ -511,6 +585,26 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             store.set_pause(None).await?;
             eprintln!("outbox resumed");
             Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// The relay's sink: `sink` alone, or a router over `routes` with `sink` as the catch-all.
+async fn open_sink(
+    sink: Option<&str>,
+    routes: &[(String, String)],
+) -> anyhow::Result<outbox::sink::router::Router> {
+    match sink {
+        Some(url) if routes.is_empty() => {
+            let sink: Arc<dyn outbox::Sink> = Arc::from(outbox::sink::open(url).await?);
+            Ok(outbox::sink::router::Router::single(sink))
+        }
+        _ => {
+            let mut all = routes.to_vec();
+            if let Some(catch_all) = sink {
+                all.push((">".to_owned(), catch_all.to_owned()));
+            }
+            Ok(outbox::sink::router::Router::open(&all, Default::default()).await?)
         }
     }
 }

@@ -339,7 +339,14 @@ fn pause_and_resume() {
         "x",
     ]));
     let out = outbox()
-        .args(["--database-url", &db, "relay", "--drain"])
+        .args([
+            "--database-url",
+            &db,
+            "relay",
+            "--sink",
+            "stdout",
+            "--drain",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -347,7 +354,14 @@ fn pause_and_resume() {
     let text = run_ok(outbox().args(["--database-url", &db, "status"]));
     assert!(text.contains("PAUSED: broker maintenance"), "{text}");
     run_ok(outbox().args(["--database-url", &db, "resume"]));
-    let delivered = run_ok(outbox().args(["--database-url", &db, "relay", "--drain"]));
+    let delivered = run_ok(outbox().args([
+        "--database-url",
+        &db,
+        "relay",
+        "--sink",
+        "stdout",
+        "--drain",
+    ]));
     assert_eq!(delivered.lines().count(), 1);
 }
 
@@ -516,4 +530,214 @@ fn routes_split_topics_between_destinations() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("must be whole tokens"));
+}
+
+/// A purge that finds another purger running (here: its lock held from another session)
+/// is not a failure: it stops at once, says so on stderr, exits 0 and touches nothing; once
+/// the other purger is gone, the same command deletes the old dispatched rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_that_finds_another_purger_exits_0() {
+    use sqlx::Connection as _;
+    let schema = unique("purge");
+    run_ok(outbox().args(["--database-url", PG, "--schema", &schema, "migrate"]));
+    psql(&format!(
+        "SELECT {schema}.enqueue('purge.v1', 'x'::bytea) FROM generate_series(1, 3);
+         UPDATE {schema}.messages SET status = 2, dispatched_at = now() - interval '30 days';"
+    ));
+    let mut other = sqlx::PgConnection::connect(PG).await.unwrap();
+    // The key the store's purge takes with pg_try_advisory_xact_lock.
+    sqlx::query("SELECT pg_advisory_lock(hashtext($1))")
+        .bind(format!("outbox-purge-{schema}"))
+        .execute(&mut other)
+        .await
+        .unwrap();
+
+    let out = outbox()
+        .args(["--database-url", PG, "--schema", &schema, "purge"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    assert!(
+        stderr.contains("another purge is running") && stderr.contains("deleted 0 rows"),
+        "{stderr}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).unwrap();
+    assert_eq!(v, serde_json::json!({"deleted": 0, "locked_out": true}));
+    assert_eq!(status(&schema)["dispatched"], 3, "nothing deleted");
+
+    sqlx::query("SELECT pg_advisory_unlock(hashtext($1))")
+        .bind(format!("outbox-purge-{schema}"))
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(
+        run_ok(outbox().args(["--database-url", PG, "--schema", &schema, "purge"])).trim(),
+    )
+    .unwrap();
+    assert_eq!(v, serde_json::json!({"deleted": 3, "locked_out": false}));
+    assert_eq!(status(&schema)["dispatched"], 0);
+    psql(&format!("DROP SCHEMA {schema} CASCADE"));
+}
+
+/// Without a sink (no --sink, OUTBOX_SINK, `sink` key or route) the relay refuses to start
+/// with exit 2 and says how to choose one; nothing is dispatched. The same outbox drains
+/// once a sink is given, by flag, environment variable or outbox.toml.
+#[test]
+fn relay_without_a_sink_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("s.db").display());
+    run_ok(outbox().args(["--database-url", &db, "migrate"]));
+    for _ in 0..3 {
+        run_ok(outbox().args([
+            "--database-url",
+            &db,
+            "enqueue",
+            "--topic",
+            "t.v1",
+            "--payload",
+            "x",
+        ]));
+    }
+    let out = outbox()
+        .current_dir(dir.path())
+        .args(["--database-url", &db, "relay", "--drain"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    for hint in [
+        "--sink URL",
+        "OUTBOX_SINK",
+        "sink = \"URL\" in outbox.toml",
+        "--route",
+        "--sink stdout",
+        "JSON line",
+    ] {
+        assert!(stderr.contains(hint), "no {hint:?} in: {stderr}");
+    }
+    assert!(out.stdout.is_empty(), "nothing published");
+    let pending = |expected: i64| {
+        let s = run_ok(outbox().args(["--database-url", &db, "status", "--json"]));
+        let v: serde_json::Value = serde_json::from_str(s.trim()).unwrap();
+        assert_eq!(v["pending"].as_i64(), Some(expected), "{v}");
+    };
+    pending(3);
+
+    // Each way of choosing a sink works.
+    let printed = run_ok(
+        outbox()
+            .current_dir(dir.path())
+            .env("OUTBOX_SINK", "stdout")
+            .args(["--database-url", &db, "relay", "--drain"]),
+    );
+    assert_eq!(printed.lines().count(), 3);
+    pending(0);
+    run_ok(outbox().args([
+        "--database-url",
+        &db,
+        "enqueue",
+        "--topic",
+        "t.v1",
+        "--payload",
+        "y",
+    ]));
+    std::fs::write(dir.path().join("outbox.toml"), "sink = \"stdout\"\n").unwrap();
+    let printed =
+        run_ok(
+            outbox()
+                .current_dir(dir.path())
+                .args(["--database-url", &db, "relay", "--drain"]),
+        );
+    assert_eq!(printed.lines().count(), 1);
+    pending(0);
+}
+
+/// A relay "killed" a moment ago (rows claimed with a 3 s lease, never settled): `relay
+/// --drain` delivers what is due, exits 0 and says on stderr how many rows other relays
+/// still hold and for how long; `--drain-wait-leases` waits for those leases to end and
+/// delivers those rows too before it exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_reports_and_can_wait_for_leases_held_by_others() {
+    use outbox::Store as _;
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("l.db").display());
+    run_ok(outbox().args(["--database-url", &db, "migrate"]));
+    for _ in 0..3 {
+        run_ok(outbox().args([
+            "--database-url",
+            &db,
+            "enqueue",
+            "--topic",
+            "t.v1",
+            "--payload",
+            "x",
+        ]));
+    }
+    let store = outbox::sqlite::SqliteStore::connect(&db, outbox::StoreConfig::default())
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(3);
+    let killed = store
+        .claim(&outbox::store::ClaimRequest {
+            relay_id: "killed".into(),
+            batch_size: 2,
+            lease,
+        })
+        .await
+        .unwrap();
+    let claimed_at = Instant::now();
+    assert_eq!(killed.messages.len(), 2);
+    let file = dir.path().join("out.jsonl");
+    let sink = format!("file:{}", file.display());
+    let lines = || {
+        std::fs::read_to_string(&file)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+
+    let out = outbox()
+        .args(["--database-url", &db, "relay", "--sink", &sink, "--drain"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        claimed_at.elapsed() < lease,
+        "machine too slow for this check"
+    );
+    assert_eq!(lines(), 1, "only the unclaimed row was due");
+    assert!(
+        stderr.contains("2 rows are still claimed by other relays")
+            && stderr.contains("leases end within")
+            && stderr.contains("--drain-wait-leases"),
+        "{stderr}"
+    );
+
+    let out = outbox()
+        .args([
+            "--database-url",
+            &db,
+            "relay",
+            "--sink",
+            &sink,
+            "--drain-wait-leases",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(claimed_at.elapsed() >= lease, "it waited for the lease");
+    assert!(
+        stderr.contains("2 rows are claimed by other relays; waiting"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("still claimed"), "{stderr}");
+    assert_eq!(lines(), 3, "the killed relay's rows were delivered");
+    let c = store.counts().await.unwrap();
+    assert_eq!((c.pending, c.claimed, c.dispatched), (0, 0, 3));
+    let l = store.leases().await.unwrap();
+    assert_eq!(l.held, 0);
 }

@@ -74,14 +74,38 @@ impl Sink for Hang {
     }
 }
 
+/// Backends of this server whose `application_name` is `name`.
+async fn backends(conn: &mut sqlx::PgConnection, name: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1")
+        .bind(name)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_crashed_relays_claims_are_delivered_after_the_lease() {
     let db = TestDb::pg("crashed_relay").await;
     let enq = db.enqueue_all(&messages("crash.t", 200)).await;
+    // The doomed relay has a store (a pool) of its own, with its own application_name, so
+    // that its crash can include its connections.
+    let TestDb::Pg(_, schema) = &db else {
+        unreachable!()
+    };
+    let app = format!("doomed_{}", common::unique());
+    let doomed_store = outbox::postgres::PgStore::connect(
+        &format!("{}?application_name={app}", common::pg_url()),
+        outbox::StoreConfig {
+            schema: schema.ident(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     let mut cfg = relay_config("doomed");
     cfg.lease = Duration::from_millis(1_500);
     cfg.publish_timeout = Duration::from_millis(1_000);
-    let doomed = Relay::new(db.store(), Arc::new(Hang), cfg).spawn();
+    let doomed = Relay::new(Arc::new(doomed_store.clone()), Arc::new(Hang), cfg).spawn();
     let d = &db;
     wait_until(
         "the doomed relay holds claims",
@@ -101,7 +125,32 @@ async fn a_crashed_relays_claims_are_delivered_after_the_lease() {
         },
     )
     .await;
-    doomed.abort(); // a crash: nothing released
+    // A crash: nothing released. `abort` only asks the task to stop, and a statement it
+    // had sent (its other worker's claim, say) still runs in the server; so the crash also
+    // ends its connections and waits until they are gone. Only then is the set of rows it
+    // holds final: reading it earlier raced that claim, whose rows were then counted as
+    // never held (attempts 2 seen, 1 expected).
+    doomed.abort();
+    drop(doomed_store);
+    let mut admin = common::pg_connect().await;
+    let start = std::time::Instant::now();
+    loop {
+        sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+        )
+        .bind(&app)
+        .execute(&mut admin)
+        .await
+        .unwrap();
+        match backends(&mut admin, &app).await {
+            0 => break,
+            n => assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{n} connections of the doomed relay still there after 10 s"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let held: Vec<i64> = db
         .rows()
         .await

@@ -47,6 +47,23 @@ pub mod status {
 /// Default limit on payload + topic + key + headers, in bytes (4 MiB).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
+/// The bound on getting a connection from a store's own pool, opening a new one included
+/// (TCP connect, TLS, authentication, session setup): 5 s. The first connection a store's
+/// `connect` makes, and each (re)connection of the PostgreSQL listener, have the same
+/// bound. A call on a connection already established is bounded by the server (for
+/// example `statement_timeout`) and by TCP, not by this.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs `connect` (establishing a connection) within [`ACQUIRE_TIMEOUT`].
+pub(crate) async fn bounded_connect<T>(
+    connect: impl std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
+) -> Result<T> {
+    match tokio::time::timeout(ACQUIRE_TIMEOUT, connect).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(crate::Error::Timeout(ACQUIRE_TIMEOUT)),
+    }
+}
+
 /// Settings shared by every store.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
@@ -187,6 +204,38 @@ pub struct PurgeBatch {
     pub locked_out: bool,
 }
 
+/// Claims whose lease has not ended yet, on the database clock ([`Store::leases`]): rows
+/// some relay holds and no other relay can claim until then (a relay that was killed
+/// holds its rows until their lease ends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Leases {
+    /// Claimed rows whose lease ends after the database clock's now.
+    pub held: u64,
+    /// When the last of those leases ends (database clock); `None` when `held` is 0.
+    pub last_ends_at: Option<DateTime<Utc>>,
+    /// How long from the database clock's now until `last_ends_at` (millisecond
+    /// precision); `None` when `held` is 0.
+    pub last_ends_in: Option<Duration>,
+}
+
+impl Leases {
+    /// From the leases query's row: held rows, last lease end, milliseconds until then.
+    pub(crate) fn from_row(
+        held: i64,
+        last_ends_at: Option<DateTime<Utc>>,
+        ms: Option<i64>,
+    ) -> Self {
+        let held = u64::try_from(held).unwrap_or(0);
+        Leases {
+            held,
+            last_ends_at: last_ends_at.filter(|_| held > 0),
+            last_ends_in: ms
+                .filter(|_| held > 0)
+                .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+        }
+    }
+}
+
 /// The pause switch.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PauseState {
@@ -277,6 +326,11 @@ pub trait Store: Send + Sync + 'static {
     /// claimed and dead rows are never touched. One purger runs at a time per store; the
     /// others get `locked_out`. Call it in a loop until `deleted < batch_size`.
     async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch>;
+
+    /// Claimed rows whose lease has not ended on the database clock (`status = 1` and the
+    /// lease end after now), and when the last of those leases ends. Expired claims are not
+    /// counted: any relay may claim them again. One read-only statement.
+    async fn leases(&self) -> Result<Leases>;
 
     /// A counter that moves whenever new rows may be due (a `NOTIFY`, a commit seen by the
     /// store). The relay marks it seen before each claim and, when a claim finds nothing,
@@ -405,6 +459,9 @@ impl Store for AnyStore {
     }
     async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
         self.inner().purge(older_than, batch_size).await
+    }
+    async fn leases(&self) -> Result<Leases> {
+        self.inner().leases().await
     }
     fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
         self.inner().wakeups()

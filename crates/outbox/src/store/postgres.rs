@@ -4,7 +4,7 @@
 //! Supported: PostgreSQL 13 and later (`gen_random_uuid()` in core).
 
 use super::{
-    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Settled, Settlement, Store,
+    Claim, ClaimRequest, Counts, Dead, Leases, PauseState, PurgeBatch, Settled, Settlement, Store,
     StoreConfig, millis, parse_headers,
 };
 use crate::error::{Error, Result};
@@ -32,6 +32,7 @@ struct Sql {
     counts: SqlStr,
     version: SqlStr,
     purge: SqlStr,
+    leases: SqlStr,
 }
 
 impl Sql {
@@ -105,6 +106,12 @@ impl Sql {
                    WHERE status = 2 AND dispatched_at < now() - $1 * interval '1 millisecond'
                    ORDER BY id LIMIT $2
                    FOR UPDATE SKIP LOCKED)"
+            )),
+            // On a claimed row available_at is the lease end (the live index serves it).
+            leases: q(format!(
+                "SELECT count(*), max(available_at),
+                        ceil(extract(epoch FROM max(available_at) - now()) * 1000)::bigint
+                 FROM {s}.messages WHERE status = 1 AND available_at > now()"
             )),
         }
     }
@@ -266,12 +273,16 @@ impl PgStore {
     /// Database errors when the connection fails.
     pub async fn connect(url: &str, config: StoreConfig) -> Result<Self> {
         // One direct connection first: an unreachable server or a bad password is
-        // reported as itself at once, not as a pool timeout 10 s later.
-        sqlx::Connection::close(<sqlx::PgConnection as sqlx::Connection>::connect(url).await?)
-            .await?;
+        // reported as itself at once, not as a pool timeout later. sqlx has no connect
+        // timeout for PostgreSQL, so the bound is ours: a server that accepts TCP and never
+        // answers fails this within ACQUIRE_TIMEOUT.
+        let conn =
+            super::bounded_connect(<sqlx::PgConnection as sqlx::Connection>::connect(url)).await?;
+        sqlx::Connection::close(conn).await?;
+        // The pool's acquire_timeout bounds the wait for a connection, opening one included.
         let pool = PgPoolOptions::new()
             .max_connections(8)
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(super::ACQUIRE_TIMEOUT)
             .connect(url)
             .await?;
         let mut store = Self::from_pool(pool, config);
@@ -427,48 +438,69 @@ impl PgStore {
     }
 }
 
-/// Forwards notifications to `wake`; reconnects with capped backoff and logs each state
-/// change once (never floods the log). Every (re)connect wakes the relay, since
-/// notifications sent while disconnected are lost.
+/// Connects the listener: a pool of one connection of its own whose acquire (connection
+/// included) is bounded by [`super::ACQUIRE_TIMEOUT`], then `LISTEN`. The listener does not
+/// reconnect by itself (`eager_reconnect(false)`): [`listen_loop`] does, so that it can say
+/// so.
+async fn listen(url: &str, channel: &str) -> std::result::Result<PgListener, sqlx::Error> {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(super::ACQUIRE_TIMEOUT)
+        .max_lifetime(None)
+        .idle_timeout(None)
+        .connect_lazy(url)?;
+    let mut listener = PgListener::connect_with(&pool).await?;
+    listener.eager_reconnect(false);
+    listener.listen(channel).await?;
+    Ok(listener)
+}
+
+/// Forwards notifications to `wake` and keeps the listener connected. A loss (or a first
+/// connection that fails) is logged once as a warning, and the reconnection once, with the
+/// outage's length; the attempts in between are silent (capped backoff, 100 ms doubling to
+/// 30 s), so an outage of any length costs two log lines. The backoff is reset only by a
+/// connection that stayed up for a while, so a connection that keeps dropping at once
+/// logs at most twice per 30 s. Every (re)connect and every loss wakes the relay, since
+/// notifications sent while disconnected are lost; relays poll meanwhile.
 async fn listen_loop(url: String, channel: String, wake: super::Bump) {
-    let bump = || wake.bump();
-    let mut delay = Duration::from_millis(100);
-    let mut healthy = true;
+    const FIRST_DELAY: Duration = Duration::from_millis(100);
+    const MAX_DELAY: Duration = Duration::from_secs(30);
+    let mut delay = FIRST_DELAY;
+    let mut lost_since: Option<std::time::Instant> = None;
     loop {
-        let attempt = async {
-            let mut l = PgListener::connect(&url).await?;
-            l.listen(&channel).await?;
-            Ok::<_, sqlx::Error>(l)
-        }
-        .await;
-        let mut listener = match attempt {
+        let mut listener = match listen(&url, &channel).await {
             Ok(l) => l,
             Err(e) => {
-                if healthy {
-                    tracing::warn!(error = %e, "outbox listener disconnected; polling until it is back");
-                    healthy = false;
+                if lost_since.is_none() {
+                    tracing::warn!(error = %e, "outbox listener cannot connect; relays poll until it is back");
+                    lost_since = Some(std::time::Instant::now());
                 }
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(30));
+                delay = (delay * 2).min(MAX_DELAY);
                 continue;
             }
         };
-        if !healthy {
-            tracing::info!("outbox listener reconnected");
-            healthy = true;
+        if let Some(since) = lost_since.take() {
+            tracing::info!(outage = ?since.elapsed(), "outbox listener reconnected");
         }
-        delay = Duration::from_millis(100);
-        bump();
-        loop {
+        let connected_at = std::time::Instant::now();
+        wake.bump();
+        let why = loop {
             match listener.try_recv().await {
-                Ok(Some(_)) => bump(),
-                Ok(None) => bump(), // reconnected under us: may have missed some
-                Err(e) => {
-                    tracing::warn!(error = %e, "outbox listener lost its connection; reconnecting");
-                    break;
-                }
+                Ok(Some(_)) => wake.bump(),
+                Ok(None) => break "the connection was closed".to_owned(),
+                Err(e) => break e.to_string(),
             }
+        };
+        drop(listener);
+        tracing::warn!(error = %why, "outbox listener lost its connection; relays poll until it is back");
+        lost_since = Some(std::time::Instant::now());
+        wake.bump();
+        if connected_at.elapsed() >= MAX_DELAY {
+            delay = FIRST_DELAY;
         }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(MAX_DELAY);
     }
 }
 
@@ -656,6 +688,14 @@ impl Store for PgStore {
             deleted: r.rows_affected(),
             locked_out: false,
         })
+    }
+
+    async fn leases(&self) -> Result<Leases> {
+        let (held, last, ms): (i64, Option<DateTime<Utc>>, Option<i64>) =
+            sqlx::query_as(self.inner.sql.leases.clone())
+                .fetch_one(&self.inner.pool)
+                .await?;
+        Ok(Leases::from_row(held, last, ms))
     }
 
     fn wakeups(&self) -> watch::Receiver<u64> {

@@ -7,7 +7,7 @@
 //! taken from SQLite's clock inside each statement.
 
 use super::{
-    Claim, ClaimRequest, Counts, Dead, PauseState, PurgeBatch, Settled, Settlement, Store,
+    Claim, ClaimRequest, Counts, Dead, Leases, PauseState, PurgeBatch, Settled, Settlement, Store,
     StoreConfig, millis, parse_headers,
 };
 use crate::error::{Error, Result};
@@ -47,6 +47,7 @@ struct Sql {
     set_pause: SqlStr,
     counts: SqlStr,
     purge: SqlStr,
+    leases: SqlStr,
 }
 
 impl Sql {
@@ -109,6 +110,11 @@ impl Sql {
                    SELECT id FROM {p}_messages
                    WHERE status = 2 AND dispatched_at < {n} - ?1
                    ORDER BY id LIMIT ?2)"
+            )),
+            // On a claimed row available_at is the lease end; NOW_MS is one value per statement.
+            leases: q(format!(
+                "SELECT count(*), max(available_at), max(available_at) - {n}
+                 FROM {p}_messages WHERE status = 1 AND available_at > {n}"
             )),
         }
     }
@@ -191,8 +197,11 @@ impl SqliteStore {
     /// Database errors when the file cannot be opened.
     pub async fn connect(url: &str, config: StoreConfig) -> Result<Self> {
         let options = connect_options(url)?;
+        // The acquire bound covers waiting for one of the four connections and opening
+        // one; a statement waiting for the write lock is bounded by the busy timeout.
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
+            .acquire_timeout(super::ACQUIRE_TIMEOUT)
             .connect_with(options.clone())
             .await?;
         Ok(Self::from_pool(pool, options, config))
@@ -491,6 +500,14 @@ impl Store for SqliteStore {
             deleted: r.rows_affected(),
             locked_out: false,
         })
+    }
+
+    async fn leases(&self) -> Result<Leases> {
+        let (held, last, ms): (i64, Option<i64>, Option<i64>) =
+            sqlx::query_as(self.inner.sql.leases.clone())
+                .fetch_one(&self.inner.pool)
+                .await?;
+        Ok(Leases::from_row(held, last.map(ms_to_time), ms))
     }
 
     fn wakeups(&self) -> watch::Receiver<u64> {

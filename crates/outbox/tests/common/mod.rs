@@ -783,3 +783,148 @@ impl<S: Sink> Sink for RecordingWrapper<S> {
 pub(crate) fn total(seen: &Seen) -> u32 {
     seen.lock().unwrap().values().sum()
 }
+
+// ---------------------------------------------------------------------------------------
+// A TCP proxy that can fail on demand
+// ---------------------------------------------------------------------------------------
+
+/// What a [`TcpProxy`] does with its connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ProxyMode {
+    /// Forwards bytes both ways.
+    Forward,
+    /// A server that stopped answering: connections stay open, but nothing is forwarded
+    /// (bytes read are held), and new connections are accepted and never answered.
+    Stall,
+    /// A server that is down: every connection is closed, new ones at once.
+    Refuse,
+}
+
+/// A TCP proxy on a free local port in front of `upstream`, whose [`ProxyMode`] a test
+/// switches (a database outage without stopping the shared database).
+pub(crate) struct TcpProxy {
+    pub(crate) port: u16,
+    mode: Arc<tokio::sync::watch::Sender<ProxyMode>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TcpProxy {
+    pub(crate) async fn start(upstream: (String, u16)) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mode = Arc::new(tokio::sync::watch::Sender::new(ProxyMode::Forward));
+        let m = mode.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let rx = m.subscribe();
+                let upstream = upstream.clone();
+                let now = *rx.borrow();
+                match now {
+                    ProxyMode::Refuse => drop(client),
+                    ProxyMode::Stall => {
+                        // Held until the proxy refuses or goes away.
+                        tokio::spawn(async move {
+                            let mut rx = rx;
+                            let _ = rx.wait_for(|m| *m == ProxyMode::Refuse).await;
+                            drop(client);
+                        });
+                    }
+                    ProxyMode::Forward => {
+                        tokio::spawn(async move {
+                            let Ok(server) =
+                                tokio::net::TcpStream::connect((upstream.0.as_str(), upstream.1))
+                                    .await
+                            else {
+                                return;
+                            };
+                            let (cr, cw) = client.into_split();
+                            let (sr, sw) = server.into_split();
+                            tokio::join!(pipe(cr, sw, rx.clone()), pipe(sr, cw, rx));
+                        });
+                    }
+                }
+            }
+        });
+        TcpProxy { port, mode, task }
+    }
+
+    pub(crate) fn set(&self, mode: ProxyMode) {
+        self.mode.send_replace(mode);
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.mode.send_replace(ProxyMode::Refuse);
+    }
+}
+
+/// Copies `from` to `to` while the mode forwards; holds what it read while stalled; ends
+/// (closing both) when the mode refuses or either side closes.
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut mode: tokio::sync::watch::Receiver<ProxyMode>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = {
+            let refused = mode.clone();
+            let mut refused = refused;
+            tokio::select! {
+                r = from.read(&mut buf) => match r {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                },
+                _ = refused.wait_for(|m| *m == ProxyMode::Refuse) => return,
+            }
+        };
+        match mode.wait_for(|m| *m != ProxyMode::Stall).await {
+            Ok(m) if *m == ProxyMode::Forward => {}
+            _ => return,
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A listener on a free local port that accepts every connection and never answers: a
+/// server that is up at the TCP level only.
+pub(crate) async fn silent_server() -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    (port, task)
+}
+
+/// Log lines written while the returned guard lives, on this thread (a current-thread
+/// runtime's tasks included), as plain text.
+pub(crate) fn capture_logs() -> (Arc<Mutex<Vec<u8>>>, tracing::subscriber::DefaultGuard) {
+    #[derive(Clone)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    let writer = Buf(buf.clone());
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    (buf, tracing::subscriber::set_default(subscriber))
+}

@@ -1755,6 +1755,86 @@ pub(crate) async fn claim_uses_the_live_row_index<B: Backend>() {
 }
 
 // ======================================================================================
+// Leases still held
+// ======================================================================================
+
+/// `Store::leases` counts claimed rows whose lease has not ended on the database clock and
+/// says when the last one ends: pending rows (delayed ones included), expired claims and
+/// settled rows are not counted; nothing held is `0, None, None`.
+pub(crate) async fn leases_count_live_claims_until_their_last_end<B: Backend>() {
+    let b = B::create("leases", DEFAULT_MAX).await;
+    let store = b.store();
+    let nothing = outbox::store::Leases {
+        held: 0,
+        last_ends_at: None,
+        last_ends_in: None,
+    };
+    assert_eq!(store.leases().await.unwrap(), nothing, "an empty outbox");
+    let mut msgs = messages("t.leases.v1", 5);
+    msgs.push(Message::new("t.leases.v1", b"later".to_vec()).delay(Duration::from_secs(3600)));
+    b.enqueue_all(&msgs).await;
+    assert_eq!(
+        store.leases().await.unwrap(),
+        nothing,
+        "pending rows hold no lease"
+    );
+
+    let short = claim(&store, "relay-short", 2, Duration::from_millis(1500)).await;
+    let long_lease = Duration::from_secs(60);
+    let before = b.db_now_us().await;
+    let long = claim(&store, "relay-long", 2, long_lease).await;
+    let after = b.db_now_us().await;
+    assert_eq!((short.messages.len(), long.messages.len()), (2, 2));
+
+    let l = store.leases().await.unwrap();
+    assert_eq!(l.held, 4, "{l:?}");
+    let ends_at = l.last_ends_at.expect("a last lease end").timestamp_micros();
+    // The long claim's lease end, on the database clock (ms precision on SQLite).
+    assert!(
+        ends_at >= before + us(long_lease) - 1_000 && ends_at <= after + us(long_lease) + 1_000,
+        "last lease end {ends_at} not within the long claim's [{before}, {after}] + 60 s"
+    );
+    let ends_in = l.last_ends_in.expect("time until the last lease end");
+    assert!(
+        ends_in > long_lease - Duration::from_secs(5)
+            && ends_in <= long_lease + Duration::from_millis(1),
+        "{ends_in:?}"
+    );
+
+    // Once the short lease has ended, its rows are claimable and no longer held.
+    let s = store.clone();
+    wait_until("the short lease ends", Duration::from_secs(10), || {
+        let s = s.clone();
+        async move {
+            let l = s.leases().await.unwrap();
+            if l.held == 2 {
+                Ok(())
+            } else {
+                Err(format!("{l:?}"))
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        b.count("status = 1").await,
+        4,
+        "the expired claim is still status 1"
+    );
+    let l = store.leases().await.unwrap();
+    assert_eq!(l.last_ends_at.map(|t| t.timestamp_micros()), Some(ends_at));
+
+    // Settled rows hold nothing.
+    assert_eq!(
+        store
+            .mark_dispatched(long.token, &claim_ids(&long))
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(store.leases().await.unwrap(), nothing);
+}
+
+// ======================================================================================
 // The macro
 // ======================================================================================
 
@@ -1775,6 +1855,7 @@ macro_rules! conformance_cases {
             enqueue_is_idempotent_and_delays_hold,
             payloads_and_headers_survive_byte_for_byte,
             claim_uses_the_live_row_index,
+            leases_count_live_claims_until_their_last_end,
         );
     };
     (@each $backend:ty; $($case:ident),* $(,)?) => {
