@@ -153,6 +153,9 @@ pub enum SinkError {
     },
 }
 
+/// One message's outcome so far (`None` = not known yet).
+type Slot = Option<Result<(), PublishError>>;
+
 /// One outcome slot per message of a batch: slot `i` belongs to `batch[i]`.
 ///
 /// A sink fills a slot with [`Confirmations::set`] as soon as it knows that message's
@@ -163,7 +166,7 @@ pub enum SinkError {
 /// handle on the same slots.
 #[derive(Clone)]
 pub struct Confirmations {
-    slots: std::sync::Arc<std::sync::Mutex<Vec<Option<Result<(), PublishError>>>>>,
+    slots: std::sync::Arc<std::sync::Mutex<Vec<Slot>>>,
     /// Woken whenever a slot is filled.
     filled: std::sync::Arc<tokio::sync::Notify>,
     /// For a view over part of a batch (a router's group): local index → batch index.
@@ -180,7 +183,7 @@ impl Confirmations {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<Result<(), PublishError>>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -281,7 +284,7 @@ impl Confirmations {
     }
 
     /// Every slot of the whole batch, empty ones as `None`.
-    pub(crate) fn snapshot(&self) -> Vec<Option<Result<(), PublishError>>> {
+    pub(crate) fn snapshot(&self) -> Vec<Slot> {
         self.lock().clone()
     }
 }
