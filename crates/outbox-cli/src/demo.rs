@@ -67,7 +67,15 @@ impl Sink for DemoSink {
                 index.push(i);
             }
         }
-        let inner = confirm.subset(&index);
+        let n = self.batches.fetch_add(1, Ordering::SeqCst) + 1;
+        let crash = Some(n) == self.crash_on_batch;
+        // On the crash batch the file confirms, but the relay never hears of it: it dies
+        // between the confirmation and the mark.
+        let inner = if crash {
+            Confirmations::new(valid.len())
+        } else {
+            confirm.subset(&index)
+        };
         self.inner.publish(&valid, &inner).await;
         let now = Instant::now();
         {
@@ -78,8 +86,7 @@ impl Sink for DemoSink {
                 }
             }
         }
-        let n = self.batches.fetch_add(1, Ordering::SeqCst) + 1;
-        if Some(n) == self.crash_on_batch {
+        if crash {
             self.crashed.notify_one();
             std::future::pending::<()>().await;
         }

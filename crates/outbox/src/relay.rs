@@ -546,6 +546,12 @@ impl Relay {
             // Every destination down: nothing claimed now could be published before the
             // first probe is due, so wait for it instead of cycling rows.
             if let Some(wait) = self.router.all_open_for() {
+                if cfg.drain {
+                    // Nothing can be delivered now: a drain stops here (its rescheduled
+                    // rows stay pending, so the run reports them).
+                    tracing::warn!(sink = %self.router.describe(), "every destination is unavailable: drain stops with rows still pending");
+                    break;
+                }
                 sleep_or_cancel(wait, cancel).await;
                 continue;
             }

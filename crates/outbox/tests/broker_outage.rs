@@ -228,3 +228,110 @@ async fn nats_killed_mid_run_then_restarted_loses_nothing() {
     let ours: HashSet<String> = enq.iter().map(|e| e.message_id.to_string()).collect();
     assert_eq!(in_stream, ours);
 }
+
+/// At default settings, a broker outage of a minute (`OUTBOX_TEST_OUTAGE_SECONDS`) while a
+/// producer keeps writing: nothing is quarantined, no attempt is counted, and the whole
+/// backlog is delivered within 5 s of the broker's return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_nats_outage_recovers_within_seconds() {
+    let outage = Duration::from_secs(
+        std::env::var("OUTBOX_TEST_OUTAGE_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(60),
+    );
+    let mut server = NatsServer::start().await;
+    let admin = server.connect().await;
+    let stream = TestStream::create(&admin, &server.url(), StorageType::File).await;
+    drop(admin);
+
+    let db = std::sync::Arc::new(TestDb::pg("long_outage").await);
+    let store = db.store();
+    let sink = NatsSink::connect(&server.url(), NatsOptions::default())
+        .await
+        .unwrap();
+    let cfg = outbox::RelayConfig {
+        relay_id: "relay-long-outage".into(),
+        ..outbox::RelayConfig::default()
+    };
+    let handle = Relay::new(store.clone(), Arc::new(sink), cfg).spawn();
+    let mut enq = db
+        .enqueue_all(&messages(&stream.subject("before"), 10))
+        .await;
+    let s = store.clone();
+    wait_until("healthy delivery", Duration::from_secs(10), || {
+        let s = s.clone();
+        async move {
+            let c = s.counts().await.unwrap();
+            if c.dispatched == 10 {
+                Ok(())
+            } else {
+                Err(format!("{c:?}"))
+            }
+        }
+    })
+    .await;
+
+    server.stop();
+    let producer = {
+        let db = db.clone();
+        let subject = stream.subject("during");
+        tokio::spawn(async move {
+            let mut all = Vec::new();
+            let end = std::time::Instant::now() + outage;
+            while std::time::Instant::now() < end {
+                all.extend(db.enqueue_all(&messages(&subject, 1)).await);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            all
+        })
+    };
+    let during = producer.await.unwrap();
+    let n = 10 + during.len();
+    enq.extend(during);
+    // The outage counted no attempt and quarantined nothing.
+    let rows = db.rows().await;
+    assert_eq!(rows.iter().filter(|r| r.status >= 3).count(), 0);
+    for r in rows
+        .iter()
+        .filter(|r| r.status == i32::from(status::PENDING))
+    {
+        assert_eq!(r.attempts, 0, "the outage used up an attempt: {r:?}");
+    }
+
+    server.restart().await;
+    let back = std::time::Instant::now();
+    let s = store.clone();
+    wait_until("the backlog delivered", Duration::from_secs(30), || {
+        let s = s.clone();
+        async move {
+            let c = s.counts().await.unwrap();
+            if c.dispatched == n as i64 {
+                Ok(())
+            } else {
+                Err(format!("{c:?}"))
+            }
+        }
+    })
+    .await;
+    let took = back.elapsed();
+    eprintln!(
+        "{} messages enqueued during a {outage:?} outage delivered {took:?} after the broker's return",
+        n - 10
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "backlog took {took:?} after the broker's return"
+    );
+    let stats = handle.shutdown().await.unwrap();
+    assert_eq!(stats.quarantined, 0, "{stats:?}");
+    let admin = server.connect().await;
+    let in_stream: HashSet<String> = stream.msg_ids(&admin).await.into_iter().collect();
+    let ours: HashSet<String> = enq.iter().map(|e| e.message_id.to_string()).collect();
+    assert_eq!(in_stream, ours);
+    assert_eq!(
+        stream.message_count(&admin).await,
+        n as u64,
+        "one copy each"
+    );
+}
