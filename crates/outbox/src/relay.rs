@@ -647,7 +647,6 @@ impl Relay {
                 "could not renew the lease: stopped waiting for this batch; its unconfirmed rows come back after the lease"
             );
         }
-        self.log_failures(&to_publish, &settlement);
         self.settle(token, settlement, &to_publish).await;
         ending == Ending::Abandoned
     }
@@ -713,27 +712,42 @@ impl Relay {
         );
     }
 
-    fn log_failures(&self, batch: &[OutgoingMessage], s: &Settlement) {
-        if let Some(first) = s.retries.iter().find(|r| !r.refund_attempt) {
+    /// Logs the retries that were written (`changed`, sorted): never a row whose settle
+    /// changed nothing.
+    fn log_retries(&self, batch: &[OutgoingMessage], s: &Settlement, changed: &[i64]) {
+        let written = |r: &&Retry| changed.binary_search(&r.id).is_ok();
+        let counted: Vec<&Retry> = s
+            .retries
+            .iter()
+            .filter(written)
+            .filter(|r| !r.refund_attempt)
+            .collect();
+        if let Some(first) = counted.first() {
             tracing::warn!(
                 sink = %self.router.describe(),
-                count = s.retries.iter().filter(|r| !r.refund_attempt).count(),
+                count = counted.len(),
                 first_error = %first.error,
-                "publish failed; will retry with backoff"
+                "publish failed; rescheduled with backoff"
             );
         }
-        if let Some(first) = s.retries.iter().find(|r| r.refund_attempt) {
+        for r in &counted {
+            if let Some(m) = batch.iter().find(|m| m.id == r.id) {
+                tracing::debug!(message_id = %m.message_id, topic = %m.topic, attempt = m.attempts, retry_in = ?r.delay, error = %r.error, "publish failed; will retry");
+            }
+        }
+        let waiting: Vec<&Retry> = s
+            .retries
+            .iter()
+            .filter(written)
+            .filter(|r| r.refund_attempt)
+            .collect();
+        if let Some(first) = waiting.first() {
             tracing::debug!(
-                count = s.retries.iter().filter(|r| r.refund_attempt).count(),
+                count = waiting.len(),
                 retry_in = ?first.delay,
                 first_error = %first.error,
                 "destination unavailable; rows wait for it without counting an attempt"
             );
-        }
-        for m in batch {
-            if let Some(r) = s.retries.iter().find(|r| r.id == m.id && !r.refund_attempt) {
-                tracing::debug!(message_id = %m.message_id, topic = %m.topic, attempt = m.attempts, error = %r.error, "publish failed; will retry");
-            }
         }
     }
 
@@ -773,6 +787,7 @@ impl Relay {
                 None => tracing::warn!(row = d.id, error = %d.error, "row quarantined"),
             }
         }
+        self.log_retries(batch, &s, &settled.changed);
         self.log_lost(&settled.lost, batch, "settling");
     }
 

@@ -280,3 +280,66 @@ async fn a_slow_but_live_publish_keeps_its_lease() {
         assert_eq!(r.attempts, 1, "{r:?}");
     }
 }
+
+/// An endpoint that accepts connections and answers nothing (a blackhole) confirms
+/// nothing: its messages time out as an outage, spend no attempt and are never
+/// quarantined, however small `max_attempts`; once it answers again they are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_blackholed_endpoint_quarantines_nothing() {
+    let answering = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let a = answering.clone();
+    let (url, deliveries) = endpoint(Arc::new(move |_: &[u8]| {
+        a.load(std::sync::atomic::Ordering::SeqCst)
+            .then_some(Duration::ZERO)
+    }))
+    .await;
+    let db = TestDb::pg("blackhole").await;
+    let enq = db.enqueue_all(&messages("hooks.blackhole.v1", 5)).await;
+    let mut cfg = relay_config("relay-blackhole");
+    cfg.publish_timeout = Duration::from_millis(300);
+    cfg.max_attempts = 3;
+    let handle = Relay::new(
+        db.store(),
+        webhook(&url, Duration::from_secs(10)).await,
+        cfg,
+    )
+    .spawn();
+    // Several publish timeouts' worth of blackhole.
+    let d = deliveries.clone();
+    wait_until("several tries", Duration::from_secs(20), || {
+        let n: u32 = d.lock().unwrap().values().sum();
+        async move {
+            if n >= 15 {
+                Ok(())
+            } else {
+                Err(format!("{n} requests"))
+            }
+        }
+    })
+    .await;
+    for r in db.rows().await {
+        assert!(r.status <= 1, "settled during the blackhole: {r:?}");
+        assert!(r.attempts <= 1, "the blackhole used up attempts: {r:?}");
+    }
+    answering.store(true, std::sync::atomic::Ordering::SeqCst);
+    let dd = &db;
+    wait_until(
+        "delivered once it answers",
+        Duration::from_secs(10),
+        || async move {
+            let n = dd.rows().await.iter().filter(|r| r.status == 2).count();
+            if n == 5 {
+                Ok(())
+            } else {
+                Err(format!("{n}/5"))
+            }
+        },
+    )
+    .await;
+    let stats = handle.shutdown().await.unwrap();
+    assert_eq!(stats.quarantined, 0, "{stats:?}");
+    for e in &enq {
+        // Only the claim that delivered it counts.
+        assert_eq!(db.row(e.id).await.attempts, 1);
+    }
+}

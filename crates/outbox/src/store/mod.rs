@@ -172,7 +172,7 @@ impl Settlement {
 /// What [`Store::settle`] changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Settled {
-    /// Rows changed, by primary key.
+    /// Rows changed, by primary key, ascending.
     pub changed: Vec<i64>,
     /// Rows of the settlement this claim no longer held (another relay claimed them after
     /// the lease ran out, or they were settled already): nothing was changed for them.
