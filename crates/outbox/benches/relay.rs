@@ -5,6 +5,7 @@
 //! Figures, each measured in the same run so ratios survive a noisy machine:
 //! 1. baselines: the store alone (claim + mark, no broker) and JetStream alone (pipelined
 //!    publishes, no database);
+//!    and settling a mixed batch in one store call against one call per outcome kind;
 //! 2. relay throughput draining a backlog, batch 100 and 1,000;
 //! 3. relay throughput while producers insert at full speed (the claim-plan trap);
 //! 4. commit-to-confirm latency p50/p99 at a steady producer rate, batch 100 and 1,000;
@@ -140,6 +141,54 @@ async fn drain(
     (stats.dispatched, t.elapsed())
 }
 
+/// Claims and settles until `n` rows were settled; returns (rows settled, time).
+async fn settle_loop(store: &PgStore, batch: u32, one_call: bool) -> (u64, Duration) {
+    use outbox::store::{ClaimRequest, Dead, Retry, Settlement};
+    let req = ClaimRequest {
+        relay_id: "bench-settle".into(),
+        batch_size: batch,
+        lease: Duration::from_secs(60),
+    };
+    let t = Instant::now();
+    let mut rows = 0u64;
+    while t.elapsed() < Duration::from_secs(3) {
+        let claim = store.claim(&req).await.unwrap();
+        if claim.messages.is_empty() {
+            break;
+        }
+        let mut s = Settlement::default();
+        for (i, m) in claim.messages.iter().enumerate() {
+            match i % 10 {
+                7 => s.retries.push(Retry {
+                    id: m.id,
+                    delay: Duration::ZERO,
+                    error: "transient: busy".into(),
+                    refund_attempt: false,
+                }),
+                8 => s.dead.push(Dead {
+                    id: m.id,
+                    error: "permanent: refused".into(),
+                }),
+                9 => s.release.push(m.id),
+                _ => s.dispatched.push(m.id),
+            }
+        }
+        rows += s.len() as u64;
+        if one_call {
+            store.settle(claim.token, &s).await.unwrap();
+        } else {
+            store
+                .mark_dispatched(claim.token, &s.dispatched)
+                .await
+                .unwrap();
+            store.reschedule(claim.token, &s.retries).await.unwrap();
+            store.quarantine(claim.token, &s.dead).await.unwrap();
+            store.release(claim.token, &s.release).await.unwrap();
+        }
+    }
+    (rows, t.elapsed())
+}
+
 async fn stream(js: &async_nats::jetstream::Context, subject_root: &str) -> String {
     let name = subject_root.replace('.', "_").to_uppercase();
     let _ = js.delete_stream(&name).await;
@@ -216,6 +265,25 @@ async fn main() {
             "baseline  PostgreSQL claim+mark alone, batch {batch:>5}          {store_rate:>9.0} msg/s"
         );
         drop_store(&store).await;
+
+        // 1c. Settling a mixed batch (70% confirmed, 10% each retried, quarantined,
+        //     released): one `settle` call against the four calls (one per kind) it
+        //     replaced, alternating, in the same run.
+        let mut rates = [0.0f64; 2];
+        for round in 0..4 {
+            let one_call = round % 2 == 0;
+            let store = fresh_store("settle").await;
+            prefill(&store, &topic, n).await;
+            let (rows, el) = settle_loop(&store, batch, one_call).await;
+            rates[usize::from(!one_call)] += rows as f64 / el.as_secs_f64() / 2.0;
+            drop_store(&store).await;
+        }
+        println!(
+            "store     claim + settle a mixed batch of {batch:>5}: one call {:>9.0} rows/s, four calls {:>9.0} rows/s (one/four = {:.2})",
+            rates[0],
+            rates[1],
+            rates[0] / rates[1]
+        );
 
         // 2. The relay, PostgreSQL -> JetStream, draining a backlog.
         for in_flight in [1u32, 2, 4] {

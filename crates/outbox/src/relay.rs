@@ -639,7 +639,7 @@ impl Relay {
         let mut settlement = decide(&to_publish, &outcomes, ending, &policy);
         settlement.dead.splice(0..0, dead_all);
         if ending == Ending::LeaseLost {
-            let unsettled = to_publish.len() + settlement.dead.len() - settlement.len();
+            let unsettled = outcomes.iter().filter(|o| o.is_none()).count();
             tracing::warn!(
                 sink = %self.router.describe(),
                 confirmed = settlement.dispatched.len(),

@@ -240,9 +240,12 @@ impl Confirmations {
 
     /// How many messages were confirmed (`Ok`) so far.
     pub fn confirmed(&self) -> usize {
-        (0..self.len())
-            .filter(|&i| matches!(self.get(i), Some(Ok(()))))
-            .count()
+        let slots = self.lock();
+        let ok = |g: &usize| matches!(slots.get(*g), Some(Some(Ok(()))));
+        match &self.map {
+            Some(m) => m.iter().filter(|g| ok(g)).count(),
+            None => (0..slots.len()).filter(ok).count(),
+        }
     }
 
     /// A view over the messages `indices` of this batch: its slot `j` is this one's slot
@@ -258,7 +261,11 @@ impl Confirmations {
 
     /// True when every slot of this view has an outcome.
     pub fn is_complete(&self) -> bool {
-        (0..self.len()).all(|i| self.get(i).is_some())
+        let slots = self.lock();
+        match &self.map {
+            Some(m) => m.iter().all(|&g| slots.get(g).is_some_and(Option::is_some)),
+            None => slots.iter().all(Option::is_some),
+        }
     }
 
     /// Resolves once every slot of this view has an outcome.
