@@ -223,7 +223,7 @@ fn main() -> ExitCode {
 }
 
 /// The log filter when `OUTBOX_LOG` is unset or empty.
-const DEFAULT_LOG: &str = "info,sqlx=warn";
+const DEFAULT_LOG: &str = "info,sqlx=warn,sqlx_core=warn";
 
 /// Client libraries that log message bodies, headers or frames at some level (lapin warns
 /// with a returned message's headers and payload bytes; the others dump packets, frames or
@@ -506,6 +506,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     "drain finished, but {retried} publishes failed and were rescheduled (see the warnings above): those messages are still pending"
                 );
                 return Ok(ExitCode::from(3));
+            }
+            // Rows not due yet (delayed, or waiting for a retry an earlier run scheduled)
+            // are not this run's failures, but a drain must not hide them.
+            let pending = store.counts().await?.pending;
+            if pending > 0 {
+                eprintln!(
+                    "drain finished: nothing is due now, but {pending} rows are pending for later (delayed messages, or retries scheduled earlier; `outbox status` shows them)"
+                );
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -207,6 +207,8 @@ pub struct Relay {
     pause: tokio::sync::Mutex<PauseCache>,
     /// Wakes idle workers other than the poller when a claim came back full.
     more: tokio::sync::Notify,
+    /// The store's health as the workers saw it (one outage, one pair of log lines).
+    failing: std::sync::Mutex<Failing>,
 }
 
 #[derive(Default)]
@@ -400,6 +402,7 @@ impl Relay {
             counters: Arc::new(Counters::default()),
             pause: tokio::sync::Mutex::new(PauseCache::default()),
             more: tokio::sync::Notify::new(),
+            failing: std::sync::Mutex::new(Failing::default()),
         }
     }
 
@@ -517,8 +520,6 @@ impl Relay {
             batch_size: cfg.batch_size,
             lease: cfg.lease,
         };
-        let mut failing = Failing::default();
-
         while !cancel.is_cancelled() {
             wake.borrow_and_update();
 
@@ -537,8 +538,8 @@ impl Relay {
                 Ok(false) => {}
                 Err(e) => {
                     add(&self.counters.store_retries, 1);
-                    failing.store_error("reading the pause switch", &e, began);
-                    sleep_or_cancel(failing.delay(), cancel).await;
+                    let delay = self.store_failed("reading the pause switch", &e, began);
+                    sleep_or_cancel(delay, cancel).await;
                     continue;
                 }
             }
@@ -559,13 +560,13 @@ impl Relay {
             let began = Instant::now();
             let claim = match self.store.claim(&request).await {
                 Ok(c) => {
-                    failing.recovered();
+                    self.lock_failing().recovered();
                     c
                 }
                 Err(e) => {
                     add(&self.counters.store_retries, 1);
-                    failing.store_error("claiming", &e, began);
-                    sleep_or_cancel(failing.delay(), cancel).await;
+                    let delay = self.store_failed("claiming", &e, began);
+                    sleep_or_cancel(delay, cancel).await;
                     continue;
                 }
             };
@@ -649,6 +650,17 @@ impl Relay {
         }
         self.settle(token, settlement, &to_publish).await;
         ending == Ending::Abandoned
+    }
+
+    fn lock_failing(&self) -> std::sync::MutexGuard<'_, Failing> {
+        self.failing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a failed store call; returns how long this worker backs off.
+    fn store_failed(&self, what: &str, e: &Error, began: Instant) -> Duration {
+        let mut f = self.lock_failing();
+        f.store_error(what, e, began);
+        f.delay()
     }
 
     /// Renews the claim every third of the lease while its batch is in flight. Returns

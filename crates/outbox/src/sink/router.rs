@@ -21,8 +21,9 @@
 //!   confirmed nothing, it is an outage ([`ErrorKind::Unavailable`]).
 //! - **A circuit breaker.** A group in which every message found the destination
 //!   unavailable opens the destination's breaker (after `failure_threshold` such groups
-//!   in a row) for `open_base`, doubling per failed probe up to `open_max`, or for the
-//!   destination's own `retry_after` (HTTP `Retry-After`, a broker quota) when longer.
+//!   in a row) for `open_base`, doubling per failed probe up to `open_max` (a longer
+//!   `retry_after` from the destination, such as HTTP `Retry-After`, delays the messages
+//!   that got it, never the breaker past `open_max`).
 //!   While open, its messages get [`ErrorKind::Unavailable`] at once, without a publish,
 //!   with `retry_after` = the rest of the open period: the relay reschedules them for
 //!   then and gives their attempt back. When every destination is open the relay stops
@@ -448,7 +449,13 @@ impl Router {
                 }
             }
             (BreakerState::Closed { .. }, true) => {
-                let period = o.open_base.max(retry_after.unwrap_or_default());
+                // A long Retry-After stays with the messages that got it; the breaker
+                // probes again within open_max, so one message's 503 + Retry-After: 60
+                // cannot hold the whole destination for a minute.
+                let period = o
+                    .open_base
+                    .max(retry_after.unwrap_or_default())
+                    .min(o.open_max);
                 health.down_since.get_or_insert(sent);
                 tracing::warn!(destination = %describe(), open_for = ?period, "destination unavailable: circuit opened");
                 BreakerState::Open {
@@ -460,12 +467,13 @@ impl Router {
                 let period = (period * 2).min(o.open_max);
                 tracing::debug!(destination = %describe(), open_for = ?period, "destination still unavailable: circuit stays open");
                 BreakerState::Open {
-                    until: Instant::now() + period.max(retry_after.unwrap_or_default()),
+                    until: Instant::now() + period,
                     period,
                 }
             }
         };
-        // Rows of an open destination come back when its next probe is due.
+        // Rows of an open destination come back when its next probe is due (or later,
+        // when the destination asked for longer).
         if let BreakerState::Open { until, .. } = health.breaker {
             let rest = until.saturating_duration_since(Instant::now());
             for i in 0..confirm.len() {
@@ -649,6 +657,32 @@ mod tests {
         assert!(c.get(2).unwrap().unwrap_err().message.contains("no route"));
         // Only the dead destination's breaker is open, so the relay keeps claiming.
         assert_eq!(router.all_open_for(), None);
+    }
+
+    /// Answers "503, Retry-After: 60" to everything.
+    struct Throttled;
+
+    #[async_trait]
+    impl Sink for Throttled {
+        async fn publish(&self, _batch: &[OutgoingMessage], confirm: &Confirmations) {
+            confirm.fail_unset(
+                &PublishError::unavailable("HTTP 503").with_retry_after(Duration::from_secs(60)),
+            );
+        }
+        fn describe(&self) -> String {
+            "throttled".into()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_retry_after_delays_its_messages_not_the_breaker() {
+        let router = Router::single(Arc::new(Throttled));
+        let batch = vec![msg(1, "t.v1")];
+        let c = Confirmations::new(1);
+        router.publish(&batch, &c, Duration::from_secs(1)).await;
+        let e = c.get(0).unwrap().unwrap_err();
+        assert_eq!(e.retry_after, Some(Duration::from_secs(60)));
+        assert_eq!(router.all_open_for(), Some(Duration::from_secs(2)));
     }
 
     /// A sink that returns without recording some outcomes can never have them count as
