@@ -62,23 +62,43 @@ impl Sql {
                            m.attempts"
             )),
             // One statement for a claim's whole outcome (River's
-            // `JobSetStateIfRunningMany`): every row changes only while this claim holds it.
-            // `m.id = ANY($1)` keeps the scan of messages on the primary key: with a
-            // custom plan for a 1,000-element batch the planner otherwise chose a hash join
-            // over a sequential scan of the whole table (measured).
+            // `JobSetStateIfRunningMany`), one data-modifying CTE per kind so each keeps
+            // the plan the separate statements had: the marks and releases by
+            // `id = ANY(..)` on the primary key, the (few) retries and quarantines joined
+            // from their arrays. Every row changes only while this claim holds it. (A
+            // single UPDATE joined to one unnest of every outcome planned badly at 1,000
+            // rows: measured 0.25 x the four separate statements.)
             settle: q(format!(
-                "UPDATE {s}.messages m
-                 SET status = x.status,
-                     available_at = CASE WHEN x.status = 0 THEN now() + x.delay_ms * interval '1 millisecond'
-                                         WHEN x.status = 3 THEN now() ELSE m.available_at END,
-                     attempts = CASE WHEN x.refund THEN greatest(m.attempts - 1, 0) ELSE m.attempts END,
-                     dispatched_at = CASE WHEN x.status = 2 THEN now() ELSE m.dispatched_at END,
-                     last_error = CASE WHEN x.status = 2 THEN NULL ELSE coalesce(x.err, m.last_error) END,
-                     locked_until = NULL, claim_token = NULL
-                 FROM unnest($1::bigint[], $2::smallint[], $3::bigint[], $4::text[], $5::bool[])
-                      AS x(id, status, delay_ms, err, refund)
-                 WHERE m.id = ANY($1) AND m.id = x.id AND m.claim_token = $6 AND m.status = 1
-                 RETURNING m.id"
+                "WITH d AS (
+                   UPDATE {s}.messages
+                   SET status = 2, dispatched_at = now(), locked_until = NULL, claim_token = NULL,
+                       last_error = NULL
+                   WHERE id = ANY($1) AND claim_token = $9 AND status = 1
+                   RETURNING id),
+                 r AS (
+                   UPDATE {s}.messages m
+                   SET status = 0, available_at = now() + x.delay_ms * interval '1 millisecond',
+                       last_error = x.err, locked_until = NULL, claim_token = NULL,
+                       attempts = CASE WHEN x.refund THEN greatest(m.attempts - 1, 0) ELSE m.attempts END
+                   FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bool[])
+                        AS x(id, delay_ms, err, refund)
+                   WHERE m.id = x.id AND m.claim_token = $9 AND m.status = 1
+                   RETURNING m.id),
+                 q AS (
+                   UPDATE {s}.messages m
+                   SET status = 3, last_error = x.err, locked_until = NULL, claim_token = NULL,
+                       available_at = now()
+                   FROM unnest($6::bigint[], $7::text[]) AS x(id, err)
+                   WHERE m.id = x.id AND m.claim_token = $9 AND m.status = 1
+                   RETURNING m.id),
+                 l AS (
+                   UPDATE {s}.messages
+                   SET status = 0, attempts = greatest(attempts - 1, 0), available_at = now(),
+                       locked_until = NULL, claim_token = NULL
+                   WHERE id = ANY($8) AND claim_token = $9 AND status = 1
+                   RETURNING id)
+                 SELECT id FROM d UNION ALL SELECT id FROM r
+                 UNION ALL SELECT id FROM q UNION ALL SELECT id FROM l"
             )),
             // The common case, a batch the sink confirmed whole: the plain mark by
             // primary key (no unnest to plan).
@@ -633,13 +653,17 @@ impl Store for PgStore {
                 .await?;
             return Ok(super::settled(settlement, changed));
         }
-        let rows = super::settle_rows(settlement);
+        let r = &settlement.retries;
+        let q = &settlement.dead;
         let changed: Vec<i64> = sqlx::query_scalar(self.inner.sql.settle.clone())
-            .bind(rows.iter().map(|r| r.0).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| r.1).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| r.2).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| r.3.clone()).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| r.4).collect::<Vec<_>>())
+            .bind(&settlement.dispatched)
+            .bind(r.iter().map(|r| r.id).collect::<Vec<_>>())
+            .bind(r.iter().map(|r| millis(r.delay)).collect::<Vec<_>>())
+            .bind(r.iter().map(|r| r.error.clone()).collect::<Vec<_>>())
+            .bind(r.iter().map(|r| r.refund_attempt).collect::<Vec<_>>())
+            .bind(q.iter().map(|d| d.id).collect::<Vec<_>>())
+            .bind(q.iter().map(|d| d.error.clone()).collect::<Vec<_>>())
+            .bind(&settlement.release)
             .bind(token)
             .fetch_all(&self.inner.pool)
             .await?;
