@@ -675,7 +675,10 @@ mod tests {
         let d = log_filter_directives(Some("lapin::channel[x]=trace"));
         assert!(d.contains("lapin=error"), "{d}");
         let d = log_filter_directives(None);
-        assert!(d.starts_with("info,sqlx=warn,lapin=error"), "{d}");
+        assert!(
+            d.starts_with("info,sqlx=warn,sqlx_core=warn,lapin=error"),
+            "{d}"
+        );
         assert_eq!(
             log_filter_directives(Some("  ")),
             log_filter_directives(None)
