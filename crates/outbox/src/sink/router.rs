@@ -339,6 +339,11 @@ impl Router {
                 .enumerate()
                 .filter(|(_, idx)| !idx.is_empty())
                 .map(|(h, idx)| async move {
+                    // The whole batch to one destination (every single-sink relay): no
+                    // copy of the messages, no view.
+                    if idx.len() == batch.len() {
+                        return self.publish_group(h, batch, confirm, timeout).await;
+                    }
                     let msgs: Vec<OutgoingMessage> =
                         idx.iter().map(|&i| batch[i].clone()).collect();
                     let sub = confirm.subset(&idx);
