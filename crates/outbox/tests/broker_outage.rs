@@ -8,7 +8,10 @@
 mod common;
 
 use async_nats::jetstream::stream::StorageType;
-use common::{NatsServer, TestDb, TestStream, messages, relay_config, wait_until};
+use common::{
+    NatsServer, TestDb, TestStream, assert_outage_spent_nothing, messages, outage_length,
+    produce_for, relay_config, wait_dispatched, wait_until,
+};
 use outbox::Relay;
 use outbox::sink::nats::{NatsOptions, NatsSink};
 use outbox::store::status;
@@ -234,12 +237,7 @@ async fn nats_killed_mid_run_then_restarted_loses_nothing() {
 /// backlog is delivered within 5 s of the broker's return.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_long_nats_outage_recovers_within_seconds() {
-    let outage = Duration::from_secs(
-        std::env::var("OUTBOX_TEST_OUTAGE_SECONDS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(60),
-    );
+    let outage = outage_length();
     let mut server = NatsServer::start().await;
     let admin = server.connect().await;
     let stream = TestStream::create(&admin, &server.url(), StorageType::File).await;
@@ -258,62 +256,16 @@ async fn a_long_nats_outage_recovers_within_seconds() {
     let mut enq = db
         .enqueue_all(&messages(&stream.subject("before"), 10))
         .await;
-    let s = store.clone();
-    wait_until("healthy delivery", Duration::from_secs(10), || {
-        let s = s.clone();
-        async move {
-            let c = s.counts().await.unwrap();
-            if c.dispatched == 10 {
-                Ok(())
-            } else {
-                Err(format!("{c:?}"))
-            }
-        }
-    })
-    .await;
+    wait_dispatched("healthy delivery", &store, 10, Duration::from_secs(10)).await;
 
     server.stop();
-    let producer = {
-        let db = db.clone();
-        let subject = stream.subject("during");
-        tokio::spawn(async move {
-            let mut all = Vec::new();
-            let end = std::time::Instant::now() + outage;
-            while std::time::Instant::now() < end {
-                all.extend(db.enqueue_all(&messages(&subject, 1)).await);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            all
-        })
-    };
-    let during = producer.await.unwrap();
-    let n = 10 + during.len();
-    enq.extend(during);
-    // The outage counted no attempt and quarantined nothing.
-    let rows = db.rows().await;
-    assert_eq!(rows.iter().filter(|r| r.status >= 3).count(), 0);
-    for r in rows
-        .iter()
-        .filter(|r| r.status == i32::from(status::PENDING))
-    {
-        assert_eq!(r.attempts, 0, "the outage used up an attempt: {r:?}");
-    }
+    enq.extend(produce_for(db.clone(), stream.subject("during"), outage).await);
+    let n = enq.len();
+    assert_outage_spent_nothing(&db).await;
 
     server.restart().await;
     let back = std::time::Instant::now();
-    let s = store.clone();
-    wait_until("the backlog delivered", Duration::from_secs(30), || {
-        let s = s.clone();
-        async move {
-            let c = s.counts().await.unwrap();
-            if c.dispatched == n as i64 {
-                Ok(())
-            } else {
-                Err(format!("{c:?}"))
-            }
-        }
-    })
-    .await;
+    wait_dispatched("the backlog delivered", &store, n, Duration::from_secs(30)).await;
     let took = back.elapsed();
     eprintln!(
         "{} messages enqueued during a {outage:?} outage delivered {took:?} after the broker's return",

@@ -8,26 +8,20 @@
 
 mod common;
 
-use common::{TestDb, messages, wait_until};
+use common::{
+    TestDb, assert_outage_spent_nothing, free_port, messages, outage_length, produce_for,
+    wait_dispatched,
+};
 use lapin::options::{BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 use outbox::sink::rabbitmq::RabbitMqSink;
-use outbox::store::status;
 use outbox::{Relay, RelayConfig};
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A RabbitMQ node of its own: own node name, ports, database and logs.
 struct Node {
@@ -137,12 +131,7 @@ impl Drop for Node {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_long_rabbitmq_outage_recovers_within_seconds() {
-    let outage = Duration::from_secs(
-        std::env::var("OUTBOX_TEST_OUTAGE_SECONDS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(60),
-    );
+    let outage = outage_length();
     let node = Node::start().await;
     let queue = "outbox.outage.v1";
     {
@@ -171,55 +160,17 @@ async fn a_long_rabbitmq_outage_recovers_within_seconds() {
         ..RelayConfig::default()
     };
     let handle = Relay::new(store.clone(), Arc::new(sink), cfg).spawn();
-    let dispatched = |n: usize| {
-        let s = store.clone();
-        move || {
-            let s = s.clone();
-            async move {
-                let c = s.counts().await.unwrap();
-                if c.dispatched == n as i64 {
-                    Ok(())
-                } else {
-                    Err(format!("{c:?}"))
-                }
-            }
-        }
-    };
     let mut enq = db.enqueue_all(&messages(queue, 10)).await;
-    wait_until("healthy delivery", Duration::from_secs(10), dispatched(10)).await;
+    wait_dispatched("healthy delivery", &store, 10, Duration::from_secs(10)).await;
 
     node.stop();
-    let producer = {
-        let db = db.clone();
-        tokio::spawn(async move {
-            let mut all = Vec::new();
-            let end = Instant::now() + outage;
-            while Instant::now() < end {
-                all.extend(db.enqueue_all(&messages(queue, 1)).await);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            all
-        })
-    };
-    enq.extend(producer.await.unwrap());
+    enq.extend(produce_for(db.clone(), queue.to_owned(), outage).await);
     let n = enq.len();
-    let rows = db.rows().await;
-    assert_eq!(rows.iter().filter(|r| r.status >= 3).count(), 0);
-    for r in rows
-        .iter()
-        .filter(|r| r.status == i32::from(status::PENDING))
-    {
-        assert_eq!(r.attempts, 0, "the outage used up an attempt: {r:?}");
-    }
+    assert_outage_spent_nothing(&db).await;
 
     node.run().await;
     let back = Instant::now();
-    wait_until(
-        "the backlog delivered",
-        Duration::from_secs(60),
-        dispatched(n),
-    )
-    .await;
+    wait_dispatched("the backlog delivered", &store, n, Duration::from_secs(60)).await;
     let took = back.elapsed();
     eprintln!(
         "{} messages enqueued during a {outage:?} RabbitMQ outage delivered {took:?} after the node accepted again",

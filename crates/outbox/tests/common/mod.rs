@@ -64,6 +64,67 @@ where
     }
 }
 
+/// Waits until `store` counts `n` dispatched rows.
+pub(crate) async fn wait_dispatched(
+    what: &str,
+    store: &Arc<dyn Store>,
+    n: usize,
+    timeout: Duration,
+) {
+    wait_until(what, timeout, || {
+        let s = store.clone();
+        async move {
+            let c = s.counts().await.unwrap();
+            if c.dispatched == n as i64 {
+                Ok(())
+            } else {
+                Err(format!("{c:?}"))
+            }
+        }
+    })
+    .await;
+}
+
+/// A port nothing listens on right now (for a private broker).
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// How long the outage tests keep their broker down: `OUTBOX_TEST_OUTAGE_SECONDS`, 60 s
+/// by default.
+pub(crate) fn outage_length() -> Duration {
+    Duration::from_secs(
+        std::env::var("OUTBOX_TEST_OUTAGE_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(60),
+    )
+}
+
+/// A producer writing one message on `topic` every 100 ms for `length`; returns them.
+pub(crate) async fn produce_for(db: Arc<TestDb>, topic: String, length: Duration) -> Vec<Enqueued> {
+    let mut all = Vec::new();
+    let end = Instant::now() + length;
+    while Instant::now() < end {
+        all.extend(db.enqueue_all(&messages(&topic, 1)).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    all
+}
+
+/// After an outage: nothing quarantined, and no pending row has spent an attempt.
+pub(crate) async fn assert_outage_spent_nothing(db: &TestDb) {
+    let rows = db.rows().await;
+    assert_eq!(rows.iter().filter(|r| r.status >= 3).count(), 0);
+    for r in rows.iter().filter(|r| r.status == 0) {
+        assert_eq!(r.attempts, 0, "the outage used up an attempt: {r:?}");
+    }
+}
+
 /// Relay settings for tests: short waits everywhere, a lease long enough not to expire.
 /// Settings not named here keep their defaults.
 #[allow(clippy::needless_update)]
@@ -611,10 +672,7 @@ pub(crate) struct NatsServer {
 impl NatsServer {
     pub(crate) async fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
+        let port = free_port();
         let mut s = NatsServer {
             child: None,
             port,
