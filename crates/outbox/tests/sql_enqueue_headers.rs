@@ -119,11 +119,10 @@ fn verdict_of<T>(r: Result<T, sqlx::Error>) -> Verdict {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_and_mariadb_judge_every_header_case_alike() {
-    let (pg, schema) = pg_store_with("hdr", LIMIT).await;
-    drop(mysql_connect().await); // the loud failure when MariaDB is down
-    let prefix = MySqlPrefix::new("hdr");
+/// A migrated MariaDB store under its own table prefix, failing loudly when MariaDB is down.
+async fn mariadb(label: &str) -> (MySqlStore, MySqlPrefix) {
+    drop(mysql_connect().await);
+    let prefix = MySqlPrefix::new(label);
     let my = MySqlStore::connect(
         &mysql_url(),
         StoreConfig {
@@ -134,6 +133,13 @@ async fn postgres_and_mariadb_judge_every_header_case_alike() {
     .await
     .unwrap();
     my.migrate().await.unwrap();
+    (my, prefix)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_and_mariadb_judge_every_header_case_alike() {
+    let (pg, schema) = pg_store_with("hdr", LIMIT).await;
+    let (my, prefix) = mariadb("hdr").await;
     my.check_schema().await.unwrap();
     let (s, p) = (&schema.name, &prefix.name);
 
@@ -178,18 +184,7 @@ async fn postgres_and_mariadb_judge_every_header_case_alike() {
 /// The refusal says what is wrong (MariaDB's MESSAGE_TEXT names the bad header).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_refusals_say_what_is_wrong() {
-    drop(mysql_connect().await);
-    let prefix = MySqlPrefix::new("hdrmsg");
-    let my = MySqlStore::connect(
-        &mysql_url(),
-        StoreConfig {
-            schema: prefix.ident(),
-            max_message_bytes: LIMIT,
-        },
-    )
-    .await
-    .unwrap();
-    my.migrate().await.unwrap();
+    let (my, prefix) = mariadb("hdrmsg").await;
     let p = &prefix.name;
     for (headers, says) in [
         (
