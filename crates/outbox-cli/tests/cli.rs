@@ -684,6 +684,7 @@ async fn drain_reports_and_can_wait_for_leases_held_by_others() {
             relay_id: "killed".into(),
             batch_size: 2,
             lease,
+            skip_topics: Vec::new(),
         })
         .await
         .unwrap();

@@ -37,6 +37,7 @@ async fn claim_all(store: &dyn Store) -> Vec<Duration> {
         relay_id: "bench".into(),
         batch_size: 100,
         lease: Duration::from_secs(60),
+        skip_topics: Vec::new(),
     };
     let mut out = Vec::new();
     loop {

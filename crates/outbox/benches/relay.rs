@@ -148,6 +148,7 @@ async fn settle_loop(store: &PgStore, batch: u32, one_call: bool) -> (u64, Durat
         relay_id: "bench-settle".into(),
         batch_size: batch,
         lease: Duration::from_secs(60),
+        skip_topics: Vec::new(),
     };
     let t = Instant::now();
     let mut rows = 0u64;

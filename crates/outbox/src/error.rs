@@ -60,6 +60,11 @@ pub enum Error {
         reason: String,
     },
 
+    /// An operator request that cannot be carried out as given (an empty selector, reason
+    /// or name; a bad topic pattern). Nothing was changed.
+    #[error("{0}")]
+    InvalidRequest(String),
+
     /// The database failed or could not be reached.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),

@@ -15,6 +15,7 @@ pub mod backoff;
 pub mod error;
 pub mod ident;
 pub mod message;
+pub mod metrics;
 pub mod redact;
 pub mod relay;
 pub mod sink;

@@ -72,6 +72,14 @@ pub struct RelayConfig {
     /// Batches in flight at once (default 2): while one batch waits for its
     /// confirmations, another is claimed or marked. Each has its own claim token.
     pub in_flight_batches: u32,
+    /// How often the relay writes its registry row (default 5 s; zero: no registry row).
+    /// A row not refreshed for [`crate::store::RELAY_EXPIRY`] counts as gone.
+    pub heartbeat_interval: Duration,
+    /// How often one relay (the live one with the smallest id) samples the store for the
+    /// store gauges (default 15 s; zero: never).
+    pub sample_interval: Duration,
+    /// How often the relay logs a summary line (default 60 s; zero: never).
+    pub summary_interval: Duration,
 }
 
 impl Default for RelayConfig {
@@ -88,18 +96,16 @@ impl Default for RelayConfig {
             shutdown_grace: Duration::from_secs(10),
             drain: false,
             in_flight_batches: 2,
+            heartbeat_interval: Duration::from_secs(5),
+            sample_interval: Duration::from_secs(15),
+            summary_interval: Duration::from_secs(60),
         }
     }
 }
 
 /// `HOSTNAME:PID:XXXX` with four random hex digits.
 pub fn default_relay_id() -> String {
-    let host = std::env::var("HOSTNAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into());
+    let host = host_name();
     format!(
         "{host}:{}:{:04x}",
         std::process::id(),
@@ -184,6 +190,67 @@ fn add(a: &AtomicU64, n: u64) {
     a.fetch_add(n, Ordering::Relaxed);
 }
 
+/// What a running relay shows of its own health (`/readyz`): the last time its loop made
+/// progress and what it holds in flight. Cheap to read from any thread.
+#[derive(Debug)]
+pub struct RelayHealth {
+    started: std::time::Instant,
+    /// Milliseconds after `started` of the last loop turn (a claim, a wait that ended).
+    last_turn_ms: AtomicU64,
+    /// Messages claimed and not settled yet.
+    in_flight: std::sync::atomic::AtomicI64,
+    /// Milliseconds after `started` of the last claim that returned rows (0: none yet).
+    last_claim_ms: AtomicU64,
+    /// The poll interval (the loop turns at least this often when idle).
+    poll_interval: Duration,
+}
+
+impl RelayHealth {
+    fn new(poll_interval: Duration) -> Self {
+        RelayHealth {
+            started: std::time::Instant::now(),
+            last_turn_ms: AtomicU64::new(0),
+            in_flight: std::sync::atomic::AtomicI64::new(0),
+            last_claim_ms: AtomicU64::new(0),
+            poll_interval,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn turned(&self) {
+        self.last_turn_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// Time since the relay's loop last turned.
+    pub fn since_last_turn(&self) -> Duration {
+        let last = self.last_turn_ms.load(Ordering::Relaxed);
+        Duration::from_millis(self.now_ms().saturating_sub(last))
+    }
+
+    /// Messages claimed and not yet settled.
+    pub fn in_flight(&self) -> i64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Time since the last claim that returned rows; `None` before the first.
+    pub fn since_last_claim(&self) -> Option<Duration> {
+        match self.last_claim_ms.load(Ordering::Relaxed) {
+            0 => None,
+            at => Some(Duration::from_millis(self.now_ms().saturating_sub(at))),
+        }
+    }
+
+    /// True while the loop turns within two poll intervals (at least 2 s), or a batch is
+    /// in flight (a slow publish holds the loop, and its lease renewal shows it alive).
+    pub fn is_alive(&self) -> bool {
+        self.in_flight() > 0
+            || self.since_last_turn() <= (self.poll_interval * 2).max(Duration::from_secs(2))
+    }
+}
+
 /// A relay over one store and one sink.
 ///
 /// ```no_run
@@ -209,6 +276,8 @@ pub struct Relay {
     more: tokio::sync::Notify,
     /// The store's health as the workers saw it (one outage, one pair of log lines).
     failing: std::sync::Mutex<Failing>,
+    /// Progress and in-flight count, shared with whoever watches the relay.
+    health: Arc<RelayHealth>,
 }
 
 #[derive(Default)]
@@ -217,6 +286,10 @@ struct PauseCache {
     paused: bool,
     reason: Option<String>,
     logged: bool,
+    /// Topic pauses in force: claims skip these topics.
+    topics: Vec<crate::sink::router::TopicPattern>,
+    /// The topic patterns last logged (to log each change once).
+    logged_topics: Vec<String>,
 }
 
 /// A running relay. Dropping it does not stop the relay; call [`RelayHandle::shutdown`].
@@ -398,12 +471,18 @@ impl Relay {
         Relay {
             store,
             router: Arc::new(router),
-            config,
             counters: Arc::new(Counters::default()),
             pause: tokio::sync::Mutex::new(PauseCache::default()),
             more: tokio::sync::Notify::new(),
             failing: std::sync::Mutex::new(Failing::default()),
+            health: Arc::new(RelayHealth::new(config.poll_interval)),
+            config,
         }
+    }
+
+    /// The relay's health (for readiness probes), valid before and after [`Relay::run`].
+    pub fn health(&self) -> Arc<RelayHealth> {
+        self.health.clone()
     }
 
     /// The destinations and their health.
@@ -458,9 +537,18 @@ impl Relay {
         tracing::info!(relay_id = %cfg.relay_id, sink = %self.router.describe(), batch_size = cfg.batch_size, in_flight_batches = cfg.in_flight_batches, "relay started");
         // Each worker claims, publishes and settles its own batches; SKIP LOCKED keeps
         // their claims apart, and one worker's publish overlaps another's claim and mark.
-        let results =
-            futures::future::join_all((0..cfg.in_flight_batches).map(|w| self.worker(w, &cancel)))
-                .await;
+        crate::metrics::relay_info(&self.store_kind(), &self.router.describe());
+        self.health.turned();
+        let done = CancellationToken::new();
+        let workers = async {
+            let r = futures::future::join_all(
+                (0..cfg.in_flight_batches).map(|w| self.worker(w, &cancel)),
+            )
+            .await;
+            done.cancel();
+            r
+        };
+        let (results, ()) = tokio::join!(workers, self.background(&done));
         // A broker that is down must not keep the process from exiting.
         if tokio::time::timeout(cfg.shutdown_grace, self.router.close())
             .await
@@ -483,6 +571,139 @@ impl Relay {
         Ok(stats)
     }
 
+    fn store_kind(&self) -> String {
+        self.store.kind().to_owned()
+    }
+
+    /// The relay's side jobs while its workers run: the registry heartbeat (and the
+    /// deregistration on exit), the store sample for the gauges (when this relay is the
+    /// sampler), the destination state gauges and the summary log line.
+    async fn background(&self, done: &CancellationToken) {
+        let cfg = &self.config;
+        let registry = !cfg.heartbeat_interval.is_zero();
+        let far = Duration::from_secs(3600);
+        let every = |d: Duration| if d.is_zero() { None } else { Some(d) };
+        let start = Instant::now();
+        let mut next_beat = every(cfg.heartbeat_interval).map(|_| start);
+        // The first sample after the first heartbeat (so the registry knows this relay).
+        let mut next_sample =
+            every(cfg.sample_interval).map(|_| start + Duration::from_millis(200));
+        let mut next_summary = every(cfg.summary_interval).map(|d| start + d);
+        let mut last_summary = (start, self.counters.snapshot());
+        let host = host_name();
+        loop {
+            let wake = [next_beat, next_sample, next_summary]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(start + far)
+                .min(Instant::now() + Duration::from_secs(5));
+            tokio::select! {
+                () = tokio::time::sleep_until(wake) => {}
+                () = done.cancelled() => break,
+            }
+            let now = Instant::now();
+            for (destination, state) in self.router.destination_states() {
+                crate::metrics::destination_state(&destination, state);
+            }
+            if let (Some(at), Some(interval)) = (next_beat, every(cfg.heartbeat_interval))
+                && now >= at
+            {
+                next_beat = Some(now + interval);
+                let beat = crate::store::RelayHeartbeat {
+                    relay_id: cfg.relay_id.clone(),
+                    host: host.clone(),
+                    pid: i64::from(std::process::id()),
+                    version: env!("CARGO_PKG_VERSION").to_owned(),
+                    sink: self.router.describe(),
+                    in_flight: self.health.in_flight(),
+                    last_claim_ago: self.health.since_last_claim(),
+                };
+                if let Err(e) = self.store.heartbeat(&beat).await {
+                    crate::metrics::store_error("heartbeat");
+                    tracing::debug!(error = %e, "writing the relay's registry row failed; next try in {interval:?}");
+                }
+            }
+            if let (Some(at), Some(interval)) = (next_sample, every(cfg.sample_interval))
+                && now >= at
+            {
+                next_sample = Some(now + interval);
+                if let Err(e) = self.sample(registry).await {
+                    crate::metrics::store_error("sample");
+                    tracing::debug!(error = %e, "sampling the store for metrics failed");
+                }
+            }
+            if let (Some(at), Some(interval)) = (next_summary, every(cfg.summary_interval))
+                && now >= at
+            {
+                next_summary = Some(now + interval);
+                let stats = self.counters.snapshot();
+                self.summary(&last_summary, &stats).await;
+                last_summary = (now, stats);
+            }
+        }
+        if registry {
+            match tokio::time::timeout(Duration::from_secs(2), self.store.deregister(&cfg.relay_id))
+                .await
+            {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "removing the relay's registry row failed; it expires by itself")
+                }
+                Err(_) => tracing::debug!(
+                    "removing the relay's registry row timed out; it expires by itself"
+                ),
+            }
+        }
+    }
+
+    /// Samples the store into the store gauges when this relay is the sampler: the live
+    /// relay with the smallest id (every relay when there is no registry).
+    async fn sample(&self, registry: bool) -> Result<(), Error> {
+        let relays = if registry {
+            self.store.relays(crate::store::RELAY_EXPIRY).await?
+        } else {
+            Vec::new()
+        };
+        let sampler = !registry
+            || relays
+                .iter()
+                .map(|r| r.relay_id.as_str())
+                .min()
+                .is_none_or(|first| first == self.config.relay_id);
+        if !sampler {
+            return Ok(());
+        }
+        let overview = self.store.overview(10).await?;
+        let pause = self.store.pause_state().await?;
+        crate::metrics::store_sample(&overview, relays.len(), &pause);
+        Ok(())
+    }
+
+    /// Logs the summary line: what this relay did since `last`, and the backlog.
+    async fn summary(&self, last: &(Instant, RelayStats), now: &RelayStats) {
+        let secs = last.0.elapsed().as_secs_f64().max(0.001);
+        let delivered = now.dispatched - last.1.dispatched;
+        let down: Vec<String> = self
+            .router
+            .destination_states()
+            .into_iter()
+            .filter(|(_, s)| *s != "up")
+            .map(|(d, s)| format!("{d} ({s})"))
+            .collect();
+        let counts = self.store.counts().await.ok();
+        tracing::info!(
+            delivered,
+            rate_per_s = format!("{:.1}", delivered as f64 / secs),
+            retried = now.retried - last.1.retried,
+            quarantined = now.quarantined - last.1.quarantined,
+            backlog = counts.as_ref().map(|c| c.pending + c.claimed),
+            oldest_pending_age_s = counts.as_ref().and_then(|c| c.oldest_pending_age_seconds),
+            destinations_down = %if down.is_empty() { "none".to_owned() } else { down.join(", ") },
+            "relay summary"
+        );
+    }
+
     /// The pause switch, read from the store at most once a second per relay. `Err`
     /// carries the store error (already counted).
     async fn paused(&self) -> Result<bool, Error> {
@@ -496,6 +717,19 @@ impl Relay {
         p.checked = Some(Instant::now());
         p.paused = state.paused;
         p.reason = state.reason;
+        let patterns: Vec<String> = state.topics.iter().map(|t| t.pattern.clone()).collect();
+        if patterns != p.logged_topics {
+            if patterns.is_empty() {
+                tracing::info!("topic pauses lifted: every topic flows");
+            } else {
+                tracing::warn!(topics = %patterns.join(","), "topics paused: not publishing these (other topics flow)");
+            }
+            p.topics = patterns
+                .iter()
+                .filter_map(|t| crate::sink::router::TopicPattern::parse(t).ok())
+                .collect();
+            p.logged_topics = patterns;
+        }
         if p.paused != p.logged {
             if p.paused {
                 tracing::warn!(
@@ -515,13 +749,15 @@ impl Relay {
     async fn worker(&self, index: u32, cancel: &CancellationToken) -> Result<(), RelayError> {
         let cfg = &self.config;
         let mut wake = self.store.wakeups();
-        let request = ClaimRequest {
+        let mut request = ClaimRequest {
             relay_id: cfg.relay_id.clone(),
             batch_size: cfg.batch_size,
             lease: cfg.lease,
+            skip_topics: Vec::new(),
         };
         while !cancel.is_cancelled() {
             wake.borrow_and_update();
+            self.health.turned();
 
             let began = Instant::now();
             match self.paused().await {
@@ -535,9 +771,15 @@ impl Relay {
                     sleep_or_cancel(Duration::from_secs(1), cancel).await;
                     continue;
                 }
-                Ok(false) => {}
+                Ok(false) => {
+                    let p = self.pause.lock().await;
+                    if p.topics != request.skip_topics {
+                        request.skip_topics = p.topics.clone();
+                    }
+                }
                 Err(e) => {
                     add(&self.counters.store_retries, 1);
+                    crate::metrics::store_error("pause");
                     let delay = self.store_failed("reading the pause switch", &e, began);
                     sleep_or_cancel(delay, cancel).await;
                     continue;
@@ -560,11 +802,13 @@ impl Relay {
             let began = Instant::now();
             let claim = match self.store.claim(&request).await {
                 Ok(c) => {
+                    crate::metrics::seconds(crate::metrics::CLAIM_DURATION, began.elapsed());
                     self.lock_failing().recovered();
                     c
                 }
                 Err(e) => {
                     add(&self.counters.store_retries, 1);
+                    crate::metrics::store_error("claim");
                     let delay = self.store_failed("claiming", &e, began);
                     sleep_or_cancel(delay, cancel).await;
                     continue;
@@ -592,7 +836,13 @@ impl Relay {
             }
             add(&self.counters.batches, 1);
             add(&self.counters.claimed, n as u64);
-            if self.process(claim, cancel).await {
+            crate::metrics::value(crate::metrics::BATCH_SIZE, n as f64);
+            let h = &self.health;
+            h.last_claim_ms.store(h.now_ms().max(1), Ordering::Relaxed);
+            h.in_flight.fetch_add(n as i64, Ordering::Relaxed);
+            let stop = self.process(claim, cancel).await;
+            h.in_flight.fetch_sub(n as i64, Ordering::Relaxed);
+            if stop {
                 break;
             }
             // A batch was found: claim again at once (more may be due).
@@ -604,16 +854,19 @@ impl Relay {
     async fn process(&self, claim: Claim, cancel: &CancellationToken) -> bool {
         let cfg = &self.config;
         let policy = Policy::of(cfg);
+        let claimed_at = std::time::Instant::now();
         let Claim {
             token,
             messages,
             malformed,
+            db_now,
         } = claim;
         let (to_publish, mut dead) = plan(messages, &policy);
         let mut dead_all: Vec<Dead> = malformed;
         dead_all.append(&mut dead);
 
         let confirm = Confirmations::new(to_publish.len());
+        let publish_began = Instant::now();
         let ending = if to_publish.is_empty() {
             Ending::Finished
         } else {
@@ -637,6 +890,25 @@ impl Relay {
             }
         };
         let outcomes = confirm.snapshot();
+        if !to_publish.is_empty() {
+            crate::metrics::seconds(
+                crate::metrics::BATCH_PUBLISH_DURATION,
+                publish_began.elapsed(),
+            );
+        }
+        // occurred_at → confirmation on the database clock: the database's now at the
+        // claim, plus the time since the claim returned (one clock for both ends).
+        if let Some(db_now) = db_now {
+            for (i, m) in to_publish.iter().enumerate() {
+                if let (Some(Ok(())), Some(at)) = (&outcomes[i], confirm.recorded_at(i)) {
+                    let before = (db_now - m.occurred_at).to_std().unwrap_or_default();
+                    crate::metrics::seconds(
+                        crate::metrics::ENQUEUE_TO_CONFIRM,
+                        before + at.saturating_duration_since(claimed_at),
+                    );
+                }
+            }
+        }
         let mut settlement = decide(&to_publish, &outcomes, ending, &policy);
         settlement.dead.splice(0..0, dead_all);
         if ending == Ending::LeaseLost {
@@ -677,6 +949,7 @@ impl Relay {
             match self.store.renew(token, &ids, lease).await {
                 Ok(held) => {
                     add(&self.counters.lease_renewals, 1);
+                    crate::metrics::add(crate::metrics::LEASE_RENEWALS, 1);
                     held_since = sent;
                     if held.len() < ids.len() {
                         let lost: Vec<i64> = ids
@@ -693,6 +966,7 @@ impl Relay {
                 }
                 Err(e) => {
                     add(&self.counters.store_retries, 1);
+                    crate::metrics::store_error("renew");
                     let left = (held_since + lease).saturating_duration_since(Instant::now());
                     tracing::warn!(error = %e, lease_left = ?left, "renewing the lease failed; retrying");
                     if left <= every {
@@ -708,6 +982,7 @@ impl Relay {
             return;
         }
         add(&self.counters.lost_claims, lost.len() as u64);
+        crate::metrics::add(crate::metrics::CLAIMS_LOST, lost.len() as u64);
         let ids: Vec<String> = lost
             .iter()
             .map(|id| {
@@ -772,8 +1047,11 @@ impl Relay {
         }
         let deadline = Instant::now() + self.config.lease;
         let Some(settled) = self
-            .store_retry("settling a batch", deadline, || {
-                self.store.settle(token, &s)
+            .store_retry("settling a batch", deadline, || async {
+                let began = Instant::now();
+                let r = self.store.settle(token, &s).await;
+                crate::metrics::seconds(crate::metrics::SETTLE_DURATION, began.elapsed());
+                r
             })
             .await
         else {
@@ -785,13 +1063,18 @@ impl Relay {
                 .count() as u64
         };
         add(&c.dispatched, changed(&mut s.dispatched.iter().copied()));
-        add(&c.retried, changed(&mut s.retries.iter().map(|r| r.id)));
-        add(&c.released, changed(&mut s.release.iter().copied()));
+        let retried = changed(&mut s.retries.iter().map(|r| r.id));
+        add(&c.retried, retried);
+        crate::metrics::add(crate::metrics::RETRIED, retried);
+        let released = changed(&mut s.release.iter().copied());
+        add(&c.released, released);
+        crate::metrics::add(crate::metrics::RELEASED, released);
         for d in &s.dead {
             if settled.changed.binary_search(&d.id).is_err() {
                 continue;
             }
             add(&c.quarantined, 1);
+            crate::metrics::quarantined(quarantine_reason(&d.error), 1);
             match batch.iter().find(|m| m.id == d.id) {
                 Some(m) => {
                     tracing::warn!(message_id = %m.message_id, topic = %m.topic, attempts = m.attempts, error = %d.error, "message quarantined");
@@ -814,17 +1097,40 @@ impl Relay {
                 Ok(n) => return Some(n),
                 Err(e) if e.is_transient() && Instant::now() + delay < deadline => {
                     add(&self.counters.store_retries, 1);
+                    crate::metrics::store_error("settle");
                     tracing::warn!(error = %e, "{what} failed; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(2));
                 }
                 Err(e) => {
+                    crate::metrics::store_error("settle");
                     tracing::error!(error = %e, "{what} failed; the rows return after their lease");
                     return None;
                 }
             }
         }
     }
+}
+
+/// The `reason` label of `outbox_messages_quarantined_total` for a dead row's error.
+fn quarantine_reason(error: &str) -> &'static str {
+    if error.starts_with("malformed row") {
+        "malformed"
+    } else if error.starts_with("gave up after") || error.contains("exceeds max_attempts") {
+        "max_attempts"
+    } else {
+        "permanent"
+    }
+}
+
+/// This host's name (`HOSTNAME`, else `/etc/hostname`, else `localhost`).
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
 }
 
 /// Capped backoff and rate-limited logging while the store is failing.

@@ -117,6 +117,49 @@ impl outbox::Store for Counting {
     async fn leases(&self) -> outbox::Result<outbox::store::Leases> {
         self.inner.leases().await
     }
+    async fn dead_letters(
+        &self,
+        selector: &outbox::store::DeadSelector,
+        limit: u32,
+        with_payload: bool,
+    ) -> outbox::Result<Vec<outbox::store::DeadLetter>> {
+        self.inner.dead_letters(selector, limit, with_payload).await
+    }
+    async fn count_dead(&self, selector: &outbox::store::DeadSelector) -> outbox::Result<u64> {
+        self.inner.count_dead(selector).await
+    }
+    async fn replay(
+        &self,
+        request: &outbox::store::ReplayRequest,
+    ) -> outbox::Result<outbox::store::ReplayOutcome> {
+        self.inner.replay(request).await
+    }
+    async fn replays(&self, limit: u32) -> outbox::Result<Vec<outbox::store::ReplayRecord>> {
+        self.inner.replays(limit).await
+    }
+    async fn heartbeat(&self, beat: &outbox::store::RelayHeartbeat) -> outbox::Result<()> {
+        self.inner.heartbeat(beat).await
+    }
+    async fn deregister(&self, relay_id: &str) -> outbox::Result<()> {
+        self.inner.deregister(relay_id).await
+    }
+    async fn relays(&self, within: Duration) -> outbox::Result<Vec<outbox::store::RelayRecord>> {
+        self.inner.relays(within).await
+    }
+    async fn pause_topic(
+        &self,
+        pattern: &outbox::sink::router::TopicPattern,
+        reason: &str,
+        by: &str,
+    ) -> outbox::Result<()> {
+        self.inner.pause_topic(pattern, reason, by).await
+    }
+    async fn resume_topic(&self, pattern: &str) -> outbox::Result<bool> {
+        self.inner.resume_topic(pattern).await
+    }
+    async fn overview(&self, top_n: u32) -> outbox::Result<outbox::store::Overview> {
+        self.inner.overview(top_n).await
+    }
     fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
         self.inner.wakeups()
     }

@@ -60,6 +60,10 @@ pub struct PublishError {
     pub message: String,
     /// The broker asked for at least this long before a retry (e.g. HTTP `Retry-After`).
     pub retry_after: Option<Duration>,
+    /// A short, bounded reason code for metrics (`outbox_publishes_total{reason}`), e.g.
+    /// `nack`, `unroutable`, `http_5xx`, `breaker_open`, `timeout`; `other` unless a sink
+    /// names one ([`PublishError::with_code`]).
+    pub code: &'static str,
 }
 
 impl PublishError {
@@ -69,6 +73,7 @@ impl PublishError {
             kind: ErrorKind::Transient,
             message: message.into(),
             retry_after: None,
+            code: "other",
         }
     }
 
@@ -78,6 +83,7 @@ impl PublishError {
             kind: ErrorKind::Permanent,
             message: message.into(),
             retry_after: None,
+            code: "other",
         }
     }
 
@@ -87,6 +93,7 @@ impl PublishError {
             kind: ErrorKind::Unavailable,
             message: message.into(),
             retry_after: None,
+            code: "other",
         }
     }
 
@@ -96,6 +103,7 @@ impl PublishError {
             kind: ErrorKind::TimedOut,
             message: message.into(),
             retry_after: None,
+            code: "timeout",
         }
     }
 
@@ -104,6 +112,25 @@ impl PublishError {
     pub fn with_retry_after(mut self, after: Duration) -> Self {
         self.retry_after = Some(after);
         self
+    }
+
+    /// The same error with the reason code `code` (a static, bounded name: it becomes a
+    /// metric label).
+    #[must_use]
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = code;
+        self
+    }
+
+    /// The outcome label of `outbox_publishes_total`: `transient`, `permanent`,
+    /// `unavailable` or `timed_out`.
+    pub fn outcome(&self) -> &'static str {
+        match self.kind {
+            ErrorKind::Transient => "transient",
+            ErrorKind::Permanent => "permanent",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::TimedOut => "timed_out",
+        }
     }
 
     /// True unless [`ErrorKind::Permanent`]: a retry may work.
@@ -167,6 +194,8 @@ type Slot = Option<Result<(), PublishError>>;
 #[derive(Clone)]
 pub struct Confirmations {
     slots: std::sync::Arc<std::sync::Mutex<Vec<Slot>>>,
+    /// When each slot was filled (for the per-message confirmation latency).
+    times: std::sync::Arc<std::sync::Mutex<Vec<Option<std::time::Instant>>>>,
     /// Woken whenever a slot is filled.
     filled: std::sync::Arc<tokio::sync::Notify>,
     /// For a view over part of a batch (a router's group): local index → batch index.
@@ -178,6 +207,7 @@ impl Confirmations {
     pub fn new(n: usize) -> Self {
         Confirmations {
             slots: std::sync::Arc::new(std::sync::Mutex::new(vec![None; n])),
+            times: std::sync::Arc::new(std::sync::Mutex::new(vec![None; n])),
             filled: std::sync::Arc::new(tokio::sync::Notify::new()),
             map: None,
         }
@@ -218,6 +248,14 @@ impl Confirmations {
             Some(slot @ None) => {
                 *slot = Some(outcome);
                 drop(slots);
+                if let Some(t) = self
+                    .times
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_mut(g)
+                {
+                    *t = Some(std::time::Instant::now());
+                }
                 self.filled.notify_waiters();
                 true
             }
@@ -230,6 +268,17 @@ impl Confirmations {
         for i in 0..self.len() {
             self.set(i, Err(error.clone()));
         }
+    }
+
+    /// When message `i`'s outcome was recorded.
+    pub fn recorded_at(&self, i: usize) -> Option<std::time::Instant> {
+        let g = self.global(i)?;
+        self.times
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(g)
+            .copied()
+            .flatten()
     }
 
     /// Message `i`'s outcome so far.
@@ -254,6 +303,7 @@ impl Confirmations {
         let map: Vec<usize> = indices.iter().filter_map(|&i| self.global(i)).collect();
         Confirmations {
             slots: self.slots.clone(),
+            times: self.times.clone(),
             filled: self.filled.clone(),
             map: Some(map.into()),
         }

@@ -157,6 +157,8 @@ struct Route {
 pub struct Router {
     routes: Vec<Route>,
     health: Vec<(Arc<dyn Sink>, Mutex<Health>)>,
+    /// Per destination: its metrics label (the redacted description) and messaging system.
+    labels: Vec<(String, &'static str)>,
     options: RouterOptions,
 }
 
@@ -201,9 +203,18 @@ impl Router {
                 }
             })
             .collect();
+        let labels = health
+            .iter()
+            .map(|(s, _)| {
+                let d = s.describe();
+                let system = crate::metrics::system_of(&d);
+                (d, system)
+            })
+            .collect();
         Router {
             routes,
             health,
+            labels,
             options,
         }
     }
@@ -328,8 +339,10 @@ impl Router {
                         Err(PublishError::permanent(format!(
                             "no route for topic {:?}: add a --route whose pattern matches it, or a catch-all --sink",
                             m.topic
-                        ))),
+                        ))
+                        .with_code("no_route")),
                     );
+                    crate::metrics::publish("none", "none", "permanent", "no_route");
                 }
             }
         }
@@ -371,8 +384,10 @@ impl Router {
                     "circuit open for {}: not publishing for another {rest:?}",
                     sink.describe()
                 ))
-                .with_retry_after(rest),
+                .with_retry_after(rest)
+                .with_code("breaker_open"),
             );
+            self.count_outcomes(h, confirm, now);
             return;
         }
         let sent = Instant::now();
@@ -418,7 +433,8 @@ impl Router {
                             Err(PublishError::transient(format!(
                                 "timed out: {} (the destination confirmed other messages meanwhile)",
                                 e.message
-                            ))),
+                            ))
+                            .with_code("timeout")),
                         );
                     } else {
                         unavailable += 1;
@@ -427,7 +443,8 @@ impl Router {
                             Err(PublishError::unavailable(format!(
                                 "{} (the destination confirmed nothing)",
                                 e.message
-                            ))),
+                            ))
+                            .with_code("timeout")),
                         );
                     }
                 }
@@ -490,6 +507,44 @@ impl Router {
                 }
             }
         }
+        drop(health);
+        self.count_outcomes(h, confirm, sent);
+    }
+
+    /// Records each message's final outcome of a group (and, when confirmed, its time
+    /// since `sent`) in the metrics.
+    fn count_outcomes(&self, h: usize, confirm: &Confirmations, sent: Instant) {
+        let (label, system) = (&self.labels[h].0, self.labels[h].1);
+        let sent = sent.into_std();
+        for i in 0..confirm.len() {
+            match confirm.get(i) {
+                Some(Ok(())) => {
+                    crate::metrics::publish(label, system, "ok", "none");
+                    if let Some(at) = confirm.recorded_at(i) {
+                        crate::metrics::confirm_duration(label, at.saturating_duration_since(sent));
+                    }
+                }
+                Some(Err(e)) => crate::metrics::publish(label, system, e.outcome(), e.code),
+                None => {}
+            }
+        }
+    }
+
+    /// Each destination and its state for metrics: `up` (closed, no failure since the
+    /// last success), `down` (failing, breaker not open yet) or `open`.
+    pub fn destination_states(&self) -> Vec<(String, &'static str)> {
+        let now = Instant::now();
+        (0..self.health.len())
+            .map(|h| {
+                let state = match self.lock(h).breaker {
+                    BreakerState::Open { until, .. } if until > now => "open",
+                    BreakerState::Open { .. } => "down",
+                    BreakerState::Closed { failures: 0 } => "up",
+                    BreakerState::Closed { .. } => "down",
+                };
+                (self.labels[h].0.clone(), state)
+            })
+            .collect()
     }
 }
 

@@ -19,6 +19,7 @@
 use crate::error::Result;
 use crate::ident::Ident;
 use crate::message::OutgoingMessage;
+use crate::sink::router::TopicPattern;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -27,10 +28,24 @@ use uuid::Uuid;
 
 #[cfg(feature = "mysql")]
 pub mod mysql;
+pub mod ops;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+
+pub use ops::{
+    ClaimsBy, DeadLetter, DeadSelector, Overview, Refused, RelayHeartbeat, RelayRecord,
+    ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest, TopicPause,
+};
+
+/// SQLite's database clock in integer milliseconds (UTC); constant within one statement.
+pub(crate) const SQLITE_NOW_MS: &str =
+    "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
+
+/// How long a relay's registry row counts as alive after its last heartbeat: 15 s (three
+/// heartbeats at the relay's 5 s interval).
+pub const RELAY_EXPIRY: Duration = Duration::from_secs(15);
 
 /// Row status codes, as stored in the `status` column.
 pub mod status {
@@ -91,6 +106,9 @@ pub struct ClaimRequest {
     pub batch_size: u32,
     /// How long the claim holds; after it, other relays may claim the rows again.
     pub lease: Duration,
+    /// Topics not to claim (paused by topic): rows whose topic matches one of these stay
+    /// pending. Empty: the plain claim statement.
+    pub skip_topics: Vec<crate::sink::router::TopicPattern>,
 }
 
 /// A claimed batch: the token that fences every later update, and the rows (by id order).
@@ -104,6 +122,9 @@ pub struct Claim {
     /// hand that are not a JSON object of strings). The relay quarantines them with the
     /// reason; they never stop the rest of the batch.
     pub malformed: Vec<Dead>,
+    /// The database clock when the claim ran (for enqueue-to-confirm times on the database
+    /// clock); `None` when the claim found no rows.
+    pub db_now: Option<DateTime<Utc>>,
 }
 
 /// A transient failure to reschedule: the row becomes pending again after `delay`
@@ -245,6 +266,8 @@ pub struct PauseState {
     pub reason: Option<String>,
     /// When the switch last changed (database clock).
     pub changed_at: Option<DateTime<Utc>>,
+    /// Topic pauses in force (relays skip matching topics; others flow).
+    pub topics: Vec<TopicPause>,
 }
 
 /// The operations a relay, the CLI and the tests need from a store.
@@ -253,6 +276,12 @@ pub struct PauseState {
 /// pick one from a URL.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
+    /// The store's kind for metrics and logs: `postgres`, `mysql`, `sqlite` (`custom` for
+    /// other implementations).
+    fn kind(&self) -> &'static str {
+        "custom"
+    }
+
     /// Creates or upgrades the schema; idempotent and safe to run concurrently.
     async fn migrate(&self) -> Result<()>;
 
@@ -331,6 +360,51 @@ pub trait Store: Send + Sync + 'static {
     /// lease end after now), and when the last of those leases ends. Expired claims are not
     /// counted: any relay may claim them again. One read-only statement.
     async fn leases(&self) -> Result<Leases>;
+
+    /// Dead rows matching `selector` (every dead row when it is empty), by primary key,
+    /// at most `limit`; payloads only when `with_payload`. Reads the dead index.
+    async fn dead_letters(
+        &self,
+        selector: &DeadSelector,
+        limit: u32,
+        with_payload: bool,
+    ) -> Result<Vec<DeadLetter>>;
+
+    /// Dead rows matching `selector` (every dead row when it is empty).
+    async fn count_dead(&self, selector: &DeadSelector) -> Result<u64>;
+
+    /// Replays or discards dead rows in one transaction, audited: one `replays` row (who,
+    /// why, the selection, the count; or the one of `append_to`), and each replayed row
+    /// gets `status = pending`, `attempts = 0`, `replay_id` and its availability (spread
+    /// by `rate_per_s`), keeping its message id. Only dead rows are ever changed: named
+    /// ids that are not dead come back in `refused`. A dry run changes nothing.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidRequest`] for an empty selector, reason or `by`.
+    async fn replay(&self, request: &ReplayRequest) -> Result<ReplayOutcome>;
+
+    /// The audit rows, newest first, at most `limit`.
+    async fn replays(&self, limit: u32) -> Result<Vec<ReplayRecord>>;
+
+    /// Upserts the relay's registry row (`last_seen = now()`, `started_at` on first
+    /// write) and deletes rows not seen for an hour.
+    async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()>;
+
+    /// Deletes the relay's registry row (clean exit).
+    async fn deregister(&self, relay_id: &str) -> Result<()>;
+
+    /// Registry rows seen within `within` (database clock), oldest first.
+    async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>>;
+
+    /// Pauses topics matching `pattern` (an upsert: pausing again updates reason and by).
+    async fn pause_topic(&self, pattern: &TopicPattern, reason: &str, by: &str) -> Result<()>;
+
+    /// Lifts the pause of exactly `pattern`; false when there was none.
+    async fn resume_topic(&self, pattern: &str) -> Result<bool>;
+
+    /// The store's overview: counts, due and expired claims, claims by relay, and the
+    /// top `top_n` topics of pending and dead rows.
+    async fn overview(&self, top_n: u32) -> Result<Overview>;
 
     /// A counter that moves whenever new rows may be due (a `NOTIFY`, a commit seen by the
     /// store). The relay marks it seen before each claim and, when a claim finds nothing,
@@ -433,6 +507,9 @@ impl AnyStore {
 
 #[async_trait]
 impl Store for AnyStore {
+    fn kind(&self) -> &'static str {
+        self.inner().kind()
+    }
     async fn migrate(&self) -> Result<()> {
         self.inner().migrate().await
     }
@@ -462,6 +539,43 @@ impl Store for AnyStore {
     }
     async fn leases(&self) -> Result<Leases> {
         self.inner().leases().await
+    }
+    async fn dead_letters(
+        &self,
+        selector: &DeadSelector,
+        limit: u32,
+        with_payload: bool,
+    ) -> Result<Vec<DeadLetter>> {
+        self.inner()
+            .dead_letters(selector, limit, with_payload)
+            .await
+    }
+    async fn count_dead(&self, selector: &DeadSelector) -> Result<u64> {
+        self.inner().count_dead(selector).await
+    }
+    async fn replay(&self, request: &ReplayRequest) -> Result<ReplayOutcome> {
+        self.inner().replay(request).await
+    }
+    async fn replays(&self, limit: u32) -> Result<Vec<ReplayRecord>> {
+        self.inner().replays(limit).await
+    }
+    async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()> {
+        self.inner().heartbeat(beat).await
+    }
+    async fn deregister(&self, relay_id: &str) -> Result<()> {
+        self.inner().deregister(relay_id).await
+    }
+    async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {
+        self.inner().relays(within).await
+    }
+    async fn pause_topic(&self, pattern: &TopicPattern, reason: &str, by: &str) -> Result<()> {
+        self.inner().pause_topic(pattern, reason, by).await
+    }
+    async fn resume_topic(&self, pattern: &str) -> Result<bool> {
+        self.inner().resume_topic(pattern).await
+    }
+    async fn overview(&self, top_n: u32) -> Result<Overview> {
+        self.inner().overview(top_n).await
     }
     fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
         self.inner().wakeups()
@@ -529,6 +643,7 @@ pub(crate) fn claim_from_rows<R>(
         token,
         messages,
         malformed,
+        db_now: None,
     }
 }
 

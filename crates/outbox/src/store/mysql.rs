@@ -526,6 +526,10 @@ impl MySqlStore {
 // per claim.
 #[async_trait]
 impl Store for MySqlStore {
+    fn kind(&self) -> &'static str {
+        "mysql"
+    }
+
     async fn migrate(&self) -> Result<()> {
         let p = self.inner.config.schema.as_str();
         let mut conn = self.inner.pool.acquire().await?;
@@ -626,6 +630,7 @@ impl Store for MySqlStore {
                 token,
                 messages: Vec::new(),
                 malformed: Vec::new(),
+                db_now: None,
             });
         }
         // Text protocol with inlined values: see `update_ids`.
@@ -768,6 +773,7 @@ impl Store for MySqlStore {
             paused,
             reason,
             changed_at: Some(DateTime::<Utc>::from_naive_utc_and_offset(changed_at, Utc)),
+            topics: Vec::new(),
         })
     }
 
@@ -824,6 +830,46 @@ impl Store for MySqlStore {
         Ok(Leases::from_row(held, last.map(|t| t.and_utc()), ms))
     }
 
+    async fn dead_letters(
+        &self,
+        _selector: &super::DeadSelector,
+        _limit: u32,
+        _with_payload: bool,
+    ) -> Result<Vec<super::DeadLetter>> {
+        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+    }
+    async fn count_dead(&self, _selector: &super::DeadSelector) -> Result<u64> {
+        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+    }
+    async fn replay(&self, _request: &super::ReplayRequest) -> Result<super::ReplayOutcome> {
+        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+    }
+    async fn replays(&self, _limit: u32) -> Result<Vec<super::ReplayRecord>> {
+        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+    }
+    async fn heartbeat(&self, _beat: &super::RelayHeartbeat) -> Result<()> {
+        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+    }
+    async fn deregister(&self, _relay_id: &str) -> Result<()> {
+        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+    }
+    async fn relays(&self, _within: Duration) -> Result<Vec<super::RelayRecord>> {
+        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+    }
+    async fn pause_topic(
+        &self,
+        _pattern: &crate::sink::router::TopicPattern,
+        _reason: &str,
+        _by: &str,
+    ) -> Result<()> {
+        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+    }
+    async fn resume_topic(&self, _pattern: &str) -> Result<bool> {
+        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+    }
+    async fn overview(&self, _top_n: u32) -> Result<super::Overview> {
+        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+    }
     fn wakeups(&self) -> watch::Receiver<u64> {
         self.start_watcher();
         self.inner.wakeup.subscribe()

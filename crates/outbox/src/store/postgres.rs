@@ -3,12 +3,15 @@
 //!
 //! Supported: PostgreSQL 13 and later (`gen_random_uuid()` in core).
 
+use super::ops::{self, Dialect};
 use super::{
-    Claim, ClaimRequest, Counts, Dead, Leases, PauseState, PurgeBatch, Settled, Settlement, Store,
-    StoreConfig, millis, parse_headers,
+    Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, Leases, Overview,
+    PauseState, PurgeBatch, RelayHeartbeat, RelayRecord, ReplayAction, ReplayOutcome, ReplayRecord,
+    ReplayRequest, Settled, Settlement, Store, StoreConfig, TopicPause, millis, parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::message::{Enqueued, Message, OutgoingMessage};
+use crate::sink::router::TopicPattern;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions, PgRow};
@@ -19,12 +22,13 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 /// Schema version this build creates and expects.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// SQL text built once per store from the validated schema name.
 struct Sql {
     enqueue: SqlStr,
     claim: SqlStr,
+    claim_skip: SqlStr,
     settle: SqlStr,
     mark: SqlStr,
     renew: SqlStr,
@@ -45,22 +49,9 @@ impl Sql {
                  VALUES ($1, $2, $3, $4, $5, coalesce($6, now() + $7 * interval '1 millisecond'))
                  ON CONFLICT (message_id) DO NOTHING RETURNING id"
             )),
-            claim: q(format!(
-                "WITH due AS (
-                   SELECT id FROM {s}.messages
-                   WHERE status <= 1 AND available_at <= now()
-                   ORDER BY available_at, id
-                   LIMIT $1
-                   FOR UPDATE SKIP LOCKED)
-                 UPDATE {s}.messages m
-                 SET status = 1, attempts = least(m.attempts, 2147483646) + 1, claimed_by = $2, claim_token = $3,
-                     locked_until = now() + $4 * interval '1 millisecond',
-                     available_at = now() + $4 * interval '1 millisecond'
-                 FROM due WHERE m.id = due.id
-                 RETURNING m.id, m.message_id, m.topic, m.key, m.payload, m.headers,
-                           extract(epoch FROM m.occurred_at)::float8 AS occurred_epoch,
-                           m.attempts"
-            )),
+            claim: q(claim_sql(s, "")),
+            // Topic pauses: $5 is an array of topic regexes not to claim.
+            claim_skip: q(claim_sql(s, " AND NOT (topic ~ ANY($5::text[]))")),
             // One statement for a claim's whole outcome (River's
             // `JobSetStateIfRunningMany`), one data-modifying CTE per kind so each keeps
             // the plan the separate statements had: the marks and releases by
@@ -117,7 +108,12 @@ impl Sql {
                  RETURNING id"
             )),
             pause_state: q(format!(
-                "SELECT paused, reason, changed_at FROM {s}.control WHERE id"
+                "SELECT c.paused, c.reason, c.changed_at,
+                        coalesce((SELECT json_agg(json_build_array(pattern, reason, paused_by,
+                                                  floor(extract(epoch FROM paused_at) * 1000)::bigint)
+                                                  ORDER BY pattern)
+                                  FROM {s}.topic_pauses), '[]')::text
+                 FROM {s}.control c WHERE c.id"
             )),
             set_pause: q(format!(
                 "UPDATE {s}.control SET paused = $1, reason = $2, changed_at = now() WHERE id"
@@ -148,6 +144,26 @@ impl Sql {
             )),
         }
     }
+}
+
+/// The claim statement, with `extra` appended to the due-row filter.
+fn claim_sql(s: &str, extra: &str) -> String {
+    format!(
+        "WITH due AS (
+           SELECT id FROM {s}.messages
+           WHERE status <= 1 AND available_at <= now(){extra}
+           ORDER BY available_at, id
+           LIMIT $1
+           FOR UPDATE SKIP LOCKED)
+         UPDATE {s}.messages m
+         SET status = 1, attempts = least(m.attempts, 2147483646) + 1, claimed_by = $2, claim_token = $3,
+             locked_until = now() + $4 * interval '1 millisecond',
+             available_at = now() + $4 * interval '1 millisecond'
+         FROM due WHERE m.id = due.id
+         RETURNING m.id, m.message_id, m.topic, m.key, m.payload, m.headers,
+                   extract(epoch FROM m.occurred_at)::float8 AS occurred_epoch,
+                   m.attempts, extract(epoch FROM now())::float8 AS now_epoch"
+    )
 }
 
 /// The migrations, in order; each is applied once, in its own transaction.
@@ -271,6 +287,40 @@ CREATE TRIGGER messages_notify AFTER INSERT ON {s}.messages
 CREATE INDEX IF NOT EXISTS messages_dispatched ON {s}.messages (dispatched_at) WHERE status = 2;
 "#
         ),
+        format!(
+            r#"
+-- Operations: dead letters by when they died (available_at), audited replays, the relay
+-- registry, topic pauses.
+CREATE INDEX IF NOT EXISTS messages_dead ON {s}.messages (available_at, id) WHERE status = 3;
+ALTER TABLE {s}.messages ADD COLUMN IF NOT EXISTS replay_id bigint;
+CREATE TABLE IF NOT EXISTS {s}.replays (
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at           timestamptz NOT NULL DEFAULT now(),
+    requested_by text NOT NULL,
+    reason       text NOT NULL,
+    action       text NOT NULL,
+    selection    text NOT NULL,
+    count        bigint NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS {s}.relays (
+    relay_id      text PRIMARY KEY,
+    host          text NOT NULL,
+    pid           bigint NOT NULL,
+    version       text NOT NULL,
+    sink          text NOT NULL,
+    in_flight     bigint NOT NULL DEFAULT 0,
+    started_at    timestamptz NOT NULL DEFAULT now(),
+    last_seen     timestamptz NOT NULL DEFAULT now(),
+    last_claim_at timestamptz
+);
+CREATE TABLE IF NOT EXISTS {s}.topic_pauses (
+    pattern   text PRIMARY KEY,
+    reason    text NOT NULL,
+    paused_by text NOT NULL,
+    paused_at timestamptz NOT NULL DEFAULT now()
+);
+"#
+        ),
     ]
 }
 
@@ -348,6 +398,10 @@ impl PgStore {
     /// The store's settings.
     pub fn config(&self) -> &StoreConfig {
         &self.inner.config
+    }
+
+    fn s(&self) -> &str {
+        self.inner.config.schema.as_str()
     }
 
     /// Enqueues `msg` inside the caller's transaction. Idempotent on the message id: when a
@@ -553,6 +607,10 @@ fn epoch_to_time(id: i64, secs: f64) -> Result<DateTime<Utc>> {
 
 #[async_trait]
 impl Store for PgStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
     async fn migrate(&self) -> Result<()> {
         let s = self.inner.config.schema.as_str();
         let mut tx = self.inner.pool.begin().await?;
@@ -625,20 +683,34 @@ impl Store for PgStore {
         // Not a named prepared statement: PostgreSQL plans an unnamed statement with the
         // actual parameters every time, so the claim never falls back to a generic plan
         // (which collapsed throughput under concurrent inserts when measured).
-        let rows = sqlx::query(self.inner.sql.claim.clone())
+        let sql = if req.skip_topics.is_empty() {
+            self.inner.sql.claim.clone()
+        } else {
+            self.inner.sql.claim_skip.clone()
+        };
+        let mut query = sqlx::query(sql)
             .persistent(false)
             .bind(i64::from(req.batch_size))
             .bind(&req.relay_id)
             .bind(token)
-            .bind(millis(req.lease))
-            .fetch_all(&self.inner.pool)
-            .await?;
-        Ok(super::claim_from_rows(
-            token,
-            &rows,
-            Self::row_to_message,
-            |r| r.try_get::<i64, _>("id").unwrap_or(-1),
-        ))
+            .bind(millis(req.lease));
+        if !req.skip_topics.is_empty() {
+            query = query.bind(
+                req.skip_topics
+                    .iter()
+                    .map(TopicPattern::regex)
+                    .collect::<Vec<_>>(),
+            );
+        }
+        let rows = query.fetch_all(&self.inner.pool).await?;
+        let mut claim = super::claim_from_rows(token, &rows, Self::row_to_message, |r| {
+            r.try_get::<i64, _>("id").unwrap_or(-1)
+        });
+        claim.db_now = rows
+            .first()
+            .and_then(|r| r.try_get::<f64, _>("now_epoch").ok())
+            .and_then(|e| DateTime::from_timestamp_micros((e * 1e6) as i64));
+        Ok(claim)
     }
 
     async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
@@ -683,14 +755,25 @@ impl Store for PgStore {
     }
 
     async fn pause_state(&self) -> Result<PauseState> {
-        let (paused, reason, changed_at): (bool, Option<String>, DateTime<Utc>) =
+        let (paused, reason, changed_at, topics): (bool, Option<String>, DateTime<Utc>, String) =
             sqlx::query_as(self.inner.sql.pause_state.clone())
                 .fetch_one(&self.inner.pool)
                 .await?;
+        let topics: Vec<(String, String, String, i64)> =
+            serde_json::from_str(&topics).unwrap_or_default();
         Ok(PauseState {
             paused,
             reason,
             changed_at: Some(changed_at),
+            topics: topics
+                .into_iter()
+                .map(|(pattern, reason, by, at)| TopicPause {
+                    pattern,
+                    reason,
+                    by,
+                    paused_at: DateTime::from_timestamp_millis(at).unwrap_or_default(),
+                })
+                .collect(),
         })
     }
 
@@ -741,6 +824,337 @@ impl Store for PgStore {
                 .fetch_one(&self.inner.pool)
                 .await?;
         Ok(Leases::from_row(held, last, ms))
+    }
+
+    async fn dead_letters(
+        &self,
+        selector: &DeadSelector,
+        limit: u32,
+        with_payload: bool,
+    ) -> Result<Vec<DeadLetter>> {
+        let s = self.s();
+        let (filter, binds) = ops::dead_filter(selector, Dialect::Postgres, 1);
+        let payload = if with_payload {
+            "payload"
+        } else {
+            "NULL::bytea"
+        };
+        let sql = format!(
+            "SELECT id, message_id, topic, key, attempts, occurred_at, available_at, last_error,
+                    headers::text AS headers, octet_length(payload)::bigint AS payload_bytes,
+                    {payload} AS payload, replay_id
+             FROM {s}.messages WHERE {filter} ORDER BY id LIMIT {limit}"
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for b in binds {
+            query = query.bind(b);
+        }
+        let rows = query.fetch_all(&self.inner.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeadLetter {
+                    id: r.try_get("id")?,
+                    message_id: r.try_get("message_id")?,
+                    topic: r.try_get("topic")?,
+                    key: r.try_get("key")?,
+                    attempts: r.try_get("attempts")?,
+                    occurred_at: r.try_get("occurred_at")?,
+                    died_at: r.try_get("available_at")?,
+                    last_error: r.try_get("last_error")?,
+                    headers: r.try_get("headers")?,
+                    payload_bytes: r.try_get("payload_bytes")?,
+                    payload: r.try_get("payload")?,
+                    replay_id: r.try_get("replay_id")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn count_dead(&self, selector: &DeadSelector) -> Result<u64> {
+        let s = self.s();
+        let (filter, binds) = ops::dead_filter(selector, Dialect::Postgres, 1);
+        let sql = format!("SELECT count(*) FROM {s}.messages WHERE {filter}");
+        let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql));
+        for b in binds {
+            query = query.bind(b);
+        }
+        Ok(u64::try_from(query.fetch_one(&self.inner.pool).await?).unwrap_or(0))
+    }
+
+    async fn replay(&self, req: &ReplayRequest) -> Result<ReplayOutcome> {
+        ops::validate(req)?;
+        let s = self.s();
+        let mut tx = self.inner.pool.begin().await?;
+        let refused = if req.selector.ids.is_empty() && req.selector.message_ids.is_empty() {
+            Vec::new()
+        } else {
+            let named = DeadSelector {
+                ids: req.selector.ids.clone(),
+                message_ids: req.selector.message_ids.clone(),
+                ..DeadSelector::default()
+            };
+            let (filter, _) = ops::dead_filter(&named, Dialect::Postgres, 1);
+            let filter = filter.trim_start_matches("status = 3 AND ");
+            let found: Vec<(i64, Uuid, i16)> = sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT id, message_id, status FROM {s}.messages WHERE {filter}"
+            )))
+            .fetch_all(&mut *tx)
+            .await?;
+            ops::refusals(&req.selector, &found)
+        };
+        let (filter, binds) = ops::dead_filter(&req.selector, Dialect::Postgres, 1);
+        let limit = req
+            .limit
+            .map_or_else(|| "ALL".to_owned(), |l| l.to_string());
+        // Locks the selected rows: a concurrent replay of the same rows waits, then finds
+        // them no longer dead.
+        let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
+            "SELECT id FROM {s}.messages WHERE {filter} ORDER BY id LIMIT {limit} FOR UPDATE"
+        )));
+        for b in binds {
+            query = query.bind(b);
+        }
+        let ids = query.fetch_all(&mut *tx).await?;
+        let sample: Vec<i64> = ids.iter().take(20).copied().collect();
+        if req.dry_run || ids.is_empty() {
+            return Ok(ReplayOutcome {
+                replay_id: None,
+                count: ids.len() as u64,
+                sample,
+                refused,
+            });
+        }
+        let replay_id: i64 = match req.append_to {
+            Some(id) => id,
+            None => {
+                sqlx::query_scalar(AssertSqlSafe(format!(
+                    "INSERT INTO {s}.replays (requested_by, reason, action, selection)
+                     VALUES ($1, $2, $3, $4) RETURNING id"
+                )))
+                .bind(&req.by)
+                .bind(&req.reason)
+                .bind(req.action.as_str())
+                .bind(req.selector.describe())
+                .fetch_one(&mut *tx)
+                .await?
+            }
+        };
+        let changed = match req.action {
+            ReplayAction::Replay => {
+                let delays: Vec<i64> = (0..ids.len())
+                    .map(|k| ops::spread_ms(k, req.rate_per_s))
+                    .collect();
+                sqlx::query(AssertSqlSafe(format!(
+                    "UPDATE {s}.messages m
+                     SET status = 0, attempts = 0, replay_id = $3,
+                         available_at = now() + x.delay_ms * interval '1 millisecond',
+                         claim_token = NULL, locked_until = NULL, dispatched_at = NULL
+                     FROM unnest($1::bigint[], $2::bigint[]) AS x(id, delay_ms)
+                     WHERE m.id = x.id AND m.status = 3"
+                )))
+                .bind(&ids)
+                .bind(&delays)
+                .bind(replay_id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+            }
+            ReplayAction::Discard | ReplayAction::Purge => sqlx::query(AssertSqlSafe(format!(
+                "DELETE FROM {s}.messages WHERE id = ANY($1) AND status = 3"
+            )))
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected(),
+        };
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {s}.replays SET count = count + $1 WHERE id = $2"
+        )))
+        .bind(changed as i64)
+        .bind(replay_id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(ReplayOutcome {
+            replay_id: Some(replay_id),
+            count: changed,
+            sample,
+            refused,
+        })
+    }
+
+    async fn replays(&self, limit: u32) -> Result<Vec<ReplayRecord>> {
+        let s = self.s();
+        let rows: Vec<(i64, DateTime<Utc>, String, String, String, String, i64)> =
+            sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT id, at, requested_by, reason, action, selection, count
+                 FROM {s}.replays ORDER BY id DESC LIMIT $1"
+            )))
+            .bind(i64::from(limit))
+            .fetch_all(&self.inner.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(id, at, by, reason, action, selection, count)| ReplayRecord {
+                    id,
+                    at,
+                    by,
+                    reason,
+                    action,
+                    selection,
+                    count,
+                },
+            )
+            .collect())
+    }
+
+    async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()> {
+        let s = self.s();
+        sqlx::query(AssertSqlSafe(format!(
+            "WITH up AS (
+               INSERT INTO {s}.relays (relay_id, host, pid, version, sink, in_flight, last_claim_at)
+               VALUES ($1, $2, $3, $4, $5, $6, now() - $7 * interval '1 millisecond')
+               ON CONFLICT (relay_id) DO UPDATE SET
+                   host = excluded.host, pid = excluded.pid, version = excluded.version,
+                   sink = excluded.sink, in_flight = excluded.in_flight, last_seen = now(),
+                   last_claim_at = excluded.last_claim_at
+               RETURNING 1)
+             DELETE FROM {s}.relays WHERE last_seen < now() - interval '1 hour'"
+        )))
+        .bind(&beat.relay_id)
+        .bind(&beat.host)
+        .bind(beat.pid)
+        .bind(&beat.version)
+        .bind(&beat.sink)
+        .bind(beat.in_flight)
+        .bind(beat.last_claim_ago.map(millis))
+        .execute(&self.inner.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn deregister(&self, relay_id: &str) -> Result<()> {
+        let s = self.s();
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM {s}.relays WHERE relay_id = $1"
+        )))
+        .bind(relay_id)
+        .execute(&self.inner.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {
+        let s = self.s();
+        type Row = (
+            String,
+            String,
+            i64,
+            String,
+            String,
+            i64,
+            DateTime<Utc>,
+            DateTime<Utc>,
+            f64,
+            Option<DateTime<Utc>>,
+        );
+        let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT relay_id, host, pid, version, sink, in_flight, started_at, last_seen,
+                    extract(epoch FROM now() - last_seen)::float8, last_claim_at
+             FROM {s}.relays WHERE last_seen >= now() - $1 * interval '1 millisecond'
+             ORDER BY started_at, relay_id"
+        )))
+        .bind(millis(within))
+        .fetch_all(&self.inner.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| RelayRecord {
+                relay_id: r.0,
+                host: r.1,
+                pid: r.2,
+                version: r.3,
+                sink: r.4,
+                in_flight: r.5,
+                started_at: r.6,
+                last_seen: r.7,
+                last_seen_ago_s: r.8.max(0.0),
+                last_claim_at: r.9,
+            })
+            .collect())
+    }
+
+    async fn pause_topic(&self, pattern: &TopicPattern, reason: &str, by: &str) -> Result<()> {
+        let s = self.s();
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {s}.topic_pauses (pattern, reason, paused_by) VALUES ($1, $2, $3)
+             ON CONFLICT (pattern) DO UPDATE SET reason = excluded.reason,
+                 paused_by = excluded.paused_by, paused_at = now()"
+        )))
+        .bind(pattern.as_str())
+        .bind(reason)
+        .bind(by)
+        .execute(&self.inner.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn resume_topic(&self, pattern: &str) -> Result<bool> {
+        let s = self.s();
+        let r = sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM {s}.topic_pauses WHERE pattern = $1"
+        )))
+        .bind(pattern)
+        .execute(&self.inner.pool)
+        .await?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    async fn overview(&self, top_n: u32) -> Result<Overview> {
+        let s = self.s();
+        let pool = &self.inner.pool;
+        let counts = self.counts().await?;
+        let (due, oldest_due, expired): (i64, Option<i64>, i64) =
+            sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT count(*), floor(extract(epoch FROM now() - min(available_at)))::bigint,
+                        count(*) FILTER (WHERE status = 1)
+                 FROM {s}.messages WHERE status <= 1 AND available_at <= now()"
+            )))
+            .fetch_one(pool)
+            .await?;
+        let claims_by: Vec<(Option<String>, i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT claimed_by, count(*), count(*) FILTER (WHERE available_at <= now())
+             FROM {s}.messages WHERE status = 1 GROUP BY claimed_by ORDER BY claimed_by"
+        )))
+        .fetch_all(pool)
+        .await?;
+        let by_topic = async |status: i16| -> Result<Vec<(String, i64)>> {
+            Ok(sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT topic, count(*) FROM {s}.messages WHERE status = $1
+                 GROUP BY topic ORDER BY count(*) DESC, topic LIMIT $2"
+            )))
+            .bind(status)
+            .bind(i64::from(top_n))
+            .fetch_all(pool)
+            .await?)
+        };
+        Ok(Overview {
+            counts,
+            due,
+            oldest_due_s: oldest_due.map(|s| s.max(0)),
+            expired_claims: expired,
+            claims_by: claims_by
+                .into_iter()
+                .map(|(r, claimed, expired)| ClaimsBy {
+                    relay_id: r.unwrap_or_default(),
+                    claimed,
+                    expired,
+                })
+                .collect(),
+            pending_by_topic: by_topic(super::status::PENDING).await?,
+            dead_by_topic: by_topic(super::status::DEAD).await?,
+        })
     }
 
     fn wakeups(&self) -> watch::Receiver<u64> {

@@ -6,12 +6,15 @@
 //! (SQLite has no schemas). Times are integer milliseconds since the Unix epoch, UTC,
 //! taken from SQLite's clock inside each statement.
 
+use super::ops::{self, Dialect};
 use super::{
-    Claim, ClaimRequest, Counts, Dead, Leases, PauseState, PurgeBatch, Settled, Settlement, Store,
-    StoreConfig, millis, parse_headers,
+    Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, Leases, Overview,
+    PauseState, PurgeBatch, RelayHeartbeat, RelayRecord, ReplayAction, ReplayOutcome, ReplayRecord,
+    ReplayRequest, Settled, Settlement, Store, StoreConfig, TopicPause, millis, parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::message::{Enqueued, Message, OutgoingMessage};
+use crate::sink::router::TopicPattern;
 use async_trait::async_trait;
 use chrono::{DateTime, TimeZone, Utc};
 use sqlx::sqlite::{
@@ -26,10 +29,10 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 /// Schema version this build creates and expects.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The database clock in integer milliseconds (UTC); constant within one statement.
-const NOW_MS: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
+const NOW_MS: &str = super::SQLITE_NOW_MS;
 
 /// How often the wake-up watcher looks at the database and WAL files (one `stat` each):
 /// every 2 ms right after a change, slowing by half each quiet look to every 20 ms, so a
@@ -61,15 +64,7 @@ impl Sql {
                  ON CONFLICT (message_id) DO NOTHING RETURNING id"
             )),
             existing_id: q(format!("SELECT id FROM {p}_messages WHERE message_id = ?1")),
-            claim: q(format!(
-                "UPDATE {p}_messages
-                 SET status = 1, attempts = min(attempts, 2147483646) + 1, claimed_by = ?1, claim_token = ?2,
-                     locked_until = {n} + ?3, available_at = {n} + ?3
-                 WHERE id IN (SELECT id FROM {p}_messages
-                              WHERE status <= 1 AND available_at <= {n}
-                              ORDER BY available_at, id LIMIT ?4)
-                 RETURNING id, message_id, topic, key, payload, headers, occurred_at, attempts"
-            )),
+            claim: q(claim_sql(p, 0)),
             // A claim's whole outcome in one statement; ?1 is a JSON array of
             // [id, status, delay_ms, error or null, refund].
             settle: q(format!(
@@ -94,7 +89,10 @@ impl Sql {
                  RETURNING id"
             )),
             pause_state: q(format!(
-                "SELECT paused, reason, changed_at FROM {p}_control WHERE id = 1"
+                "SELECT c.paused, c.reason, c.changed_at,
+                        (SELECT json_group_array(json_array(pattern, reason, paused_by, paused_at))
+                         FROM {p}_topic_pauses)
+                 FROM {p}_control c WHERE c.id = 1"
             )),
             set_pause: q(format!(
                 "UPDATE {p}_control SET paused = ?1, reason = ?2, changed_at = {n} WHERE id = 1"
@@ -118,6 +116,23 @@ impl Sql {
             )),
         }
     }
+}
+
+/// The claim statement; with `skip` topic regexes bound as ?5, ?6, … (topic pauses).
+fn claim_sql(p: &str, skip: usize) -> String {
+    let n = NOW_MS;
+    let skip: String = (0..skip)
+        .map(|i| format!(" AND topic NOT REGEXP ?{}", i + 5))
+        .collect();
+    format!(
+        "UPDATE {p}_messages
+         SET status = 1, attempts = min(attempts, 2147483646) + 1, claimed_by = ?1, claim_token = ?2,
+             locked_until = {n} + ?3, available_at = {n} + ?3
+         WHERE id IN (SELECT id FROM {p}_messages
+                      WHERE status <= 1 AND available_at <= {n}{skip}
+                      ORDER BY available_at, id LIMIT ?4)
+         RETURNING id, message_id, topic, key, payload, headers, occurred_at, attempts, {n} AS now_ms"
+    )
 }
 
 fn migrations(p: &str) -> Vec<String> {
@@ -158,6 +173,40 @@ INSERT OR IGNORE INTO {p}_control (id) VALUES (1);
 CREATE INDEX IF NOT EXISTS {p}_messages_dispatched ON {p}_messages (dispatched_at) WHERE status = 2;
 "#
         ),
+        format!(
+            r#"
+-- Operations: dead letters by when they died (available_at), audited replays, the relay
+-- registry, topic pauses.
+CREATE INDEX IF NOT EXISTS {p}_messages_dead ON {p}_messages (available_at, id) WHERE status = 3;
+ALTER TABLE {p}_messages ADD COLUMN replay_id INTEGER;
+CREATE TABLE IF NOT EXISTS {p}_replays (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    at           INTEGER NOT NULL DEFAULT ({n}),
+    requested_by TEXT NOT NULL,
+    reason       TEXT NOT NULL,
+    action       TEXT NOT NULL,
+    selection    TEXT NOT NULL,
+    count        INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS {p}_relays (
+    relay_id      TEXT PRIMARY KEY,
+    host          TEXT NOT NULL,
+    pid           INTEGER NOT NULL,
+    version       TEXT NOT NULL,
+    sink          TEXT NOT NULL,
+    in_flight     INTEGER NOT NULL DEFAULT 0,
+    started_at    INTEGER NOT NULL,
+    last_seen     INTEGER NOT NULL,
+    last_claim_at INTEGER
+);
+CREATE TABLE IF NOT EXISTS {p}_topic_pauses (
+    pattern   TEXT PRIMARY KEY,
+    reason    TEXT NOT NULL,
+    paused_by TEXT NOT NULL,
+    paused_at INTEGER NOT NULL
+);
+"#
+        ),
     ]
 }
 
@@ -187,7 +236,8 @@ pub fn connect_options(url: &str) -> Result<SqliteConnectOptions> {
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Full)
         .busy_timeout(Duration::from_secs(5))
-        .foreign_keys(true))
+        .foreign_keys(true)
+        .with_regexp())
 }
 
 impl SqliteStore {
@@ -229,6 +279,10 @@ impl SqliteStore {
     /// The store's settings.
     pub fn config(&self) -> &StoreConfig {
         &self.inner.config
+    }
+
+    fn p(&self) -> &str {
+        self.inner.config.schema.as_str()
     }
 
     /// Enqueues `msg` inside the caller's transaction; idempotent on the message id (an
@@ -353,6 +407,10 @@ fn ids_json(ids: &[i64]) -> String {
 
 #[async_trait]
 impl Store for SqliteStore {
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
+
     async fn migrate(&self) -> Result<()> {
         let p = self.inner.config.schema.as_str();
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
@@ -417,20 +475,29 @@ impl Store for SqliteStore {
         // BEGIN IMMEDIATE takes the write lock up front (waiting under the busy timeout),
         // so the claim never fails half-way as a read that cannot upgrade to a write.
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let rows = sqlx::query(self.inner.sql.claim.clone())
+        let sql = if req.skip_topics.is_empty() {
+            self.inner.sql.claim.clone()
+        } else {
+            AssertSqlSafe(claim_sql(self.p(), req.skip_topics.len())).into_sql_str()
+        };
+        let mut query = sqlx::query(sql)
             .bind(&req.relay_id)
             .bind(token.hyphenated().to_string())
             .bind(millis(req.lease))
-            .bind(i64::from(req.batch_size))
-            .fetch_all(&mut *tx)
-            .await?;
+            .bind(i64::from(req.batch_size));
+        for t in &req.skip_topics {
+            query = query.bind(t.regex());
+        }
+        let rows = query.fetch_all(&mut *tx).await?;
         tx.commit().await?;
-        Ok(super::claim_from_rows(
-            token,
-            &rows,
-            Self::row_to_message,
-            |r| r.try_get::<i64, _>("id").unwrap_or(-1),
-        ))
+        let mut claim = super::claim_from_rows(token, &rows, Self::row_to_message, |r| {
+            r.try_get::<i64, _>("id").unwrap_or(-1)
+        });
+        claim.db_now = rows
+            .first()
+            .and_then(|r| r.try_get::<i64, _>("now_ms").ok())
+            .map(ms_to_time);
+        Ok(claim)
     }
 
     async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
@@ -462,14 +529,25 @@ impl Store for SqliteStore {
     }
 
     async fn pause_state(&self) -> Result<PauseState> {
-        let (paused, reason, changed_at): (bool, Option<String>, i64) =
+        let (paused, reason, changed_at, topics): (bool, Option<String>, i64, String) =
             sqlx::query_as(self.inner.sql.pause_state.clone())
                 .fetch_one(&self.inner.pool)
                 .await?;
+        let topics: Vec<(String, String, String, i64)> =
+            serde_json::from_str(&topics).unwrap_or_default();
         Ok(PauseState {
             paused,
             reason,
             changed_at: Some(ms_to_time(changed_at)),
+            topics: topics
+                .into_iter()
+                .map(|(pattern, reason, by, at)| TopicPause {
+                    pattern,
+                    reason,
+                    by,
+                    paused_at: ms_to_time(at),
+                })
+                .collect(),
         })
     }
 
@@ -508,6 +586,343 @@ impl Store for SqliteStore {
                 .fetch_one(&self.inner.pool)
                 .await?;
         Ok(Leases::from_row(held, last.map(ms_to_time), ms))
+    }
+
+    async fn dead_letters(
+        &self,
+        selector: &DeadSelector,
+        limit: u32,
+        with_payload: bool,
+    ) -> Result<Vec<DeadLetter>> {
+        let p = self.p();
+        let (filter, binds) = ops::dead_filter(selector, Dialect::Sqlite, 1);
+        let payload = if with_payload { "payload" } else { "NULL" };
+        let sql = format!(
+            "SELECT id, message_id, topic, key, attempts, occurred_at, available_at, last_error,
+                    headers, length(payload) AS payload_bytes, {payload} AS payload, replay_id
+             FROM {p}_messages WHERE {filter} ORDER BY id LIMIT {limit}"
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for b in binds {
+            query = query.bind(b);
+        }
+        let rows = query.fetch_all(&self.inner.pool).await?;
+        rows.iter()
+            .map(|r| {
+                let mid: String = r.try_get("message_id")?;
+                Ok(DeadLetter {
+                    id: r.try_get("id")?,
+                    message_id: Uuid::parse_str(&mid).unwrap_or_default(),
+                    topic: r.try_get("topic")?,
+                    key: r.try_get("key")?,
+                    attempts: r.try_get("attempts")?,
+                    occurred_at: ms_to_time(r.try_get("occurred_at")?),
+                    died_at: ms_to_time(r.try_get("available_at")?),
+                    last_error: r.try_get("last_error")?,
+                    headers: r.try_get("headers")?,
+                    payload_bytes: r.try_get("payload_bytes")?,
+                    payload: r.try_get("payload")?,
+                    replay_id: r.try_get("replay_id")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn count_dead(&self, selector: &DeadSelector) -> Result<u64> {
+        let p = self.p();
+        let (filter, binds) = ops::dead_filter(selector, Dialect::Sqlite, 1);
+        let sql = format!("SELECT count(*) FROM {p}_messages WHERE {filter}");
+        let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql));
+        for b in binds {
+            query = query.bind(b);
+        }
+        Ok(u64::try_from(query.fetch_one(&self.inner.pool).await?).unwrap_or(0))
+    }
+
+    async fn replay(&self, req: &ReplayRequest) -> Result<ReplayOutcome> {
+        ops::validate(req)?;
+        let p = self.p();
+        let n = NOW_MS;
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let refused = if req.selector.ids.is_empty() && req.selector.message_ids.is_empty() {
+            Vec::new()
+        } else {
+            let named = DeadSelector {
+                ids: req.selector.ids.clone(),
+                message_ids: req.selector.message_ids.clone(),
+                ..DeadSelector::default()
+            };
+            let (filter, _) = ops::dead_filter(&named, Dialect::Sqlite, 1);
+            let filter = filter.trim_start_matches("status = 3 AND ");
+            let rows: Vec<(i64, String, i16)> = sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT id, message_id, status FROM {p}_messages WHERE {filter}"
+            )))
+            .fetch_all(&mut *tx)
+            .await?;
+            let found: Vec<(i64, Uuid, i16)> = rows
+                .into_iter()
+                .map(|(id, m, st)| (id, Uuid::parse_str(&m).unwrap_or_default(), st))
+                .collect();
+            ops::refusals(&req.selector, &found)
+        };
+        let (filter, binds) = ops::dead_filter(&req.selector, Dialect::Sqlite, 1);
+        let limit = req.limit.map_or(i64::MAX, i64::from);
+        let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
+            "SELECT id FROM {p}_messages WHERE {filter} ORDER BY id LIMIT {limit}"
+        )));
+        for b in binds {
+            query = query.bind(b);
+        }
+        let ids = query.fetch_all(&mut *tx).await?;
+        let sample: Vec<i64> = ids.iter().take(20).copied().collect();
+        if req.dry_run || ids.is_empty() {
+            return Ok(ReplayOutcome {
+                replay_id: None,
+                count: ids.len() as u64,
+                sample,
+                refused,
+            });
+        }
+        let replay_id: i64 = match req.append_to {
+            Some(id) => id,
+            None => {
+                sqlx::query_scalar(AssertSqlSafe(format!(
+                    "INSERT INTO {p}_replays (requested_by, reason, action, selection)
+                     VALUES (?1, ?2, ?3, ?4) RETURNING id"
+                )))
+                .bind(&req.by)
+                .bind(&req.reason)
+                .bind(req.action.as_str())
+                .bind(req.selector.describe())
+                .fetch_one(&mut *tx)
+                .await?
+            }
+        };
+        let changed = match req.action {
+            ReplayAction::Replay => {
+                let rows: Vec<serde_json::Value> = ids
+                    .iter()
+                    .enumerate()
+                    .map(|(k, id)| serde_json::json!([id, ops::spread_ms(k, req.rate_per_s)]))
+                    .collect();
+                sqlx::query(AssertSqlSafe(format!(
+                    "UPDATE {p}_messages AS m
+                     SET status = 0, attempts = 0, available_at = {n} + x.delay_ms, replay_id = ?2,
+                         claim_token = NULL, locked_until = NULL, dispatched_at = NULL
+                     FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS delay_ms
+                           FROM json_each(?1)) AS x
+                     WHERE m.id = x.id AND m.status = 3"
+                )))
+                .bind(serde_json::Value::from(rows).to_string())
+                .bind(replay_id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+            }
+            ReplayAction::Discard | ReplayAction::Purge => sqlx::query(AssertSqlSafe(format!(
+                "DELETE FROM {p}_messages WHERE id IN (SELECT value FROM json_each(?1)) AND status = 3"
+            )))
+            .bind(ids_json(&ids))
+            .execute(&mut *tx)
+            .await?
+            .rows_affected(),
+        };
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {p}_replays SET count = count + ?1 WHERE id = ?2"
+        )))
+        .bind(changed as i64)
+        .bind(replay_id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(ReplayOutcome {
+            replay_id: Some(replay_id),
+            count: changed,
+            sample,
+            refused,
+        })
+    }
+
+    async fn replays(&self, limit: u32) -> Result<Vec<ReplayRecord>> {
+        let p = self.p();
+        let rows: Vec<(i64, i64, String, String, String, String, i64)> =
+            sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT id, at, requested_by, reason, action, selection, count
+                 FROM {p}_replays ORDER BY id DESC LIMIT ?1"
+            )))
+            .bind(i64::from(limit))
+            .fetch_all(&self.inner.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(id, at, by, reason, action, selection, count)| ReplayRecord {
+                    id,
+                    at: ms_to_time(at),
+                    by,
+                    reason,
+                    action,
+                    selection,
+                    count,
+                },
+            )
+            .collect())
+    }
+
+    async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()> {
+        let p = self.p();
+        let n = NOW_MS;
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {p}_relays (relay_id, host, pid, version, sink, in_flight, started_at,
+                                     last_seen, last_claim_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, {n}, {n}, CASE WHEN ?7 IS NULL THEN NULL ELSE {n} - ?7 END)
+             ON CONFLICT (relay_id) DO UPDATE SET
+                 host = excluded.host, pid = excluded.pid, version = excluded.version,
+                 sink = excluded.sink, in_flight = excluded.in_flight,
+                 last_seen = excluded.last_seen, last_claim_at = excluded.last_claim_at"
+        )))
+        .bind(&beat.relay_id)
+        .bind(&beat.host)
+        .bind(beat.pid)
+        .bind(&beat.version)
+        .bind(&beat.sink)
+        .bind(beat.in_flight)
+        .bind(beat.last_claim_ago.map(millis))
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM {p}_relays WHERE last_seen < {n} - 3600000"
+        )))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn deregister(&self, relay_id: &str) -> Result<()> {
+        let p = self.p();
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM {p}_relays WHERE relay_id = ?1"
+        )))
+        .bind(relay_id)
+        .execute(&self.inner.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {
+        let p = self.p();
+        let n = NOW_MS;
+        type Row = (
+            String,
+            String,
+            i64,
+            String,
+            String,
+            i64,
+            i64,
+            i64,
+            i64,
+            Option<i64>,
+        );
+        let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT relay_id, host, pid, version, sink, in_flight, started_at, last_seen,
+                    {n} - last_seen, last_claim_at
+             FROM {p}_relays WHERE last_seen >= {n} - ?1 ORDER BY started_at, relay_id"
+        )))
+        .bind(millis(within))
+        .fetch_all(&self.inner.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| RelayRecord {
+                relay_id: r.0,
+                host: r.1,
+                pid: r.2,
+                version: r.3,
+                sink: r.4,
+                in_flight: r.5,
+                started_at: ms_to_time(r.6),
+                last_seen: ms_to_time(r.7),
+                last_seen_ago_s: r.8.max(0) as f64 / 1000.0,
+                last_claim_at: r.9.map(ms_to_time),
+            })
+            .collect())
+    }
+
+    async fn pause_topic(&self, pattern: &TopicPattern, reason: &str, by: &str) -> Result<()> {
+        let p = self.p();
+        let n = NOW_MS;
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {p}_topic_pauses (pattern, reason, paused_by, paused_at)
+             VALUES (?1, ?2, ?3, {n})
+             ON CONFLICT (pattern) DO UPDATE SET reason = excluded.reason,
+                 paused_by = excluded.paused_by, paused_at = excluded.paused_at"
+        )))
+        .bind(pattern.as_str())
+        .bind(reason)
+        .bind(by)
+        .execute(&self.inner.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn resume_topic(&self, pattern: &str) -> Result<bool> {
+        let p = self.p();
+        let r = sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM {p}_topic_pauses WHERE pattern = ?1"
+        )))
+        .bind(pattern)
+        .execute(&self.inner.pool)
+        .await?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    async fn overview(&self, top_n: u32) -> Result<Overview> {
+        let p = self.p();
+        let n = NOW_MS;
+        let pool = &self.inner.pool;
+        let counts = self.counts().await?;
+        let (due, oldest_due_ms, expired): (i64, Option<i64>, i64) =
+            sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT count(*), {n} - min(available_at), coalesce(sum(status = 1), 0)
+                 FROM {p}_messages WHERE status <= 1 AND available_at <= {n}"
+            )))
+            .fetch_one(pool)
+            .await?;
+        let claims_by: Vec<(Option<String>, i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT claimed_by, count(*), coalesce(sum(available_at <= {n}), 0)
+             FROM {p}_messages WHERE status = 1 GROUP BY claimed_by ORDER BY claimed_by"
+        )))
+        .fetch_all(pool)
+        .await?;
+        let by_topic = async |status: i16| -> Result<Vec<(String, i64)>> {
+            Ok(sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT topic, count(*) FROM {p}_messages WHERE status = ?1
+                 GROUP BY topic ORDER BY count(*) DESC, topic LIMIT ?2"
+            )))
+            .bind(status)
+            .bind(i64::from(top_n))
+            .fetch_all(pool)
+            .await?)
+        };
+        Ok(Overview {
+            counts,
+            due,
+            oldest_due_s: oldest_due_ms.map(|ms| ms.max(0) / 1000),
+            expired_claims: expired,
+            claims_by: claims_by
+                .into_iter()
+                .map(|(r, claimed, expired)| ClaimsBy {
+                    relay_id: r.unwrap_or_default(),
+                    claimed,
+                    expired,
+                })
+                .collect(),
+            pending_by_topic: by_topic(super::status::PENDING).await?,
+            dead_by_topic: by_topic(super::status::DEAD).await?,
+        })
     }
 
     fn wakeups(&self) -> watch::Receiver<u64> {

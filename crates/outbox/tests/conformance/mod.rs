@@ -245,6 +245,7 @@ async fn claim(store: &Arc<dyn Store>, relay: &str, batch: u32, lease: Duration)
             relay_id: relay.to_owned(),
             batch_size: batch,
             lease,
+            skip_topics: Vec::new(),
         })
         .await
         .unwrap()
@@ -513,6 +514,7 @@ pub(crate) async fn concurrent_claimers_never_overlap<B: Backend>() {
                             relay_id: format!("claimer-{i}"),
                             batch_size: 50,
                             lease: LONG,
+                            skip_topics: Vec::new(),
                         })
                         .await
                         .unwrap_or_else(|e| panic!("claimer-{i}: claim failed: {e}"));
@@ -1132,6 +1134,7 @@ pub(crate) async fn purge_deletes_old_dispatched_rows_in_bounded_batches<B: Back
                         relay_id: "relay-purge".into(),
                         batch_size: 100,
                         lease: LONG,
+                        skip_topics: Vec::new(),
                     })
                     .await
                     .unwrap_or_else(|e| panic!("claim failed: {e}"));

@@ -1,0 +1,196 @@
+//! The metrics the library records, through the [`metrics`] facade: nothing is recorded,
+//! and nothing costs more than a relaxed atomic load, unless the host application
+//! installs a recorder (`outbox relay --metrics-addr` installs a Prometheus one). The
+//! names, types and labels are listed in `ops/METRICS.md`; they follow the Prometheus
+//! conventions (base units, `_total`, `_seconds`) and, for labels, the OpenTelemetry
+//! messaging conventions where one applies (`messaging_system`).
+//!
+//! Every name is a constant here, so a rename is one edit and the operations files
+//! (`ops/`) are checked against the same list.
+
+use metrics::{counter, gauge, histogram};
+use std::time::Duration;
+
+/// Gauge (always 1): `version`, `store`, `sink` of this relay.
+pub const RELAY_INFO: &str = "outbox_relay_info";
+/// Counter: message publish outcomes by `destination`, `messaging_system`, `outcome`, `reason`.
+pub const PUBLISHES: &str = "outbox_publishes_total";
+/// Counter: rows quarantined, by `reason` (`permanent`, `max_attempts`, `malformed`).
+pub const QUARANTINED: &str = "outbox_messages_quarantined_total";
+/// Counter: rows rescheduled.
+pub const RETRIED: &str = "outbox_messages_retried_total";
+/// Counter: rows given back unpublished.
+pub const RELEASED: &str = "outbox_messages_released_total";
+/// Counter: rows whose claim passed to another relay.
+pub const CLAIMS_LOST: &str = "outbox_claims_lost_total";
+/// Counter: successful lease renewals.
+pub const LEASE_RENEWALS: &str = "outbox_lease_renewals_total";
+/// Counter: failed store calls, by `operation`.
+pub const STORE_ERRORS: &str = "outbox_store_errors_total";
+/// Counter: dispatched rows deleted by purge.
+pub const PURGE_ROWS: &str = "outbox_purge_rows_total";
+/// Counter: purge batches run.
+pub const PURGE_RUNS: &str = "outbox_purge_runs_total";
+/// Histogram (s): one claim statement.
+pub const CLAIM_DURATION: &str = "outbox_claim_duration_seconds";
+/// Histogram (s): one settle statement.
+pub const SETTLE_DURATION: &str = "outbox_settle_duration_seconds";
+/// Histogram (messages): rows per non-empty claim.
+pub const BATCH_SIZE: &str = "outbox_batch_size";
+/// Histogram (s): a batch's publish until every outcome is in (or the wait ended).
+pub const BATCH_PUBLISH_DURATION: &str = "outbox_batch_publish_duration_seconds";
+/// Histogram (s): publish start → one message's confirmation, by `destination`.
+pub const MESSAGE_CONFIRM_DURATION: &str = "outbox_message_confirm_duration_seconds";
+/// Histogram (s): `occurred_at` → confirmation, on the database clock.
+pub const ENQUEUE_TO_CONFIRM: &str = "outbox_enqueue_to_confirm_seconds";
+/// Gauge: rows by `status` (store sample).
+pub const MESSAGES: &str = "outbox_messages";
+/// Gauge (s): the oldest pending row's age (store sample; 0 when none).
+pub const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
+/// Gauge: rows due now (store sample).
+pub const DUE: &str = "outbox_messages_due";
+/// Gauge: claimed rows whose lease ended (store sample).
+pub const CLAIMS_EXPIRED: &str = "outbox_claims_expired";
+/// Gauge: dead rows by `topic`, top 10 and `other` (store sample).
+pub const DEAD_BY_TOPIC: &str = "outbox_dead_messages";
+/// Gauge: relays with a fresh heartbeat (store sample).
+pub const RELAYS_ALIVE: &str = "outbox_relays_alive";
+/// Gauge: active topic pauses (store sample).
+pub const TOPIC_PAUSES: &str = "outbox_topic_pauses";
+/// Gauge: 1 while the global pause switch is on (store sample).
+pub const PAUSED: &str = "outbox_paused";
+/// Gauge (one-hot): each destination's `state` (`up`, `down`, `open`).
+pub const DESTINATION_STATE: &str = "outbox_destination_state";
+
+/// Every name above, for documentation checks.
+pub const ALL: [&str; 25] = [
+    RELAY_INFO,
+    PUBLISHES,
+    QUARANTINED,
+    RETRIED,
+    RELEASED,
+    CLAIMS_LOST,
+    LEASE_RENEWALS,
+    STORE_ERRORS,
+    PURGE_ROWS,
+    PURGE_RUNS,
+    CLAIM_DURATION,
+    SETTLE_DURATION,
+    BATCH_SIZE,
+    BATCH_PUBLISH_DURATION,
+    MESSAGE_CONFIRM_DURATION,
+    ENQUEUE_TO_CONFIRM,
+    MESSAGES,
+    OLDEST_PENDING_AGE,
+    DUE,
+    CLAIMS_EXPIRED,
+    DEAD_BY_TOPIC,
+    RELAYS_ALIVE,
+    TOPIC_PAUSES,
+    PAUSED,
+    DESTINATION_STATE,
+];
+
+/// Counts one publish outcome of a message to `destination`.
+pub(crate) fn publish(
+    destination: &str,
+    system: &'static str,
+    outcome: &'static str,
+    reason: &'static str,
+) {
+    counter!(PUBLISHES, "destination" => destination.to_owned(), "messaging_system" => system, "outcome" => outcome, "reason" => reason).increment(1);
+}
+
+/// Records one message's publish → confirmation time.
+pub(crate) fn confirm_duration(destination: &str, d: Duration) {
+    histogram!(MESSAGE_CONFIRM_DURATION, "destination" => destination.to_owned())
+        .record(d.as_secs_f64());
+}
+
+/// Adds `n` to a label-less counter.
+pub(crate) fn add(name: &'static str, n: u64) {
+    if n > 0 {
+        counter!(name).increment(n);
+    }
+}
+
+/// Counts `n` quarantined rows for `reason`.
+pub(crate) fn quarantined(reason: &'static str, n: u64) {
+    if n > 0 {
+        counter!(QUARANTINED, "reason" => reason).increment(n);
+    }
+}
+
+/// Counts a failed store call.
+pub(crate) fn store_error(operation: &'static str) {
+    counter!(STORE_ERRORS, "operation" => operation).increment(1);
+}
+
+/// Records a duration in seconds.
+pub(crate) fn seconds(name: &'static str, d: Duration) {
+    histogram!(name).record(d.as_secs_f64());
+}
+
+/// Records a plain value.
+pub(crate) fn value(name: &'static str, v: f64) {
+    histogram!(name).record(v);
+}
+
+/// Sets the store gauges from an overview and the registry.
+pub(crate) fn store_sample(
+    o: &crate::store::Overview,
+    relays_alive: usize,
+    pause: &crate::store::PauseState,
+) {
+    let c = &o.counts;
+    for (status, n) in [
+        ("pending", c.pending),
+        ("claimed", c.claimed),
+        ("dispatched", c.dispatched),
+        ("dead", c.dead),
+    ] {
+        gauge!(MESSAGES, "status" => status).set(n as f64);
+    }
+    gauge!(OLDEST_PENDING_AGE).set(c.oldest_pending_age_seconds.unwrap_or(0) as f64);
+    gauge!(DUE).set(o.due as f64);
+    gauge!(CLAIMS_EXPIRED).set(o.expired_claims as f64);
+    let mut listed = 0;
+    for (topic, n) in &o.dead_by_topic {
+        gauge!(DEAD_BY_TOPIC, "topic" => topic.clone()).set(*n as f64);
+        listed += n;
+    }
+    gauge!(DEAD_BY_TOPIC, "topic" => "other").set((c.dead - listed).max(0) as f64);
+    gauge!(RELAYS_ALIVE).set(relays_alive as f64);
+    gauge!(TOPIC_PAUSES).set(pause.topics.len() as f64);
+    gauge!(PAUSED).set(if pause.paused { 1.0 } else { 0.0 });
+}
+
+/// The `messaging_system` label of a sink, from the scheme of its description (the
+/// OpenTelemetry `messaging.system` names where one exists: `kafka`, `rabbitmq`; else the
+/// sink's own: `nats`, `redis`, `mqtt`, `http`, `file`).
+pub(crate) fn system_of(describe: &str) -> &'static str {
+    let scheme = describe.split(':').next().unwrap_or_default();
+    match scheme {
+        "nats" | "tls" => "nats",
+        "kafka" => "kafka",
+        "amqp" | "amqps" => "rabbitmq",
+        "redis" | "rediss" => "redis",
+        "mqtt" | "mqtts" => "mqtt",
+        "http" | "https" => "http",
+        "file" | "stdout" => "file",
+        _ => "other",
+    }
+}
+
+/// Sets the one-hot destination state gauges.
+pub(crate) fn destination_state(destination: &str, state: &'static str) {
+    for s in ["up", "down", "open"] {
+        gauge!(DESTINATION_STATE, "destination" => destination.to_owned(), "state" => s)
+            .set(if s == state { 1.0 } else { 0.0 });
+    }
+}
+
+/// Sets the relay info gauge.
+pub(crate) fn relay_info(store: &str, sink: &str) {
+    gauge!(RELAY_INFO, "version" => env!("CARGO_PKG_VERSION"), "store" => store.to_owned(), "sink" => sink.to_owned()).set(1.0);
+}
