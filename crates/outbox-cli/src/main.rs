@@ -2,8 +2,10 @@
 //! a self-contained demo. Flags override `OUTBOX_*` environment variables, which override
 //! an optional `outbox.toml` (keys are the long flag names, e.g. `database-url = "…"`).
 
+mod admin;
 mod config;
 mod demo;
+mod serve;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -133,25 +135,80 @@ enum Command {
         /// claimed or marked.
         #[arg(long, env = "OUTBOX_IN_FLIGHT_BATCHES", default_value_t = 2)]
         in_flight_batches: u32,
+        /// Serve /metrics (Prometheus), /healthz and /readyz on HOST:PORT (e.g.
+        /// 127.0.0.1:9464). Off by default.
+        #[arg(long, env = "OUTBOX_METRICS_ADDR")]
+        metrics_addr: Option<String>,
+        /// Seconds between summary log lines (delivered, rate, retried, quarantined,
+        /// backlog, oldest pending age, destinations down); 0 turns them off.
+        #[arg(long, env = "OUTBOX_SUMMARY_INTERVAL_S", default_value_t = 60)]
+        summary_interval_s: u64,
     },
-    /// Show counts by status and the pause switch.
+    /// Show counts by status, due and expired claims, live relays, pauses and a verdict
+    /// (OK, STUCK, BEHIND, DEAD, PAUSED).
     Status {
-        /// One JSON object: pending, claimed, dispatched, dead, oldest_pending_age_seconds.
+        /// One JSON object: pending, claimed, dispatched, dead, oldest_pending_age_seconds,
+        /// paused, due, relays, topic_pauses, verdict, ….
         #[arg(long)]
         json: bool,
+        /// Also the 10 largest topics of pending and of dead rows.
+        #[arg(long)]
+        by_topic: bool,
+        /// Exit 1 unless the verdict is OK (for cron jobs and probes).
+        #[arg(long)]
+        check: bool,
+        /// BEHIND when the oldest pending message is older than this (60s, 15m, 2h).
+        #[arg(long, default_value = "60s", value_parser = admin::parse_duration)]
+        max_age: Duration,
+        /// DEAD when there are more dead letters than this.
+        #[arg(long, default_value_t = 0)]
+        max_dead: i64,
     },
-    /// Stop every relay from publishing (producers keep writing).
+    /// Stop relays from publishing: every topic, or (with --topic) only matching topics
+    /// while the others flow. Producers keep writing.
     Pause {
         /// Why (shown by `status` and in relay logs).
         #[arg(long)]
         reason: String,
+        /// Pause only topics matching this pattern (orders.>, *.v1).
+        #[arg(long)]
+        topic: Option<String>,
+        /// Who (shown by `status`; default $USER).
+        #[arg(long, env = "USER", default_value = "unknown")]
+        by: String,
     },
-    /// Let relays publish again.
-    Resume,
+    /// Let relays publish again (with --topic: lift that topic pause).
+    Resume {
+        /// The topic pattern to resume, exactly as paused.
+        #[arg(long)]
+        topic: Option<String>,
+    },
+    /// Dead letters: list, show, discard.
+    #[command(subcommand)]
+    Dead(admin::DeadCommand),
+    /// Move dead letters back to pending (same message id, attempts reset), audited.
+    Replay {
+        #[command(flatten)]
+        change: admin::ChangeArgs,
+        /// Spread the replayed rows' availability at this many per second (e.g. 50).
+        #[arg(long, value_parser = parse_rate)]
+        rate: Option<f64>,
+    },
+    /// The audit of replays and discards.
+    #[command(subcommand)]
+    Replays(admin::ReplaysCommand),
     /// Delete dispatched rows older than the retention, in bounded batches (pending,
     /// claimed and dead rows are never touched). Prints `{"deleted":N,"locked_out":BOOL}`;
-    /// when another purge is running it stops, says so on stderr and exits 0.
+    /// when another purge is running it stops, says so on stderr and exits 0. With
+    /// --dead-older-than, deletes dead rows older than that instead (audited).
     Purge {
+        /// Delete dead rows that died longer ago than this (30d), as one audited
+        /// operation, instead of dispatched rows.
+        #[arg(long, value_parser = admin::parse_duration)]
+        dead_older_than: Option<Duration>,
+        /// Who, for the audit row of a dead-row purge (default $USER).
+        #[arg(long, env = "USER", default_value = "unknown")]
+        by: String,
         /// Keep dispatched rows younger than this many seconds.
         #[arg(long, env = "OUTBOX_RETENTION_S", default_value_t = 7 * 24 * 3600)]
         older_than_s: u64,
@@ -183,6 +240,16 @@ fn parse_route(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("route {s:?} must be PATTERN=URL"))?;
     outbox::sink::router::TopicPattern::parse(pattern)?;
     Ok((pattern.to_owned(), url.to_owned()))
+}
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    let n = s.trim().trim_end_matches("/s");
+    match n.parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!(
+            "rate {s:?} must be a positive number per second, e.g. 50 or 50/s"
+        )),
+    }
 }
 
 fn parse_header(s: &str) -> Result<(String, String), String> {
@@ -414,6 +481,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             shutdown_grace_ms,
             relay_id,
             in_flight_batches,
+            metrics_addr,
+            summary_interval_s,
         } => {
             if routes.is_empty() && sink.is_none() {
                 // A missing OUTBOX_SINK must not empty the outbox into a log.
@@ -433,6 +502,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 shutdown_grace: Duration::from_millis(*shutdown_grace_ms),
                 drain: *drain || *drain_wait_leases,
                 in_flight_batches: *in_flight_batches,
+                summary_interval: Duration::from_secs(*summary_interval_s),
                 ..RelayConfig::default()
             };
             if let Some(id) = relay_id {
@@ -440,10 +510,20 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             let cancel = CancellationToken::new();
             tokio::spawn(shutdown_on_signal(cancel.clone()));
+            let ready = Arc::new(serve::Ready {
+                store: store.clone(),
+                relay: std::sync::RwLock::new(None),
+            });
+            if let Some(addr) = metrics_addr {
+                serve::start(addr, ready.clone(), cancel.clone()).await?;
+            }
+            let relay = |router| {
+                let relay = Relay::with_router(store.clone(), router, config.clone());
+                *ready.relay.write().unwrap_or_else(|p| p.into_inner()) = Some(relay.health());
+                relay
+            };
             let sink = open().await?;
-            let stats = Relay::with_router(store.clone(), sink, config.clone())
-                .run(cancel.clone())
-                .await?;
+            let stats = relay(sink).run(cancel.clone()).await?;
             if !config.drain {
                 return Ok(ExitCode::SUCCESS);
             }
@@ -496,9 +576,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     break;
                 }
                 // The sink was closed when the last run stopped: a new one for this run.
-                let stats = Relay::with_router(store.clone(), open().await?, config.clone())
-                    .run(cancel.clone())
-                    .await?;
+                let stats = relay(open().await?).run(cancel.clone()).await?;
                 retried += stats.retried;
             }
             if retried > 0 {
@@ -517,43 +595,62 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { json } => {
+        Command::Status {
+            json,
+            by_topic,
+            check,
+            max_age,
+            max_dead,
+        } => {
             let store = connect(&cli, false).await?;
             store.check_schema().await?;
-            let counts = store.counts().await?;
-            let pause = store.pause_state().await?;
-            if *json {
-                let mut v = serde_json::to_value(&counts)?;
-                v["paused"] = serde_json::Value::Bool(pause.paused);
-                out(&v.to_string());
-            } else {
-                let age = counts
-                    .oldest_pending_age_seconds
-                    .map_or("-".to_owned(), |s| format!("{s} s"));
-                let mut text = format!(
-                    "pending     {}\nclaimed     {}\ndispatched  {}\ndead        {}\noldest pending age  {age}",
-                    counts.pending, counts.claimed, counts.dispatched, counts.dead
-                );
-                if pause.paused {
-                    text.push_str(&format!(
-                        "\nPAUSED: {}",
-                        pause.reason.as_deref().unwrap_or("(no reason given)")
-                    ));
+            let limits = admin::Limits {
+                max_age: *max_age,
+                max_dead: *max_dead,
+                stuck_after: Duration::from_secs(30),
+            };
+            admin::status(&store, *json, *by_topic, *check, limits).await
+        }
+        Command::Pause { reason, topic, by } => {
+            let store = connect(&cli, false).await?;
+            store.check_schema().await?;
+            anyhow::ensure!(!reason.trim().is_empty(), "--reason must not be empty");
+            match topic {
+                Some(t) => {
+                    let pattern =
+                        outbox::sink::router::TopicPattern::parse(t).map_err(anyhow::Error::msg)?;
+                    store.pause_topic(&pattern, reason, by).await?;
+                    eprintln!(
+                        "topics matching {t} paused: relays stop publishing them within about 1 s; other topics flow"
+                    );
                 }
-                out(&text);
+                None => {
+                    store.set_pause(Some(reason)).await?;
+                    eprintln!(
+                        "outbox paused: relays stop publishing within about 1 s; producers keep writing"
+                    );
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Pause { reason } => {
+        Command::Dead(cmd) => {
             let store = connect(&cli, false).await?;
             store.check_schema().await?;
-            store.set_pause(Some(reason)).await?;
-            eprintln!(
-                "outbox paused: relays stop publishing within about 1 s; producers keep writing"
-            );
-            Ok(ExitCode::SUCCESS)
+            admin::dead(&store, cmd).await
+        }
+        Command::Replay { change, rate } => {
+            let store = connect(&cli, false).await?;
+            store.check_schema().await?;
+            admin::change_dead(&store, change, outbox::store::ReplayAction::Replay, *rate).await
+        }
+        Command::Replays(cmd) => {
+            let store = connect(&cli, false).await?;
+            store.check_schema().await?;
+            admin::replays(&store, cmd).await
         }
         Command::Purge {
+            dead_older_than,
+            by,
             older_than_s,
             batch_size,
             pause_ms,
@@ -561,6 +658,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let store = connect(&cli, false).await?;
             store.check_schema().await?;
             anyhow::ensure!(*batch_size > 0, "--batch-size must be at least 1");
+            if let Some(age) = dead_older_than {
+                let reason = format!(
+                    "dead-row retention: died more than {} ago",
+                    humantime_fmt(*age)
+                );
+                let deleted = admin::purge_dead(&store, *age, *batch_size, by, &reason).await?;
+                out(&serde_json::json!({ "dead_deleted": deleted }).to_string());
+                return Ok(ExitCode::SUCCESS);
+            }
             let mut total = 0u64;
             let mut locked_out = false;
             loop {
@@ -587,11 +693,35 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             out(&serde_json::json!({ "deleted": total, "locked_out": locked_out }).to_string());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Resume => {
+        Command::Resume { topic } => {
             let store = connect(&cli, false).await?;
             store.check_schema().await?;
-            store.set_pause(None).await?;
-            eprintln!("outbox resumed");
+            match topic {
+                Some(t) => {
+                    if !store.resume_topic(t).await? {
+                        let paused: Vec<String> = store
+                            .pause_state()
+                            .await?
+                            .topics
+                            .into_iter()
+                            .map(|p| p.pattern)
+                            .collect();
+                        anyhow::bail!(
+                            "no topic pause {t:?} (paused: {}); resume takes the pattern exactly as paused",
+                            if paused.is_empty() {
+                                "none".to_owned()
+                            } else {
+                                paused.join(", ")
+                            }
+                        );
+                    }
+                    eprintln!("topic pause {t} lifted");
+                }
+                None => {
+                    store.set_pause(None).await?;
+                    eprintln!("outbox resumed");
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -615,6 +745,11 @@ async fn open_sink(
             Ok(outbox::sink::router::Router::open(&all, Default::default()).await?)
         }
     }
+}
+
+/// A duration as humans write it (`30days`, `1h 30m`).
+fn humantime_fmt(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
 }
 
 /// Cancels on SIGTERM or SIGINT (Ctrl-C).

@@ -194,3 +194,105 @@ pub(crate) fn destination_state(destination: &str, state: &'static str) {
 pub(crate) fn relay_info(store: &str, sink: &str) {
     gauge!(RELAY_INFO, "version" => env!("CARGO_PKG_VERSION"), "store" => store.to_owned(), "sink" => sink.to_owned()).set(1.0);
 }
+
+/// Describes every metric (help text and unit) to the installed recorder, and sets the
+/// label-less counters to 0 so a rate over them starts at the first scrape rather than
+/// at the first event. Call once after installing a recorder.
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(
+        RELAY_INFO,
+        "One series per relay process (value 1): version, store and sink."
+    );
+    describe_counter!(
+        PUBLISHES,
+        "Message publish outcomes by destination, messaging system, outcome (ok, transient, permanent, unavailable, timed_out) and reason code."
+    );
+    describe_counter!(
+        QUARANTINED,
+        "Rows moved to dead, by reason (permanent, max_attempts, malformed)."
+    );
+    describe_counter!(
+        RETRIED,
+        "Rows rescheduled after a failed publish (transient, unavailable or timed out)."
+    );
+    describe_counter!(
+        RELEASED,
+        "Rows given back unpublished (shutdown grace ran out)."
+    );
+    describe_counter!(
+        CLAIMS_LOST,
+        "Rows whose claim passed to another relay before this one settled them."
+    );
+    describe_counter!(LEASE_RENEWALS, "Lease renewals of batches still in flight.");
+    describe_counter!(STORE_ERRORS, "Store calls that failed, by operation.");
+    describe_counter!(PURGE_ROWS, "Dispatched rows deleted by purge.");
+    describe_counter!(PURGE_RUNS, "Purge batches run.");
+    describe_histogram!(
+        CLAIM_DURATION,
+        Unit::Seconds,
+        "Duration of one claim statement."
+    );
+    describe_histogram!(
+        SETTLE_DURATION,
+        Unit::Seconds,
+        "Duration of one settle statement."
+    );
+    describe_histogram!(BATCH_SIZE, Unit::Count, "Rows per claim that found rows.");
+    describe_histogram!(
+        BATCH_PUBLISH_DURATION,
+        Unit::Seconds,
+        "A batch's publish until every outcome was in (or the wait ended)."
+    );
+    describe_histogram!(
+        MESSAGE_CONFIRM_DURATION,
+        Unit::Seconds,
+        "Publish start to one message's confirmation, by destination."
+    );
+    describe_histogram!(
+        ENQUEUE_TO_CONFIRM,
+        Unit::Seconds,
+        "occurred_at to the broker's confirmation, on the database clock."
+    );
+    describe_gauge!(MESSAGES, "Rows by status (store sample).");
+    describe_gauge!(
+        OLDEST_PENDING_AGE,
+        Unit::Seconds,
+        "Age of the oldest pending row, database clock; 0 when none (store sample)."
+    );
+    describe_gauge!(
+        DUE,
+        "Rows due now: pending and due, or claimed with an ended lease (store sample)."
+    );
+    describe_gauge!(
+        CLAIMS_EXPIRED,
+        "Claimed rows whose lease has ended (store sample)."
+    );
+    describe_gauge!(
+        DEAD_BY_TOPIC,
+        "Dead rows by topic: the 10 largest topics and other (store sample)."
+    );
+    describe_gauge!(
+        RELAYS_ALIVE,
+        "Relays with a fresh registry heartbeat (store sample)."
+    );
+    describe_gauge!(TOPIC_PAUSES, "Topic pauses in force (store sample).");
+    describe_gauge!(
+        PAUSED,
+        "1 while the global pause switch is on (store sample)."
+    );
+    describe_gauge!(
+        DESTINATION_STATE,
+        "Each destination's state, one-hot: up, down (failing), open (breaker open)."
+    );
+    for name in [
+        RETRIED,
+        RELEASED,
+        CLAIMS_LOST,
+        LEASE_RENEWALS,
+        PURGE_ROWS,
+        PURGE_RUNS,
+    ] {
+        counter!(name).absolute(0);
+    }
+}

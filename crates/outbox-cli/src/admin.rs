@@ -1,0 +1,868 @@
+//! The operator's commands: `status` (with relays and a verdict), `dead list|show|discard`,
+//! `replay`, `replays list`, topic pauses and dead-row retention. Every change to dead
+//! rows goes through `Store::replay`, which writes the audit row in the same transaction.
+
+use anyhow::Context as _;
+use chrono::{DateTime, Utc};
+use clap::{Args, Subcommand};
+use outbox::sink::router::TopicPattern;
+use outbox::store::{
+    DeadLetter, DeadSelector, Overview, PauseState, RELAY_EXPIRY, RelayRecord, ReplayAction,
+    ReplayOutcome, ReplayRequest, Store,
+};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::out;
+
+/// More rows than this need `--limit` or `--yes` (a prompt on a terminal).
+pub(crate) const CONFIRM_ABOVE: u64 = 1_000;
+
+/// How dead rows are chosen (every option given must hold).
+#[derive(Args, Debug, Clone, Default)]
+pub(crate) struct SelectArgs {
+    /// Row ids (the `id` column) or message ids (UUIDs); comma-separated or repeated.
+    #[arg(value_delimiter = ',')]
+    pub(crate) ids: Vec<String>,
+    /// Rows whose id is in A..B (inclusive), e.g. 100..250.
+    #[arg(long)]
+    pub(crate) id_range: Option<String>,
+    /// Topic pattern: dotted, `*` one token, `>` (last) one or more (orders.>).
+    #[arg(long)]
+    pub(crate) topic: Option<String>,
+    /// Died within this long (90s, 15m, 2h, 7d) or at/after this RFC 3339 time.
+    #[arg(long)]
+    pub(crate) since: Option<String>,
+    /// Last error contains this text (case-insensitive).
+    #[arg(long)]
+    pub(crate) error: Option<String>,
+}
+
+impl SelectArgs {
+    pub(crate) fn selector(&self) -> anyhow::Result<DeadSelector> {
+        let mut sel = DeadSelector::default();
+        for id in &self.ids {
+            let id = id.trim();
+            if id.is_empty() {
+                continue;
+            }
+            if let Ok(n) = id.parse::<i64>() {
+                sel.ids.push(n);
+            } else {
+                sel.message_ids
+                    .push(uuid::Uuid::parse_str(id).with_context(|| {
+                        format!("{id:?} is neither a row id (an integer) nor a message id (a UUID)")
+                    })?);
+            }
+        }
+        if let Some(r) = &self.id_range {
+            let (a, b) = r
+                .split_once("..")
+                .with_context(|| format!("--id-range {r:?} must be A..B"))?;
+            let a: i64 = a
+                .trim()
+                .parse()
+                .context("--id-range: A must be an integer")?;
+            let b: i64 = b
+                .trim()
+                .trim_start_matches('=')
+                .parse()
+                .context("--id-range: B must be an integer")?;
+            anyhow::ensure!(a <= b, "--id-range {r:?}: A must not exceed B");
+            sel.id_range = Some((a, b));
+        }
+        if let Some(t) = &self.topic {
+            sel.topic = Some(TopicPattern::parse(t).map_err(anyhow::Error::msg)?);
+        }
+        if let Some(s) = &self.since {
+            match parse_duration(s) {
+                Ok(d) => sel.died_within = Some(d),
+                Err(_) => {
+                    let t = DateTime::parse_from_rfc3339(s).with_context(|| {
+                        format!(
+                            "--since {s:?} is neither a duration (15m, 2h, 7d) nor an RFC 3339 time"
+                        )
+                    })?;
+                    sel.died_after = Some(t.with_timezone(&Utc));
+                }
+            }
+        }
+        if let Some(e) = &self.error {
+            anyhow::ensure!(!e.trim().is_empty(), "--error must not be empty");
+            sel.error_contains = Some(e.clone());
+        }
+        Ok(sel)
+    }
+}
+
+/// A duration like `90s`, `15m`, `2h`, `7d` (humantime syntax, `1h30m` too).
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?} is not a duration: {e}"))
+}
+
+/// `outbox dead …`
+#[derive(Subcommand, Debug)]
+pub(crate) enum DeadCommand {
+    /// List dead letters: id, message id, topic, key, attempts, died at, last error.
+    List {
+        #[command(flatten)]
+        select: SelectArgs,
+        /// Most rows to show.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one dead letter: the envelope, every header, the full error, timestamps.
+    Show {
+        /// Row id or message id.
+        id: String,
+        /// Also print the payload (UTF-8 text as is, anything else as hex).
+        #[arg(long)]
+        payload: bool,
+        /// One JSON object (payload base64-encoded when asked for).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete dead letters for good (audited in `outbox replays list`).
+    Discard {
+        #[command(flatten)]
+        change: ChangeArgs,
+    },
+}
+
+/// What every change to dead rows needs: which, who, why, and how carefully.
+#[derive(Args, Debug)]
+pub(crate) struct ChangeArgs {
+    #[command(flatten)]
+    pub(crate) select: SelectArgs,
+    /// Why (kept in the audit row). Required.
+    #[arg(long)]
+    pub(crate) reason: String,
+    /// Who (kept in the audit row). Required.
+    #[arg(long)]
+    pub(crate) by: String,
+    /// Print the count and a sample; change nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// Most rows to change (in id order).
+    #[arg(long)]
+    pub(crate) limit: Option<u32>,
+    /// Change more than 1,000 rows without --limit and without asking.
+    #[arg(long)]
+    pub(crate) yes: bool,
+}
+
+/// `outbox replays …`
+#[derive(Subcommand, Debug)]
+pub(crate) enum ReplaysCommand {
+    /// The audit of replays, discards and dead-row purges, newest first.
+    List {
+        /// Most rows.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub(crate) async fn dead(store: &dyn Store, cmd: &DeadCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        DeadCommand::List {
+            select,
+            limit,
+            json,
+        } => {
+            let sel = select.selector()?;
+            let rows = store.dead_letters(&sel, *limit, false).await?;
+            if *json {
+                for r in &rows {
+                    out(&serde_json::to_string(r)?);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            if rows.is_empty() {
+                eprintln!(
+                    "no dead letters{}",
+                    if sel.is_empty() { "" } else { " match" }
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+            out(&format!(
+                "{:>8}  {:<36}  {:<28}  {:<12}  {:>4}  {:<20}  last error",
+                "id", "message id", "topic", "key", "att", "died at"
+            ));
+            for r in &rows {
+                out(&format!(
+                    "{:>8}  {:<36}  {:<28}  {:<12}  {:>4}  {:<20}  {}",
+                    r.id,
+                    r.message_id,
+                    clip(&safe(&r.topic), 28),
+                    clip(&safe(r.key.as_deref().unwrap_or("-")), 12),
+                    r.attempts,
+                    r.died_at.format("%Y-%m-%d %H:%M:%S"),
+                    clip(&one_line(r.last_error.as_deref().unwrap_or("")), 100),
+                ));
+            }
+            let total = store.count_dead(&sel).await?;
+            if total > rows.len() as u64 {
+                eprintln!("{} of {total} shown (--limit to see more)", rows.len());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        DeadCommand::Show { id, payload, json } => {
+            let select = SelectArgs {
+                ids: vec![id.clone()],
+                ..SelectArgs::default()
+            };
+            let sel = select.selector()?;
+            let Some(r) = store.dead_letters(&sel, 1, *payload).await?.pop() else {
+                anyhow::bail!("no dead letter with id or message id {id}");
+            };
+            if *json {
+                let mut v = serde_json::to_value(&r)?;
+                if let (true, Some(p)) = (*payload, &r.payload) {
+                    use base64::Engine as _;
+                    v["payload_base64"] =
+                        base64::engine::general_purpose::STANDARD.encode(p).into();
+                }
+                out(&v.to_string());
+                return Ok(ExitCode::SUCCESS);
+            }
+            out(&show_text(&r, *payload));
+            Ok(ExitCode::SUCCESS)
+        }
+        DeadCommand::Discard { change } => {
+            change_dead(store, change, ReplayAction::Discard, None).await
+        }
+    }
+}
+
+fn show_text(r: &DeadLetter, with_payload: bool) -> String {
+    let mut t = String::new();
+    let mut line = |k: &str, v: String| t.push_str(&format!("{k:<13} {v}\n"));
+    line("id", r.id.to_string());
+    line("message id", r.message_id.to_string());
+    line("topic", safe(&r.topic));
+    line("key", safe(r.key.as_deref().unwrap_or("-")));
+    line("attempts", r.attempts.to_string());
+    line("occurred at", r.occurred_at.to_rfc3339());
+    line("died at", r.died_at.to_rfc3339());
+    if let Some(id) = r.replay_id {
+        line("replayed by", format!("replay {id} (and died again)"));
+    }
+    line("payload", format!("{} bytes", r.payload_bytes));
+    match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&r.headers) {
+        Ok(map) if map.is_empty() => line("headers", "(none)".into()),
+        Ok(map) => {
+            line("headers", String::new());
+            for (k, v) in map {
+                let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+                t.push_str(&format!("  {}: {}\n", safe(&k), safe(&v)));
+            }
+        }
+        Err(_) => line(
+            "headers",
+            format!("(not a JSON object) {}", safe(&r.headers)),
+        ),
+    }
+    t.push_str(&format!(
+        "last error\n  {}\n",
+        safe(r.last_error.as_deref().unwrap_or("(none)")).replace('\n', "\n  ")
+    ));
+    if with_payload {
+        match r.payload.as_deref().map(std::str::from_utf8) {
+            Some(Ok(text)) => t.push_str(&format!("payload (UTF-8)\n{}\n", safe_multiline(text))),
+            Some(Err(_)) => {
+                let bytes = r.payload.as_deref().unwrap_or_default();
+                t.push_str("payload (binary, hex)\n");
+                for chunk in bytes.chunks(32) {
+                    let hex: Vec<String> = chunk.iter().map(|b| format!("{b:02x}")).collect();
+                    t.push_str(&format!("  {}\n", hex.join(" ")));
+                }
+            }
+            None => {}
+        }
+    } else {
+        t.push_str("(payload not shown: --payload prints it)\n");
+    }
+    t.trim_end().to_owned()
+}
+
+/// Text safe for a terminal: control characters escaped (never raw escape sequences).
+fn safe(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
+}
+
+/// As [`safe`], keeping newlines and tabs.
+fn safe_multiline(s: &str) -> String {
+    s.split('\n')
+        .map(|l| safe(&l.replace('\t', "    ")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn one_line(s: &str) -> String {
+    safe(&s.replace(['\n', '\r'], " "))
+}
+
+fn clip(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_owned()
+    } else {
+        let mut t: String = s.chars().take(n.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}
+
+/// Replays or discards the selected dead rows, after the checks every change needs.
+pub(crate) async fn change_dead(
+    store: &dyn Store,
+    change: &ChangeArgs,
+    action: ReplayAction,
+    rate_per_s: Option<f64>,
+) -> anyhow::Result<ExitCode> {
+    let selector = change.select.selector()?;
+    anyhow::ensure!(
+        !selector.is_empty(),
+        "select the dead rows to {}: ids, --id-range, --topic, --since or --error (an empty selection would take every dead row)",
+        action.as_str()
+    );
+    anyhow::ensure!(
+        !change.reason.trim().is_empty(),
+        "--reason must not be empty: it is kept in the audit row"
+    );
+    anyhow::ensure!(
+        !change.by.trim().is_empty(),
+        "--by must not be empty: it is kept in the audit row"
+    );
+    let mut request = ReplayRequest {
+        selector,
+        action,
+        limit: change.limit,
+        by: change.by.clone(),
+        reason: change.reason.clone(),
+        rate_per_s,
+        dry_run: true,
+        append_to: None,
+    };
+    let preview = store.replay(&request).await?;
+    report_refused(&preview);
+    if change.dry_run {
+        out(&format!(
+            "dry run: {} dead rows would be {}{}",
+            preview.count,
+            past(action),
+            sample_text(&preview)
+        ));
+        return Ok(ExitCode::SUCCESS);
+    }
+    if preview.count == 0 {
+        eprintln!("nothing to {}: no dead row matches", action.as_str());
+        return Ok(if preview.refused.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    if preview.count > CONFIRM_ABOVE && change.limit.is_none() && !change.yes {
+        let ask = format!(
+            "{} dead rows match; {} them all? [y/N] ",
+            preview.count,
+            action.as_str()
+        );
+        if !confirm(&ask)? {
+            anyhow::bail!(
+                "{} dead rows match and neither --limit nor --yes was given: refusing to {} them all (run with --dry-run to see a sample)",
+                preview.count,
+                action.as_str()
+            );
+        }
+    }
+    request.dry_run = false;
+    let done = store.replay(&request).await?;
+    out(&format!(
+        "{} {} dead rows (audit id {}){}",
+        past(action),
+        done.count,
+        done.replay_id.map_or("-".into(), |i| i.to_string()),
+        match (action, rate_per_s) {
+            (ReplayAction::Replay, Some(r)) =>
+                format!(", due over {:.0} s at {r}/s", done.count as f64 / r),
+            _ => String::new(),
+        }
+    ));
+    Ok(if done.refused.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn past(action: ReplayAction) -> &'static str {
+    match action {
+        ReplayAction::Replay => "replayed",
+        ReplayAction::Discard | ReplayAction::Purge => "discarded",
+    }
+}
+
+fn sample_text(o: &ReplayOutcome) -> String {
+    if o.sample.is_empty() {
+        return String::new();
+    }
+    let ids: Vec<String> = o.sample.iter().map(i64::to_string).collect();
+    format!(
+        "; ids {}{}",
+        ids.join(", "),
+        if o.count > o.sample.len() as u64 {
+            ", …"
+        } else {
+            ""
+        }
+    )
+}
+
+fn report_refused(o: &ReplayOutcome) {
+    for r in &o.refused {
+        eprintln!("refused {}: {}", r.what, r.reason);
+    }
+}
+
+/// Asks on the terminal; false without one (a script must say --yes or --limit).
+fn confirm(question: &str) -> anyhow::Result<bool> {
+    use std::io::{BufRead, IsTerminal, Write};
+    if !std::io::stdin().is_terminal() {
+        return Ok(false);
+    }
+    eprint!("{question}");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
+}
+
+pub(crate) async fn replays(store: &dyn Store, cmd: &ReplaysCommand) -> anyhow::Result<ExitCode> {
+    let ReplaysCommand::List { limit, json } = cmd;
+    let rows = store.replays(*limit).await?;
+    if *json {
+        for r in &rows {
+            out(&serde_json::to_string(r)?);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if rows.is_empty() {
+        eprintln!("no replays, discards or dead-row purges yet");
+        return Ok(ExitCode::SUCCESS);
+    }
+    out(&format!(
+        "{:>6}  {:<20}  {:<8}  {:>7}  {:<14}  {:<30}  selection",
+        "id", "at", "action", "rows", "by", "reason"
+    ));
+    for r in rows {
+        out(&format!(
+            "{:>6}  {:<20}  {:<8}  {:>7}  {:<14}  {:<30}  {}",
+            r.id,
+            r.at.format("%Y-%m-%d %H:%M:%S"),
+            r.action,
+            r.count,
+            clip(&safe(&r.by), 14),
+            clip(&one_line(&r.reason), 30),
+            safe(&r.selection)
+        ));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Deletes dead rows older than `older_than` in bounded batches, as one audited operation.
+pub(crate) async fn purge_dead(
+    store: &dyn Store,
+    older_than: Duration,
+    batch_size: u32,
+    by: &str,
+    reason: &str,
+) -> anyhow::Result<u64> {
+    let mut request = ReplayRequest {
+        selector: DeadSelector {
+            died_before_ago: Some(older_than),
+            ..DeadSelector::default()
+        },
+        action: ReplayAction::Purge,
+        limit: Some(batch_size),
+        by: by.to_owned(),
+        reason: reason.to_owned(),
+        rate_per_s: None,
+        dry_run: false,
+        append_to: None,
+    };
+    let mut total = 0;
+    loop {
+        let done = store.replay(&request).await?;
+        total += done.count;
+        request.append_to = request.append_to.or(done.replay_id);
+        if done.count < u64::from(batch_size) {
+            return Ok(total);
+        }
+    }
+}
+
+/// The verdict `status` prints and `status --check` exits on.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct Verdict {
+    /// `OK`, `STUCK`, `BEHIND`, `DEAD`, `PAUSED`.
+    pub(crate) state: &'static str,
+    /// One line for people.
+    pub(crate) text: String,
+}
+
+/// Thresholds of the verdict.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Oldest pending age above this is BEHIND.
+    pub(crate) max_age: Duration,
+    /// More dead rows than this is DEAD.
+    pub(crate) max_dead: i64,
+    /// Rows due this long with no relay claiming is STUCK.
+    pub(crate) stuck_after: Duration,
+}
+
+/// Decides the verdict from the overview, the live relays and the pause switch, in the
+/// order an operator acts on: stuck (nothing moves), paused, behind, dead letters.
+pub(crate) fn verdict(
+    o: &Overview,
+    relays: &[RelayRecord],
+    pause: &PauseState,
+    limits: &Limits,
+    now: DateTime<Utc>,
+) -> Verdict {
+    let stuck_s = limits.stuck_after.as_secs() as i64;
+    let claiming = relays.iter().any(|r| {
+        r.last_claim_at
+            .is_some_and(|t| (now - t).num_seconds() <= stuck_s)
+    });
+    if let Some(due_s) = o.oldest_due_s
+        && o.due > 0
+        && due_s >= stuck_s
+        && !claiming
+        && !pause.paused
+    {
+        let who = if relays.is_empty() {
+            "no relay is alive".to_owned()
+        } else {
+            format!("none of the {} live relays has claimed", relays.len())
+        };
+        return Verdict {
+            state: "STUCK",
+            text: format!("{} messages due for {due_s} s and {who}", group(o.due)),
+        };
+    }
+    if pause.paused {
+        return Verdict {
+            state: "PAUSED",
+            text: format!(
+                "relays are not publishing ({}); `outbox resume` lifts it",
+                pause.reason.as_deref().unwrap_or("no reason given")
+            ),
+        };
+    }
+    if let Some(age) = o.counts.oldest_pending_age_seconds
+        && age > limits.max_age.as_secs() as i64
+    {
+        return Verdict {
+            state: "BEHIND",
+            text: format!(
+                "oldest pending message is {} old (limit {})",
+                human(age),
+                human(limits.max_age.as_secs() as i64)
+            ),
+        };
+    }
+    if o.counts.dead > limits.max_dead {
+        return Verdict {
+            state: "DEAD",
+            text: format!(
+                "{} dead letters (limit {}): `outbox dead list` shows them, `outbox replay` puts them back",
+                group(o.counts.dead),
+                limits.max_dead
+            ),
+        };
+    }
+    Verdict {
+        state: "OK",
+        text: "OK".into(),
+    }
+}
+
+/// 1204 → "1,204".
+fn group(n: i64) -> String {
+    let s = n.abs().to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 { format!("-{out}") } else { out }
+}
+
+/// Seconds as "95 s", "14 min", "3.2 h", "2.0 d".
+fn human(s: i64) -> String {
+    match s {
+        s if s < 120 => format!("{s} s"),
+        s if s < 7_200 => format!("{} min", s / 60),
+        s if s < 172_800 => format!("{:.1} h", s as f64 / 3600.0),
+        s => format!("{:.1} d", s as f64 / 86_400.0),
+    }
+}
+
+/// `outbox status`.
+pub(crate) async fn status(
+    store: &dyn Store,
+    json: bool,
+    by_topic: bool,
+    check: bool,
+    limits: Limits,
+) -> anyhow::Result<ExitCode> {
+    let top = if by_topic { 10 } else { 0 };
+    let o = store.overview(top).await?;
+    let pause = store.pause_state().await?;
+    let relays = store.relays(RELAY_EXPIRY).await?;
+    let now = Utc::now();
+    let v = verdict(&o, &relays, &pause, &limits, now);
+    let live = |id: &str| relays.iter().any(|r| r.relay_id == id);
+    let orphaned: Vec<&outbox::store::ClaimsBy> =
+        o.claims_by.iter().filter(|c| !live(&c.relay_id)).collect();
+    if json {
+        let c = &o.counts;
+        let mut j = serde_json::json!({
+            "pending": c.pending,
+            "claimed": c.claimed,
+            "dispatched": c.dispatched,
+            "dead": c.dead,
+            "oldest_pending_age_seconds": c.oldest_pending_age_seconds,
+            "paused": pause.paused,
+            "pause_reason": pause.reason,
+            "due": o.due,
+            "oldest_due_seconds": o.oldest_due_s,
+            "expired_claims": o.expired_claims,
+            "relays": relays,
+            "claims_by": o.claims_by,
+            "claims_of_gone_relays": orphaned,
+            "topic_pauses": pause.topics,
+            "verdict": v,
+        });
+        if by_topic {
+            j["pending_by_topic"] = serde_json::to_value(&o.pending_by_topic)?;
+            j["dead_by_topic"] = serde_json::to_value(&o.dead_by_topic)?;
+        }
+        out(&j.to_string());
+    } else {
+        let c = &o.counts;
+        let age = c
+            .oldest_pending_age_seconds
+            .map_or("-".to_owned(), |s| format!("{s} s"));
+        let mut t = format!(
+            "pending     {}\nclaimed     {}\ndispatched  {}\ndead        {}\noldest pending age  {age}\ndue now     {}{}\nexpired claims      {}",
+            c.pending,
+            c.claimed,
+            c.dispatched,
+            c.dead,
+            o.due,
+            o.oldest_due_s
+                .map_or(String::new(), |s| format!(" (oldest due for {s} s)")),
+            o.expired_claims
+        );
+        t.push_str(&format!("\nrelays      {} alive", relays.len()));
+        for r in &relays {
+            let claim = r.last_claim_at.map_or("never claimed".to_owned(), |at| {
+                format!("last claim {} ago", human((now - at).num_seconds().max(0)))
+            });
+            t.push_str(&format!(
+                "\n  {}  {} pid {}  v{}  {}  in flight {}  seen {:.1} s ago  {claim}",
+                safe(&r.relay_id),
+                safe(&r.host),
+                r.pid,
+                safe(&r.version),
+                safe(&r.sink),
+                r.in_flight,
+                r.last_seen_ago_s
+            ));
+        }
+        for c in &orphaned {
+            t.push_str(&format!(
+                "\nclaimed by {} (not alive): {} rows, {} with an ended lease (any relay claims those again)",
+                safe(&c.relay_id),
+                c.claimed,
+                c.expired
+            ));
+        }
+        if pause.paused {
+            t.push_str(&format!(
+                "\nPAUSED: {}",
+                pause.reason.as_deref().unwrap_or("(no reason given)")
+            ));
+        }
+        for p in &pause.topics {
+            t.push_str(&format!(
+                "\ntopic paused: {}  by {} at {}: {}",
+                safe(&p.pattern),
+                safe(&p.by),
+                p.paused_at.format("%Y-%m-%d %H:%M:%S"),
+                safe(&p.reason)
+            ));
+        }
+        if by_topic {
+            for (label, rows) in [("pending", &o.pending_by_topic), ("dead", &o.dead_by_topic)] {
+                t.push_str(&format!("\n{label} by topic"));
+                if rows.is_empty() {
+                    t.push_str("  (none)");
+                }
+                for (topic, n) in rows.iter() {
+                    t.push_str(&format!("\n  {n:>10}  {}", safe(topic)));
+                }
+            }
+        }
+        t.push_str(&format!(
+            "\nverdict     {}",
+            if v.state == "OK" {
+                "OK".to_owned()
+            } else {
+                format!("{}: {}", v.state, v.text)
+            }
+        ));
+        out(&t);
+    }
+    Ok(if check && v.state != "OK" {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outbox::Counts;
+
+    fn overview(due: i64, oldest_due: Option<i64>, age: Option<i64>, dead: i64) -> Overview {
+        Overview {
+            counts: Counts {
+                pending: due,
+                claimed: 0,
+                dispatched: 0,
+                dead,
+                oldest_pending_age_seconds: age,
+            },
+            due,
+            oldest_due_s: oldest_due,
+            expired_claims: 0,
+            claims_by: Vec::new(),
+            pending_by_topic: Vec::new(),
+            dead_by_topic: Vec::new(),
+        }
+    }
+
+    fn relay(last_claim_ago_s: Option<i64>, now: DateTime<Utc>) -> RelayRecord {
+        RelayRecord {
+            relay_id: "r1".into(),
+            host: "h".into(),
+            pid: 1,
+            version: "0".into(),
+            sink: "stdout".into(),
+            in_flight: 0,
+            started_at: now,
+            last_seen: now,
+            last_seen_ago_s: 0.0,
+            last_claim_at: last_claim_ago_s.map(|s| now - chrono::Duration::seconds(s)),
+        }
+    }
+
+    const LIMITS: Limits = Limits {
+        max_age: Duration::from_secs(60),
+        max_dead: 0,
+        stuck_after: Duration::from_secs(30),
+    };
+
+    fn unpaused() -> PauseState {
+        PauseState {
+            paused: false,
+            reason: None,
+            changed_at: None,
+            topics: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn verdicts_in_the_order_an_operator_acts_on() {
+        let now = Utc::now();
+        let p = unpaused();
+        let v = verdict(
+            &overview(1204, Some(95), Some(95), 3),
+            &[],
+            &p,
+            &LIMITS,
+            now,
+        );
+        assert_eq!(v.state, "STUCK");
+        assert_eq!(v.text, "1,204 messages due for 95 s and no relay is alive");
+        // A relay claimed a moment ago: not stuck, but behind.
+        let v = verdict(
+            &overview(1204, Some(95), Some(840), 0),
+            &[relay(Some(2), now)],
+            &p,
+            &LIMITS,
+            now,
+        );
+        assert_eq!(
+            (v.state, v.text.as_str()),
+            (
+                "BEHIND",
+                "oldest pending message is 14 min old (limit 60 s)"
+            )
+        );
+        // A live relay that has not claimed for long: stuck.
+        let v = verdict(
+            &overview(5, Some(40), Some(40), 0),
+            &[relay(Some(300), now)],
+            &p,
+            &LIMITS,
+            now,
+        );
+        assert_eq!(v.state, "STUCK");
+        let v = verdict(&overview(0, None, None, 10), &[], &p, &LIMITS, now);
+        assert_eq!(v.state, "DEAD");
+        let v = verdict(&overview(0, None, None, 0), &[], &p, &LIMITS, now);
+        assert_eq!(v.state, "OK");
+        let paused = PauseState {
+            paused: true,
+            reason: Some("deploy".into()),
+            ..unpaused()
+        };
+        let v = verdict(
+            &overview(5, Some(400), Some(400), 0),
+            &[],
+            &paused,
+            &LIMITS,
+            now,
+        );
+        assert_eq!(v.state, "PAUSED");
+    }
+
+    #[test]
+    fn control_characters_never_reach_the_terminal() {
+        assert_eq!(safe("a\u{1b}[31mb\u{7}"), "a\\u{1b}[31mb\\u{7}");
+        assert_eq!(group(1_234_567), "1,234,567");
+        assert_eq!(clip("abcdef", 4), "abc…");
+    }
+}
