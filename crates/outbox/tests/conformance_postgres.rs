@@ -233,12 +233,15 @@ impl Backend for PgBackend {
     async fn assert_claim_uses_live_index(&self) {
         // The claim's inner SELECT, as the store has it.
         let template = "SELECT id FROM {s}.messages
-                   WHERE status <= 1 AND available_at <= now()
+                   WHERE status <= 1 AND available_at <= now(){extra}
                    ORDER BY available_at, id
                    LIMIT $1
                    FOR UPDATE SKIP LOCKED";
         assert_in_source(STORE_SOURCE, template, "src/store/postgres.rs");
-        let query = template.replace("{s}", self.s()).replace("$1", "100");
+        let query = template
+            .replace("{s}", self.s())
+            .replace("{extra}", "")
+            .replace("$1", "100");
         let plan: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!("EXPLAIN {query}")))
             .fetch_all(&self.app)
             .await

@@ -24,6 +24,7 @@ use tempfile::TempDir;
 use uuid::Uuid;
 
 const STORE_SOURCE: &str = include_str!("../src/store/sqlite.rs");
+const STORE_MOD_SOURCE: &str = include_str!("../src/store/mod.rs");
 
 /// The store's clock expression (`NOW_MS` in the store), checked against its source.
 const NOW_MS: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
@@ -220,17 +221,18 @@ impl Backend for SqliteBackend {
     async fn assert_claim_uses_live_index(&self) {
         // The claim's subquery, as the store has it ({n} is the store's NOW_MS).
         let template = "SELECT id FROM {p}_messages
-                              WHERE status <= 1 AND available_at <= {n}
-                              ORDER BY available_at, id LIMIT ?4";
+                      WHERE status <= 1 AND available_at <= {n}{skip}
+                      ORDER BY available_at, id LIMIT ?4";
         assert_in_source(STORE_SOURCE, template, "src/store/sqlite.rs");
         assert_in_source(
-            STORE_SOURCE,
-            &format!("const NOW_MS: &str = {NOW_MS:?};"),
-            "src/store/sqlite.rs",
+            STORE_MOD_SOURCE,
+            &format!("const SQLITE_NOW_MS: &str = {NOW_MS:?};"),
+            "src/store/mod.rs",
         );
         let query = template
             .replace("{p}", P)
             .replace("{n}", NOW_MS)
+            .replace("{skip}", "")
             .replace("?4", "100");
         let plan: Vec<String> = sqlx::query(AssertSqlSafe(format!("EXPLAIN QUERY PLAN {query}")))
             .fetch_all(&self.app)

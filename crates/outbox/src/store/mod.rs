@@ -266,7 +266,8 @@ pub struct PauseState {
     pub reason: Option<String>,
     /// When the switch last changed (database clock).
     pub changed_at: Option<DateTime<Utc>>,
-    /// Topic pauses in force (relays skip matching topics; others flow).
+    /// Topic pauses in force (relays skip matching topics; others flow), by pattern in
+    /// byte order.
     pub topics: Vec<TopicPause>,
 }
 

@@ -533,8 +533,9 @@ impl Store for SqliteStore {
             sqlx::query_as(self.inner.sql.pause_state.clone())
                 .fetch_one(&self.inner.pool)
                 .await?;
-        let topics: Vec<(String, String, String, i64)> =
+        let mut topics: Vec<(String, String, String, i64)> =
             serde_json::from_str(&topics).unwrap_or_default();
+        topics.sort();
         Ok(PauseState {
             paused,
             reason,

@@ -15,6 +15,9 @@
 // Each test binary instantiates one backend: the other stores' variants are unused there.
 #![allow(dead_code)]
 
+mod operations;
+pub(crate) use operations::*;
+
 use crate::common::{RecordingSink, Seen, messages, record, relay_config, total, wait_until};
 use async_trait::async_trait;
 use chrono::Utc;
@@ -1859,6 +1862,10 @@ macro_rules! conformance_cases {
             payloads_and_headers_survive_byte_for_byte,
             claim_uses_the_live_row_index,
             leases_count_live_claims_until_their_last_end,
+            dead_letters_are_listed_replayed_and_audited,
+            relay_registry_heartbeats_and_expires,
+            topic_pauses_hold_only_matching_topics,
+            overview_counts_due_expired_and_topics,
         );
     };
     (@each $backend:ty; $($case:ident),* $(,)?) => {
