@@ -143,6 +143,10 @@ enum Command {
         /// backlog, oldest pending age, destinations down); 0 turns them off.
         #[arg(long, env = "OUTBOX_SUMMARY_INTERVAL_S", default_value_t = 60)]
         summary_interval_s: u64,
+        /// Seconds between store samples for the store gauges (taken by one relay at a
+        /// time: the live relay with the smallest id); 0 turns them off.
+        #[arg(long, env = "OUTBOX_SAMPLE_INTERVAL_S", default_value_t = 15)]
+        sample_interval_s: u64,
     },
     /// Show counts by status, due and expired claims, live relays, pauses and a verdict
     /// (OK, STUCK, BEHIND, DEAD, PAUSED).
@@ -163,6 +167,9 @@ enum Command {
         /// DEAD when there are more dead letters than this.
         #[arg(long, default_value_t = 0)]
         max_dead: i64,
+        /// STUCK when rows have been due this long and no live relay claimed within it.
+        #[arg(long, default_value = "30s", value_parser = admin::parse_duration)]
+        stuck_after: Duration,
     },
     /// Stop relays from publishing: every topic, or (with --topic) only matching topics
     /// while the others flow. Producers keep writing.
@@ -483,6 +490,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             in_flight_batches,
             metrics_addr,
             summary_interval_s,
+            sample_interval_s,
         } => {
             if routes.is_empty() && sink.is_none() {
                 // A missing OUTBOX_SINK must not empty the outbox into a log.
@@ -503,6 +511,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 drain: *drain || *drain_wait_leases,
                 in_flight_batches: *in_flight_batches,
                 summary_interval: Duration::from_secs(*summary_interval_s),
+                sample_interval: Duration::from_secs(*sample_interval_s),
                 ..RelayConfig::default()
             };
             if let Some(id) = relay_id {
@@ -601,13 +610,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             check,
             max_age,
             max_dead,
+            stuck_after,
         } => {
             let store = connect(&cli, false).await?;
             store.check_schema().await?;
             let limits = admin::Limits {
                 max_age: *max_age,
                 max_dead: *max_dead,
-                stuck_after: Duration::from_secs(30),
+                stuck_after: *stuck_after,
             };
             admin::status(&store, *json, *by_topic, *check, limits).await
         }

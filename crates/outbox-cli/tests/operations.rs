@@ -1,0 +1,786 @@
+//! Operating the outbox with the binary: dead letters and audited replay, `status --check`,
+//! the relay registry after a SIGKILL, and the Prometheus endpoint checked against what
+//! happened (and by `promtool check metrics`). Real SQLite files, the local PostgreSQL and
+//! MariaDB.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, Read, Write};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const PG: &str = "postgres://postgres@127.0.0.1:5432/test";
+const MARIADB: &str = "mysql://root@127.0.0.1:3306/test";
+
+fn outbox() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_outbox"));
+    c.env_remove("OUTBOX_DATABASE_URL")
+        .env_remove("OUTBOX_SINK")
+        .env("OUTBOX_LOG", "warn");
+    c
+}
+
+fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}",
+        uuid::Uuid::new_v4().simple().to_string()[..10].to_owned()
+    )
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().unwrap()
+}
+
+fn run_ok(cmd: &mut Command) -> String {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({:?}): {}{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// One outbox to drive: a database URL and the schema (PostgreSQL) or table prefix.
+struct Db {
+    url: String,
+    schema: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Db {
+    fn sqlite() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        Db {
+            url: format!("sqlite://{}", dir.path().join("ops.db").display()),
+            schema: "outbox".into(),
+            _dir: Some(dir),
+        }
+    }
+
+    fn postgres() -> Self {
+        Db {
+            url: PG.into(),
+            schema: unique("ops"),
+            _dir: None,
+        }
+    }
+
+    fn mariadb() -> Self {
+        Db {
+            url: MARIADB.into(),
+            schema: unique("ops"),
+            _dir: None,
+        }
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = outbox();
+        c.args(["--database-url", &self.url, "--schema", &self.schema]);
+        c
+    }
+
+    fn status(&self) -> serde_json::Value {
+        serde_json::from_str(run_ok(self.cmd().args(["status", "--json"])).trim()).unwrap()
+    }
+
+    fn enqueue(&self, topic: &str, n: usize) -> Vec<String> {
+        (0..n)
+            .map(|i| {
+                let out = run_ok(self.cmd().args([
+                    "enqueue",
+                    "--topic",
+                    topic,
+                    "--payload",
+                    &format!("{{\"n\":{i}}}"),
+                ]));
+                let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+                v["message_id"].as_str().unwrap().to_owned()
+            })
+            .collect()
+    }
+}
+
+/// Message ids in a file sink's JSON lines.
+fn file_ids(path: &std::path::Path) -> BTreeSet<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["message_id"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
+/// The acceptance run, on one store: 10 messages quarantined (no route for their
+/// topic); `dead list` shows them; `status --check` fails; `replay --dry-run` changes
+/// nothing; `replay` (audited) puts them back and, once their route exists, they are
+/// delivered with the same message ids; `status --check` passes.
+fn dead_letters_round_trip(db: &Db) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.jsonl");
+    run_ok(db.cmd().arg("migrate"));
+    let orders: BTreeSet<String> = db.enqueue("ops.orders.v1", 10).into_iter().collect();
+    db.enqueue("ok.ping.v1", 2);
+    let ok_route = format!("ok.>=file:{}", out.display());
+    run_ok(db.cmd().args(["relay", "--drain", "--route", &ok_route]));
+    assert_eq!(file_ids(&out).len(), 2);
+    let s = db.status();
+    assert_eq!(s["dead"], 10, "{s}");
+    assert_eq!(s["verdict"]["state"], "DEAD", "{s}");
+
+    let check = run(db.cmd().args(["status", "--check"]));
+    assert_eq!(check.status.code(), Some(1), "not OK with dead letters");
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert!(text.contains("verdict     DEAD: 10 dead letters"), "{text}");
+
+    let listed = run_ok(db.cmd().args(["dead", "list", "--json"]));
+    let rows: Vec<serde_json::Value> = listed
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 10);
+    let ids: BTreeSet<String> = rows
+        .iter()
+        .map(|r| r["message_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids, orders);
+    assert!(
+        rows.iter().all(|r| r["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("no route for topic")),
+        "{listed}"
+    );
+    let table = run_ok(db.cmd().args(["dead", "list", "--topic", "ops.>"]));
+    assert_eq!(table.lines().count(), 11, "header + 10 rows: {table}");
+    let first = rows[0]["id"].as_i64().unwrap().to_string();
+    let shown = run_ok(db.cmd().args(["dead", "show", &first, "--payload"]));
+    assert!(shown.contains("topic         ops.orders.v1"), "{shown}");
+    assert!(shown.contains("payload (UTF-8)\n{\"n\":0}"), "{shown}");
+
+    // Refused before anything changes.
+    let no_reason = run(db.cmd().args(["replay", "--topic", "ops.>", "--by", "ci"]));
+    assert_eq!(
+        no_reason.status.code(),
+        Some(2),
+        "clap: --reason is required"
+    );
+    let empty = run(db.cmd().args(["replay", "--reason", "x", "--by", "ci"]));
+    assert!(!empty.status.success());
+    assert!(
+        String::from_utf8_lossy(&empty.stderr).contains("select the dead rows"),
+        "{}",
+        String::from_utf8_lossy(&empty.stderr)
+    );
+
+    let dry = run_ok(db.cmd().args([
+        "replay",
+        "--topic",
+        "ops.>",
+        "--reason",
+        "route added",
+        "--by",
+        "ci",
+        "--dry-run",
+    ]));
+    assert!(
+        dry.starts_with("dry run: 10 dead rows would be replayed"),
+        "{dry}"
+    );
+    assert_eq!(db.status()["dead"], 10, "a dry run changes nothing");
+    assert_eq!(run_ok(db.cmd().args(["replays", "list", "--json"])), "");
+
+    let done = run_ok(db.cmd().args([
+        "replay",
+        "--topic",
+        "ops.>",
+        "--reason",
+        "route added",
+        "--by",
+        "ci",
+    ]));
+    assert!(
+        done.starts_with("replayed 10 dead rows (audit id "),
+        "{done}"
+    );
+    let audit: serde_json::Value =
+        serde_json::from_str(run_ok(db.cmd().args(["replays", "list", "--json"])).trim()).unwrap();
+    assert_eq!(audit["action"], "replay");
+    assert_eq!(audit["count"], 10);
+    assert_eq!(audit["by"], "ci");
+    assert_eq!(audit["reason"], "route added");
+    assert_eq!(audit["selection"], "topic=ops.>");
+
+    let orders_route = format!("ops.>=file:{}", out.display());
+    run_ok(db.cmd().args([
+        "relay",
+        "--drain",
+        "--route",
+        &ok_route,
+        "--route",
+        &orders_route,
+    ]));
+    let delivered = file_ids(&out);
+    assert!(orders.is_subset(&delivered), "the same message ids");
+    assert_eq!(delivered.len(), 12);
+    let s = db.status();
+    assert_eq!(
+        (s["dead"].as_i64(), s["dispatched"].as_i64()),
+        (Some(0), Some(12))
+    );
+    run_ok(db.cmd().args(["status", "--check"]));
+}
+
+#[test]
+fn dead_letters_round_trip_sqlite() {
+    dead_letters_round_trip(&Db::sqlite());
+}
+
+#[test]
+fn dead_letters_round_trip_postgres() {
+    dead_letters_round_trip(&Db::postgres());
+}
+
+#[test]
+fn dead_letters_round_trip_mariadb() {
+    dead_letters_round_trip(&Db::mariadb());
+}
+
+/// Selectors that match too much, or nothing sensible, are refused with a clear error.
+#[test]
+fn replay_refuses_broad_or_bad_selections() {
+    let db = Db::sqlite();
+    run_ok(db.cmd().arg("migrate"));
+    // 1,001 dead rows, written as SQL.
+    let sql = (0..1_001)
+        .map(|_| {
+            format!(
+                "INSERT INTO outbox_messages (message_id, topic, payload, status, last_error) VALUES ('{}', 'bulk.v1', x'00', 3, 'permanent: test');",
+                uuid::Uuid::new_v4()
+            )
+        })
+        .collect::<String>();
+    let path = db.url.trim_start_matches("sqlite://").to_owned();
+    let mut sqlite = Command::new("sqlite3")
+        .arg(&path)
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("sqlite3 must be installed");
+    sqlite
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(sql.as_bytes())
+        .unwrap();
+    assert!(sqlite.wait().unwrap().success());
+
+    let many = run(db
+        .cmd()
+        .args([
+            "replay", "--topic", "bulk.v1", "--reason", "x", "--by", "ci",
+        ])
+        .stdin(Stdio::null()));
+    assert!(!many.status.success());
+    let err = String::from_utf8_lossy(&many.stderr);
+    assert!(
+        err.contains("1001 dead rows match and neither --limit nor --yes"),
+        "{err}"
+    );
+    assert_eq!(db.status()["dead"], 1_001, "nothing changed");
+    let limited = run_ok(db.cmd().args([
+        "replay", "--topic", "bulk.v1", "--reason", "x", "--by", "ci", "--limit", "10",
+    ]));
+    assert!(limited.starts_with("replayed 10 dead rows"), "{limited}");
+    let rest = run_ok(db.cmd().args([
+        "dead",
+        "discard",
+        "--topic",
+        "bulk.v1",
+        "--reason",
+        "test rows",
+        "--by",
+        "ci",
+        "--yes",
+    ]));
+    assert!(rest.starts_with("discarded 991 dead rows"), "{rest}");
+
+    for (args, needle) in [
+        (
+            vec!["replay", "abc", "--reason", "x", "--by", "ci"],
+            "neither a row id",
+        ),
+        (
+            vec!["replay", "--topic", "a..b", "--reason", "x", "--by", "ci"],
+            "empty token",
+        ),
+        (
+            vec![
+                "replay",
+                "--since",
+                "yesterday",
+                "--reason",
+                "x",
+                "--by",
+                "ci",
+            ],
+            "neither a duration",
+        ),
+        (
+            vec![
+                "replay",
+                "--id-range",
+                "9..3",
+                "--reason",
+                "x",
+                "--by",
+                "ci",
+            ],
+            "must not exceed",
+        ),
+        (
+            vec!["replay", "--topic", "x", "--reason", "", "--by", "ci"],
+            "--reason must not be empty",
+        ),
+        (vec!["dead", "show", "424242"], "no dead letter with id"),
+        (vec!["resume", "--topic", "nope.>"], "no topic pause"),
+    ] {
+        let out = run(db.cmd().args(&args));
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+/// A free loopback port.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A plain HTTP GET of `path` on 127.0.0.1:`port`: (status code, body).
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n")?.1.to_owned();
+    // Chunked bodies: good enough to drop the chunk size lines for the assertions.
+    Some((code, body))
+}
+
+fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The value of the one sample of `name` whose labels contain every `labels` pair.
+fn sample(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    scrape.lines().find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+        if n != name {
+            return None;
+        }
+        labels
+            .iter()
+            .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
+            .then(|| value.parse().ok())
+            .flatten()
+    })
+}
+
+fn sigterm(child: &Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+}
+
+/// 1,000 messages through a relay with `--metrics-addr`: the scrape has the counters,
+/// histograms and store gauges with the values of what happened, `promtool check metrics`
+/// accepts it, `/healthz` and `/readyz` answer 200, and a second relay on the same address
+/// is refused at start.
+#[test]
+fn metrics_scrape_matches_what_happened() {
+    let db = Db::sqlite();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.jsonl");
+    run_ok(db.cmd().arg("migrate"));
+    // Enqueue 1,000 in one SQL transaction (faster than 1,000 processes).
+    let path = db.url.trim_start_matches("sqlite://").to_owned();
+    let sql: String = std::iter::once("BEGIN;".to_owned())
+        .chain((0..1_000).map(|i| {
+            format!(
+                "INSERT INTO outbox_messages (message_id, topic, payload) VALUES ('{}', 'm.orders.v1', CAST('{{\"n\":{i}}}' AS BLOB));",
+                uuid::Uuid::new_v4()
+            )
+        }))
+        .chain(std::iter::once("COMMIT;".to_owned()))
+        .collect();
+    let mut sqlite = Command::new("sqlite3")
+        .arg(&path)
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("sqlite3 must be installed");
+    sqlite
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(sql.as_bytes())
+        .unwrap();
+    assert!(sqlite.wait().unwrap().success());
+    // One more that can never be routed: a quarantine to count.
+    db.enqueue("m.unroutable.v1", 1);
+
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let route = format!("m.orders.>=file:{}", out.display());
+    let mut relay = db
+        .cmd()
+        .args([
+            "relay",
+            "--route",
+            &route,
+            "--metrics-addr",
+            &addr,
+            "--sample-interval-s",
+            "1",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("1,000 delivered", Duration::from_secs(60), || {
+        (file_ids(&out).len() == 1_000).then_some(())
+    });
+    let scrape = wait_for(
+        "a scrape with the store sample",
+        Duration::from_secs(30),
+        || {
+            let (code, body) = http_get(port, "/metrics")?;
+            assert_eq!(code, 200);
+            (sample(&body, "outbox_messages", &[("status", "dispatched")]) == Some(1000.0))
+                .then_some(body)
+        },
+    );
+    let ok = sample(
+        &scrape,
+        "outbox_publishes_total",
+        &[
+            ("outcome", "ok"),
+            ("messaging_system", "file"),
+            ("reason", "none"),
+        ],
+    );
+    assert_eq!(ok, Some(1000.0), "{scrape}");
+    assert_eq!(
+        sample(
+            &scrape,
+            "outbox_publishes_total",
+            &[("outcome", "permanent"), ("reason", "no_route")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &scrape,
+            "outbox_messages_quarantined_total",
+            &[("reason", "permanent")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&scrape, "outbox_messages", &[("status", "dead")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&scrape, "outbox_messages", &[("status", "pending")]),
+        Some(0.0)
+    );
+    assert_eq!(sample(&scrape, "outbox_messages_due", &[]), Some(0.0));
+    assert_eq!(sample(&scrape, "outbox_relays_alive", &[]), Some(1.0));
+    assert_eq!(
+        sample(
+            &scrape,
+            "outbox_dead_messages",
+            &[("topic", "m.unroutable.v1")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &scrape,
+            "outbox_relay_info",
+            &[("store", "sqlite"), ("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&scrape, "outbox_destination_state", &[("state", "up")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&scrape, "outbox_messages_retried_total", &[]),
+        Some(0.0)
+    );
+    // Histograms, with buckets: one observation per delivered message.
+    for (name, count) in [
+        ("outbox_enqueue_to_confirm_seconds_count", Some(1000.0)),
+        (
+            "outbox_message_confirm_duration_seconds_count",
+            Some(1000.0),
+        ),
+        ("outbox_batch_size_sum", Some(1001.0)),
+    ] {
+        assert_eq!(sample(&scrape, name, &[]), count, "{name}");
+    }
+    assert!(
+        scrape.contains("# TYPE outbox_publishes_total counter"),
+        "{scrape}"
+    );
+    assert!(scrape.contains("# TYPE outbox_claim_duration_seconds histogram"));
+    assert!(scrape.contains("# TYPE outbox_messages gauge"));
+    assert!(scrape.contains("outbox_settle_duration_seconds_bucket{le=\"0.005\"}"));
+    assert!(scrape.contains("# HELP outbox_oldest_pending_age_seconds"));
+
+    // promtool accepts the scrape as it is.
+    let file = dir.path().join("scrape.txt");
+    std::fs::write(&file, &scrape).unwrap();
+    let promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(&file).unwrap())
+        .output()
+        .expect("promtool must be installed (scripts/test installs Debian's prometheus package)");
+    assert!(
+        promtool.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&promtool.stdout),
+        String::from_utf8_lossy(&promtool.stderr)
+    );
+
+    assert_eq!(http_get(port, "/healthz").map(|r| r.0), Some(200));
+    assert_eq!(http_get(port, "/readyz").map(|r| r.0), Some(200));
+
+    // The address is taken: a second relay says so and exits at once.
+    let second = run(db
+        .cmd()
+        .args(["relay", "--sink", "stdout", "--metrics-addr", &addr]));
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        err.contains(&format!("--metrics-addr {addr}: cannot listen there")),
+        "{err}"
+    );
+
+    sigterm(&relay);
+    assert!(relay.wait().unwrap().success());
+    let mut log = String::new();
+    relay
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    assert!(!log.contains("ERROR"), "{log}");
+}
+
+/// A TCP listener that accepts connections and never answers (an HTTP sink's requests
+/// hang there), so a relay holds its claims until it is killed.
+fn black_hole() -> (u16, std::thread::JoinHandle<()>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let t = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in l.incoming().flatten() {
+            held.push(s);
+            if held.len() > 64 {
+                break;
+            }
+        }
+    });
+    (port, t)
+}
+
+/// A relay killed with SIGKILL disappears from `status` within the registry's expiry (15
+/// s), its claims are reported as held by a relay that is not alive until they are
+/// claimed again, and the verdict names it.
+#[test]
+fn a_killed_relay_leaves_the_registry_and_its_claims_are_reported() {
+    let db = Db::postgres();
+    run_ok(db.cmd().arg("migrate"));
+    db.enqueue("kill.v1", 5);
+    let (port, _hole) = black_hole();
+    let mut relay = db
+        .cmd()
+        .args([
+            "relay",
+            "--sink",
+            &format!("http://127.0.0.1:{port}/hook"),
+            "--relay-id",
+            "doomed-relay",
+            "--lease-ms",
+            "4000",
+            "--publish-timeout-ms",
+            "60000",
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let s = wait_for(
+        "the relay registered with its claims",
+        Duration::from_secs(20),
+        || {
+            let s = db.status();
+            (s["relays"].as_array()?.len() == 1 && s["claimed"] == 5).then_some(s)
+        },
+    );
+    assert_eq!(s["relays"][0]["relay_id"], "doomed-relay");
+    let text = run_ok(db.cmd().arg("status"));
+    assert!(
+        text.contains("relays      1 alive\n  doomed-relay"),
+        "{text}"
+    );
+
+    relay.kill().unwrap();
+    relay.wait().unwrap();
+    let killed = Instant::now();
+    let stuck = || -> serde_json::Value {
+        serde_json::from_str(
+            run_ok(db.cmd().args(["status", "--json", "--stuck-after", "5s"])).trim(),
+        )
+        .unwrap()
+    };
+    let s = wait_for(
+        "the registry row to expire",
+        Duration::from_secs(25),
+        || {
+            let s = stuck();
+            s["relays"].as_array()?.is_empty().then_some(s)
+        },
+    );
+    let gone_after = killed.elapsed();
+    assert!(
+        gone_after <= Duration::from_secs(16),
+        "expired after {gone_after:?}"
+    );
+    // Its claims: held by a relay that is not alive, their lease (4 s) ended by now.
+    let gone = s["claims_of_gone_relays"].as_array().unwrap();
+    assert_eq!(gone.len(), 1, "{s}");
+    assert_eq!(gone[0]["relay_id"], "doomed-relay");
+    assert_eq!(
+        (gone[0]["claimed"].as_i64(), gone[0]["expired"].as_i64()),
+        (Some(5), Some(5))
+    );
+    assert_eq!(s["verdict"]["state"], "STUCK", "{s}");
+    assert_eq!(
+        s["verdict"]["text"],
+        format!(
+            "5 messages due for {} s and no relay is alive",
+            s["oldest_due_seconds"]
+        )
+    );
+    let text = run_ok(db.cmd().args(["status", "--stuck-after", "5s"]));
+    assert!(
+        text.contains("verdict     STUCK: 5 messages due for "),
+        "{text}"
+    );
+    assert!(
+        text.contains("claimed by doomed-relay (not alive): 5 rows, 5 with an ended lease"),
+        "{text}"
+    );
+    let check = run(db.cmd().args(["status", "--check", "--stuck-after", "5s"]));
+    assert_eq!(check.status.code(), Some(1));
+
+    // Another relay takes them over: no claims of gone relays remain.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.jsonl");
+    run_ok(db.cmd().args([
+        "relay",
+        "--drain",
+        "--sink",
+        &format!("file:{}", out.display()),
+    ]));
+    assert_eq!(file_ids(&out).len(), 5);
+    let s = db.status();
+    assert!(
+        s["claims_of_gone_relays"].as_array().unwrap().is_empty(),
+        "{s}"
+    );
+    run_ok(db.cmd().args(["status", "--check"]));
+}
+
+/// A topic pause from the CLI holds only its topics while a relay runs; status lists it
+/// with who and why; resume lets them flow.
+#[test]
+fn pause_by_topic_holds_only_its_topics() {
+    let db = Db::sqlite();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.jsonl");
+    run_ok(db.cmd().arg("migrate"));
+    run_ok(db.cmd().args([
+        "pause",
+        "--topic",
+        "billing.>",
+        "--reason",
+        "consumer redeploy",
+        "--by",
+        "dana",
+    ]));
+    let text = run_ok(db.cmd().arg("status"));
+    assert!(
+        text.contains("topic paused: billing.>  by dana at "),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("consumer redeploy\nverdict     OK\n"),
+        "{text}"
+    );
+    let held: BTreeSet<String> = db.enqueue("billing.invoice.v1", 3).into_iter().collect();
+    let flows: BTreeSet<String> = db.enqueue("orders.placed.v1", 3).into_iter().collect();
+    let mut relay = db
+        .cmd()
+        .env("OUTBOX_LOG", "info")
+        .args(["relay", "--sink", &format!("file:{}", out.display())])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the unpaused topic delivered",
+        Duration::from_secs(20),
+        || (file_ids(&out) == flows).then_some(()),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(file_ids(&out), flows, "nothing of the paused topic");
+    run_ok(db.cmd().args(["resume", "--topic", "billing.>"]));
+    wait_for(
+        "the paused topic after resume",
+        Duration::from_secs(20),
+        || (file_ids(&out).len() == 6).then_some(()),
+    );
+    assert!(held.is_subset(&file_ids(&out)));
+    sigterm(&relay);
+    assert!(relay.wait().unwrap().success());
+    let log = std::io::BufReader::new(relay.stderr.take().unwrap())
+        .lines()
+        .map(|l| l.unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(log.contains("topics paused: not publishing these"), "{log}");
+    assert!(log.contains("topic pauses lifted"), "{log}");
+}
