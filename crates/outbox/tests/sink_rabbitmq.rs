@@ -524,6 +524,107 @@ async fn relay_delivers_200_messages_through_rabbitmq() {
     assert_eq!(seen, expected);
 }
 
+/// An unroutable message is quarantined at once (no queue is bound); once the operator
+/// binds one and replays the dead row, the relay delivers it with the same message id, and
+/// the replay is audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unroutable_then_bound_then_replayed_is_delivered() {
+    let (_conn, ch) = admin().await;
+    let mut cleanup = Cleanup::default();
+    let u = unique();
+    let exchange = format!("outbox.test.x.{u}");
+    let queue = format!("outbox.test.q.{u}");
+    let topic = format!("billing.invoice.v1.{u}");
+    cleanup.exchange(&ch, &exchange).await;
+    cleanup.queue(&ch, &queue).await;
+
+    let db = TestDb::sqlite().await;
+    let store = db.store();
+    let enq = db
+        .enqueue_all(&[Message::new(topic.as_str(), b"invoice-1".to_vec())])
+        .await;
+    let url = format!("{}?exchange={exchange}", amqp_url());
+    let mut cfg = relay_config("relay-replay");
+    cfg.drain = true;
+    let stats = Relay::new(
+        store.clone(),
+        Arc::new(RabbitMqSink::connect(&url).await.unwrap()),
+        cfg.clone(),
+    )
+    .spawn()
+    .wait()
+    .await
+    .unwrap();
+    assert_eq!((stats.dispatched, stats.quarantined), (0, 1), "{stats:?}");
+    let dead = store
+        .dead_letters(&outbox::store::DeadSelector::default(), 10, false)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].message_id, enq[0].message_id);
+    let error = dead[0].last_error.clone().unwrap();
+    assert!(error.contains("unroutable"), "{error}");
+
+    // The operator restores the binding and replays the dead row.
+    ch.queue_bind(
+        queue.as_str().into(),
+        exchange.as_str().into(),
+        topic.as_str().into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let replay = store
+        .replay(&outbox::store::ReplayRequest {
+            selector: outbox::store::DeadSelector {
+                ids: vec![dead[0].id],
+                ..outbox::store::DeadSelector::default()
+            },
+            action: outbox::store::ReplayAction::Replay,
+            limit: None,
+            by: "ops".into(),
+            reason: "binding restored".into(),
+            rate_per_s: None,
+            dry_run: false,
+            append_to: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(replay.count, 1);
+    let stats = Relay::new(
+        store.clone(),
+        Arc::new(RabbitMqSink::connect(&url).await.unwrap()),
+        cfg,
+    )
+    .spawn()
+    .wait()
+    .await
+    .unwrap();
+    assert_eq!((stats.dispatched, stats.quarantined), (1, 0), "{stats:?}");
+    let got = ch
+        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+        .expect("the replayed message is in the queue");
+    assert_eq!(
+        got.delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .unwrap()
+            .as_str(),
+        enq[0].message_id.to_string()
+    );
+    assert_eq!(got.delivery.data, b"invoice-1");
+    let audit = store.replays(10).await.unwrap();
+    assert_eq!(audit.len(), 1);
+    assert_eq!(
+        (audit[0].count, audit[0].reason.as_str()),
+        (1, "binding restored")
+    );
+}
+
 /// Throughput of the sink alone: 20,000 messages of 100 bytes in batches of 1,000.
 /// Prints messages/s; asserts only that everything was confirmed. Run with
 /// `cargo nextest run -p outbox --test sink_rabbitmq --run-ignored ignored-only --no-capture`.
