@@ -756,7 +756,13 @@ fn pause_by_topic_holds_only_its_topics() {
     let mut relay = db
         .cmd()
         .env("OUTBOX_LOG", "info")
-        .args(["relay", "--sink", &format!("file:{}", out.display())])
+        .args([
+            "relay",
+            "--sink",
+            &format!("file:{}", out.display()),
+            "--summary-interval-s",
+            "1",
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -783,4 +789,11 @@ fn pause_by_topic_holds_only_its_topics() {
         .join("\n");
     assert!(log.contains("topics paused: not publishing these"), "{log}");
     assert!(log.contains("topic pauses lifted"), "{log}");
+    // The summary line, once a second here: what was delivered, and the backlog.
+    let summary = log
+        .lines()
+        .find(|l| l.contains("relay summary") && l.contains("delivered=3"))
+        .unwrap_or_else(|| panic!("no summary line with delivered=3: {log}"));
+    assert!(summary.contains("backlog=3"), "{summary}");
+    assert!(summary.contains("destinations_down=none"), "{summary}");
 }

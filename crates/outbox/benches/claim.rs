@@ -4,7 +4,9 @@
 //!
 //! For each store: claim + mark 100 rows at a time over 3,000 pending rows in an empty
 //! outbox (the baseline), then again after `BENCH_RETAINED` dispatched rows were added and
-//! statistics refreshed. The live-row index should keep the two close.
+//! statistics refreshed. The live-row index should keep the two close. Then topic pauses:
+//! the same claims with no pause, and with 10 topic pauses active while 1,000 rows of the
+//! paused topics are due ahead of the claimed ones (the claim skips them on every call).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use outbox::mysql::MySqlStore;
@@ -32,12 +34,14 @@ fn pct(v: &mut [Duration], p: f64) -> f64 {
 }
 
 /// Claims and marks batches of 100 until nothing is due; returns per-batch latencies.
-async fn claim_all(store: &dyn Store) -> Vec<Duration> {
+async fn claim_all(store: &dyn Store, skip: usize) -> Vec<Duration> {
     let req = ClaimRequest {
         relay_id: "bench".into(),
         batch_size: 100,
         lease: Duration::from_secs(60),
-        skip_topics: Vec::new(),
+        skip_topics: (0..skip)
+            .map(|i| outbox::sink::router::TopicPattern::parse(&format!("paused.t{i}.>")).unwrap())
+            .collect(),
     };
     let mut out = Vec::new();
     loop {
@@ -68,8 +72,12 @@ impl Db {
     }
 
     async fn enqueue(&self, n: usize) {
+        self.enqueue_topic(n, |_| "bench.claim.v1".to_owned()).await;
+    }
+
+    async fn enqueue_topic(&self, n: usize, topic: impl Fn(usize) -> String) {
         let msgs: Vec<Message> = (0..n)
-            .map(|i| Message::new("bench.claim.v1", vec![b'x'; 100]).key(format!("k{}", i % 8)))
+            .map(|i| Message::new(topic(i), vec![b'x'; 100]).key(format!("k{}", i % 8)))
             .collect();
         match self {
             Db::Pg(s) => {
@@ -153,7 +161,8 @@ impl Db {
             Db::My(s) => {
                 sqlx::raw_sql(AssertSqlSafe(format!(
                     "DROP PROCEDURE IF EXISTS {p}_enqueue;
-                     DROP TABLE {p}_messages, {p}_control, {p}_schema_migrations"
+                     DROP TABLE {p}_messages, {p}_control, {p}_schema_migrations, {p}_replays,
+                         {p}_relays, {p}_topic_pauses"
                 )))
                 .execute(s.pool())
                 .await
@@ -194,18 +203,31 @@ async fn main() {
         };
         db.store().migrate().await.unwrap();
         db.enqueue(3_000).await;
-        let mut before = claim_all(db.store()).await;
+        let mut before = claim_all(db.store(), 0).await;
         let t = Instant::now();
         db.retain(retained, &p).await;
         let fill = t.elapsed();
         db.enqueue(3_000).await;
-        let mut after = claim_all(db.store()).await;
+        let mut after = claim_all(db.store(), 0).await;
         let (b50, b99) = (pct(&mut before, 0.5), pct(&mut before, 0.99));
         let (a50, a99) = (pct(&mut after, 0.5), pct(&mut after, 0.99));
         println!(
             "{kind:<9} empty: p50 {b50:6.2} ms p99 {b99:6.2} ms | {retained} retained (filled in {:.1} s): p50 {a50:6.2} ms p99 {a99:6.2} ms | p50 ratio {:.2}",
             fill.as_secs_f64(),
             a50 / b50
+        );
+        // Topic pauses: 0 vs 10 active, 1,000 due rows of paused topics ahead.
+        db.enqueue(3_000).await;
+        let mut none = claim_all(db.store(), 0).await;
+        db.enqueue_topic(1_000, |i| format!("paused.t{}.x", i % 10))
+            .await;
+        db.enqueue(3_000).await;
+        let mut ten = claim_all(db.store(), 10).await;
+        let (n50, n99) = (pct(&mut none, 0.5), pct(&mut none, 0.99));
+        let (t50, t99) = (pct(&mut ten, 0.5), pct(&mut ten, 0.99));
+        println!(
+            "{kind:<9} 0 topic pauses: p50 {n50:6.2} ms p99 {n99:6.2} ms | 10 pauses, 1,000 paused rows due: p50 {t50:6.2} ms p99 {t99:6.2} ms | p50 ratio {:.2}",
+            t50 / n50
         );
         db.drop_all(&p).await;
     }

@@ -114,6 +114,12 @@ pub(crate) fn add(name: &'static str, n: u64) {
     }
 }
 
+/// Counts one purge batch that deleted `rows` dispatched rows.
+pub(crate) fn purged(rows: u64) {
+    counter!(PURGE_RUNS).increment(1);
+    counter!(PURGE_ROWS).increment(rows);
+}
+
 /// Counts `n` quarantined rows for `reason`.
 pub(crate) fn quarantined(reason: &'static str, n: u64) {
     if n > 0 {

@@ -813,6 +813,7 @@ impl Store for PgStore {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
+        crate::metrics::purged(r.rows_affected());
         Ok(PurgeBatch {
             deleted: r.rows_affected(),
             locked_out: false,

@@ -575,6 +575,7 @@ impl Store for SqliteStore {
             .bind(i64::from(batch_size))
             .execute(&self.inner.pool)
             .await?;
+        crate::metrics::purged(r.rows_affected());
         Ok(PurgeBatch {
             deleted: r.rows_affected(),
             locked_out: false,
