@@ -243,11 +243,11 @@ impl RelayHealth {
         }
     }
 
-    /// True while the loop turns within two poll intervals (at least 2 s), or a batch is
-    /// in flight (a slow publish holds the loop, and its lease renewal shows it alive).
+    /// True while the loop turns within two poll intervals (at least 2.5 s: a worker waits
+    /// up to 2 s for a destination's breaker to probe again), or a batch is in flight (a slow publish holds the loop, and its lease renewal shows it alive).
     pub fn is_alive(&self) -> bool {
         self.in_flight() > 0
-            || self.since_last_turn() <= (self.poll_interval * 2).max(Duration::from_secs(2))
+            || self.since_last_turn() <= (self.poll_interval * 2).max(Duration::from_millis(2_500))
     }
 }
 
@@ -603,6 +603,8 @@ impl Relay {
                 () = done.cancelled() => break,
             }
             let now = Instant::now();
+            // Re-set every turn: a recorder may drop gauges that are not set for a while.
+            crate::metrics::relay_info(&self.store_kind(), &self.router.describe());
             for (destination, state) in self.router.destination_states() {
                 crate::metrics::destination_state(&destination, state);
             }
