@@ -543,13 +543,11 @@ pub(crate) fn verdict(
     relays: &[RelayRecord],
     pause: &PauseState,
     limits: &Limits,
-    now: DateTime<Utc>,
 ) -> Verdict {
     let stuck_s = limits.stuck_after.as_secs() as i64;
-    let claiming = relays.iter().any(|r| {
-        r.last_claim_at
-            .is_some_and(|t| (now - t).num_seconds() <= stuck_s)
-    });
+    let claiming = relays
+        .iter()
+        .any(|r| last_claim_ago_s(r).is_some_and(|s| s <= stuck_s as f64));
     if let Some(due_s) = o.oldest_due_s
         && o.due > 0
         && due_s >= stuck_s
@@ -603,6 +601,14 @@ pub(crate) fn verdict(
     }
 }
 
+/// Seconds since the relay's last claim that returned rows, on the database clock alone
+/// (the time since its last heartbeat plus how long before that heartbeat it claimed).
+fn last_claim_ago_s(r: &RelayRecord) -> Option<f64> {
+    let at = r.last_claim_at?;
+    let before_beat = (r.last_seen - at).num_milliseconds().max(0) as f64 / 1000.0;
+    Some(r.last_seen_ago_s + before_beat)
+}
+
 /// 1204 → "1,204".
 fn group(n: i64) -> String {
     let s = n.abs().to_string();
@@ -638,8 +644,7 @@ pub(crate) async fn status(
     let o = store.overview(top).await?;
     let pause = store.pause_state().await?;
     let relays = store.relays(RELAY_EXPIRY).await?;
-    let now = Utc::now();
-    let v = verdict(&o, &relays, &pause, &limits, now);
+    let v = verdict(&o, &relays, &pause, &limits);
     let live = |id: &str| relays.iter().any(|r| r.relay_id == id);
     let orphaned: Vec<&outbox::store::ClaimsBy> =
         o.claims_by.iter().filter(|c| !live(&c.relay_id)).collect();
@@ -685,8 +690,8 @@ pub(crate) async fn status(
         );
         t.push_str(&format!("\nrelays      {} alive", relays.len()));
         for r in &relays {
-            let claim = r.last_claim_at.map_or("never claimed".to_owned(), |at| {
-                format!("last claim {} ago", human((now - at).num_seconds().max(0)))
+            let claim = last_claim_ago_s(r).map_or("never claimed".to_owned(), |s| {
+                format!("last claim {} ago", human(s as i64))
             });
             t.push_str(&format!(
                 "\n  {}  {} pid {}  v{}  {}  in flight {}  seen {:.1} s ago  {claim}",
@@ -807,13 +812,7 @@ mod tests {
     fn verdicts_in_the_order_an_operator_acts_on() {
         let now = Utc::now();
         let p = unpaused();
-        let v = verdict(
-            &overview(1204, Some(95), Some(95), 3),
-            &[],
-            &p,
-            &LIMITS,
-            now,
-        );
+        let v = verdict(&overview(1204, Some(95), Some(95), 3), &[], &p, &LIMITS);
         assert_eq!(v.state, "STUCK");
         assert_eq!(v.text, "1,204 messages due for 95 s and no relay is alive");
         // A relay claimed a moment ago: not stuck, but behind.
@@ -822,7 +821,6 @@ mod tests {
             &[relay(Some(2), now)],
             &p,
             &LIMITS,
-            now,
         );
         assert_eq!(
             (v.state, v.text.as_str()),
@@ -837,25 +835,18 @@ mod tests {
             &[relay(Some(300), now)],
             &p,
             &LIMITS,
-            now,
         );
         assert_eq!(v.state, "STUCK");
-        let v = verdict(&overview(0, None, None, 10), &[], &p, &LIMITS, now);
+        let v = verdict(&overview(0, None, None, 10), &[], &p, &LIMITS);
         assert_eq!(v.state, "DEAD");
-        let v = verdict(&overview(0, None, None, 0), &[], &p, &LIMITS, now);
+        let v = verdict(&overview(0, None, None, 0), &[], &p, &LIMITS);
         assert_eq!(v.state, "OK");
         let paused = PauseState {
             paused: true,
             reason: Some("deploy".into()),
             ..unpaused()
         };
-        let v = verdict(
-            &overview(5, Some(400), Some(400), 0),
-            &[],
-            &paused,
-            &LIMITS,
-            now,
-        );
+        let v = verdict(&overview(5, Some(400), Some(400), 0), &[], &paused, &LIMITS);
         assert_eq!(v.state, "PAUSED");
     }
 
