@@ -861,19 +861,27 @@ impl Relay {
             malformed,
             db_now,
         } = claim;
-        let (to_publish, mut dead) = plan(messages, &policy);
+        let (mut to_publish, mut dead) = plan(messages, &policy);
         let mut dead_all: Vec<Dead> = malformed;
         dead_all.append(&mut dead);
 
+        // A producer span per message (only with an OpenTelemetry layer); it also puts
+        // its own trace context into the headers sent.
+        let mut spans =
+            crate::trace::PublishSpans::start(&mut to_publish, |t| self.router.system_of(t));
         let confirm = Confirmations::new(to_publish.len());
         let publish_began = Instant::now();
         let ending = if to_publish.is_empty() {
             Ending::Finished
         } else {
             let ids: Vec<i64> = to_publish.iter().map(|m| m.id).collect();
-            let publish = self
-                .router
-                .publish(&to_publish, &confirm, cfg.publish_timeout);
+            let publish = async {
+                futures::join!(
+                    self.router
+                        .publish(&to_publish, &confirm, cfg.publish_timeout),
+                    spans.follow(&confirm)
+                );
+            };
             tokio::pin!(publish);
             let renew = self.keep_lease(token, ids, &to_publish);
             tokio::pin!(renew);
@@ -890,6 +898,7 @@ impl Relay {
             }
         };
         let outcomes = confirm.snapshot();
+        spans.finish(&outcomes);
         if !to_publish.is_empty() {
             crate::metrics::seconds(
                 crate::metrics::BATCH_PUBLISH_DURATION,

@@ -331,6 +331,11 @@ impl Confirmations {
         }
     }
 
+    /// Notified whenever a slot of the batch is filled (to follow outcomes as they come).
+    pub(crate) fn filled(&self) -> &tokio::sync::Notify {
+        &self.filled
+    }
+
     /// Replaces the outcome of slot `i` (the router resolving a timeout).
     pub(crate) fn replace(&self, i: usize, outcome: Result<(), PublishError>) {
         if let Some(g) = self.global(i)
