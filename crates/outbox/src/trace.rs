@@ -211,8 +211,12 @@ impl PublishSpans {
                     outbox.attempt = m.attempts,
                     error.type = tracing::field::Empty,
                 );
-                // Fails at once without an OpenTelemetry layer (or with the span filtered
-                // out): then the first message tells for the whole batch.
+                // Without an OpenTelemetry layer (or with the span filtered out) setting a
+                // parent fails at once: the first message tells for the whole batch,
+                // before any header is parsed.
+                if i == 0 && span.set_parent(opentelemetry::Context::new()).is_err() {
+                    return PublishSpans::default();
+                }
                 let started = span.set_parent(otel::extract(&m.headers)).is_ok() && {
                     let cx = span.context();
                     cx.span().span_context().is_valid() && otel::inject(&cx, &mut m.headers)
