@@ -31,6 +31,10 @@
 //! stored row keeps the producer's headers: a retry is a new span, a sibling of the
 //! first, parented by the producer again.
 //!
+//! Sampling is the tracer's: with the usual parent-based sampler a context stored as not
+//! sampled (flags `00`) gives a span that is not exported, and the message still goes out
+//! with that span's id and flags `00`.
+//!
 //! Each span ends as soon as its message's outcome is known (the broker's confirmation,
 //! or the failure); a failure sets the span status to error with the reason and
 //! `error.type` to its short code (`nack`, `timeout`, `http_5xx`, `breaker_open`, …, or
@@ -451,6 +455,21 @@ mod tests {
             opentelemetry::trace::SpanId::INVALID
         );
         assert_eq!(attr(&done[2], "error.type").unwrap(), "no_outcome");
+    }
+
+    #[tokio::test]
+    async fn an_unsampled_stored_context_stays_unsampled() {
+        let (exporter, _provider, _guard) = otel();
+        let mut batch = vec![outgoing(1, &[("traceparent", &format!("00-{T}-{S}-00"))])];
+        let spans = PublishSpans::start(&mut batch, |_| "nats");
+        spans.finish(&[Some(Ok(()))]);
+        assert!(exporter.get_finished_spans().unwrap().is_empty());
+        let sent = batch[0].headers.get("traceparent").unwrap();
+        assert_ne!(sent, &format!("00-{T}-{S}-00"));
+        assert!(
+            sent.starts_with(&format!("00-{T}-")) && sent.ends_with("-00"),
+            "{sent}"
+        );
     }
 
     #[tokio::test]
