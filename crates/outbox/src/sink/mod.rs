@@ -332,6 +332,7 @@ impl Confirmations {
     }
 
     /// Notified whenever a slot of the batch is filled (to follow outcomes as they come).
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
     pub(crate) fn filled(&self) -> &tokio::sync::Notify {
         &self.filled
     }
