@@ -876,11 +876,16 @@ impl Relay {
         } else {
             let ids: Vec<i64> = to_publish.iter().map(|m| m.id).collect();
             let publish = async {
-                futures::join!(
-                    self.router
-                        .publish(&to_publish, &confirm, cfg.publish_timeout),
-                    spans.follow(&confirm)
-                );
+                let route = self
+                    .router
+                    .publish(&to_publish, &confirm, cfg.publish_timeout);
+                tokio::pin!(route);
+                // The spans end as outcomes arrive; the publish alone decides when it is
+                // done (spans still open then are ended below).
+                tokio::select! {
+                    () = &mut route => {}
+                    () = spans.follow(&confirm) => route.await,
+                }
             };
             tokio::pin!(publish);
             let renew = self.keep_lease(token, ids, &to_publish);
