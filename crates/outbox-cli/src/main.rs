@@ -5,6 +5,7 @@
 mod admin;
 mod config;
 mod demo;
+mod otlp;
 mod serve;
 
 use anyhow::Context as _;
@@ -147,6 +148,12 @@ enum Command {
         /// time: the live relay with the smallest id); 0 turns them off.
         #[arg(long, env = "OUTBOX_SAMPLE_INTERVAL_S", default_value_t = 15)]
         sample_interval_s: u64,
+        /// Export a producer span per published message (`send TOPIC`, a child of the
+        /// message's stored `traceparent`) over OTLP/HTTP with protobuf to this URL, e.g.
+        /// http://127.0.0.1:4318 (spans go to URL/v1/traces), as service `outbox-relay`.
+        /// Messages then carry that span's `traceparent` on the wire. Off by default.
+        #[arg(long, env = "OUTBOX_OTLP_ENDPOINT")]
+        otlp_endpoint: Option<String>,
     },
     /// Show counts by status, due and expired claims, live relays, pauses and a verdict
     /// (OK, STUCK, BEHIND, DEAD, PAUSED).
@@ -272,11 +279,21 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(log_filter(std::env::var("OUTBOX_LOG").ok().as_deref()))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    // Before the runtime: the exporter's HTTP client is a blocking one.
+    let tracer = match &cli.command {
+        Command::Relay {
+            otlp_endpoint: Some(url),
+            ..
+        } if !url.is_empty() => match otlp::provider(url) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("error: {}", error_chain(&e));
+                return ExitCode::from(2);
+            }
+        },
+        _ => None,
+    };
+    init_logs(tracer.as_ref());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -287,13 +304,46 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    let code = match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
+    };
+    drop(runtime);
+    if let Some(p) = &tracer {
+        otlp::shutdown(p);
     }
+    code
+}
+
+/// Log lines on stderr, filtered by `OUTBOX_LOG`; with a tracer provider, also the
+/// relay's spans to it (each layer with its own filter, so `OUTBOX_LOG` does not decide
+/// which spans are exported).
+fn init_logs(tracer: Option<&opentelemetry_sdk::trace::SdkTracerProvider>) {
+    use tracing_subscriber::prelude::*;
+    let filter = log_filter(std::env::var("OUTBOX_LOG").ok().as_deref());
+    match tracer {
+        None => tracing_subscriber::registry()
+            .with(filter)
+            .with(log_lines())
+            .init(),
+        Some(p) => tracing_subscriber::registry()
+            .with(log_lines().with_filter(filter))
+            .with(otlp::layer(p))
+            .init(),
+    }
+}
+
+/// The log line layer: plain text on stderr, colours only on a terminal.
+fn log_lines<S>() -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
 }
 
 /// The log filter when `OUTBOX_LOG` is unset or empty.
@@ -491,6 +541,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             metrics_addr,
             summary_interval_s,
             sample_interval_s,
+            otlp_endpoint: _,
         } => {
             if routes.is_empty() && sink.is_none() {
                 // A missing OUTBOX_SINK must not empty the outbox into a log.

@@ -8,8 +8,8 @@
 //! message id for consumers to deduplicate on.
 //!
 //! Modules: [`message`] (what producers enqueue), [`store`] (where messages live),
-//! [`sink`] (where they go), [`relay`] (the loop between), [`backoff`], [`redact`] (what of a
-//! URL may be shown).
+//! [`sink`] (where they go), [`relay`] (the loop between), [`trace`] (trace context in
+//! headers, producer spans), [`backoff`], [`redact`] (what of a URL may be shown).
 
 pub mod backoff;
 pub mod error;
@@ -20,6 +20,7 @@ pub mod redact;
 pub mod relay;
 pub mod sink;
 pub mod store;
+pub mod trace;
 
 pub use error::{Error, Result};
 pub use ident::Ident;

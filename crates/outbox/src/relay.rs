@@ -863,19 +863,32 @@ impl Relay {
             malformed,
             db_now,
         } = claim;
-        let (to_publish, mut dead) = plan(messages, &policy);
+        let (mut to_publish, mut dead) = plan(messages, &policy);
         let mut dead_all: Vec<Dead> = malformed;
         dead_all.append(&mut dead);
 
+        // A producer span per message (only with an OpenTelemetry layer); it also puts
+        // its own trace context into the headers sent.
+        let mut spans =
+            crate::trace::PublishSpans::start(&mut to_publish, |t| self.router.system_of(t));
         let confirm = Confirmations::new(to_publish.len());
         let publish_began = Instant::now();
         let ending = if to_publish.is_empty() {
             Ending::Finished
         } else {
             let ids: Vec<i64> = to_publish.iter().map(|m| m.id).collect();
-            let publish = self
-                .router
-                .publish(&to_publish, &confirm, cfg.publish_timeout);
+            let publish = async {
+                let route = self
+                    .router
+                    .publish(&to_publish, &confirm, cfg.publish_timeout);
+                tokio::pin!(route);
+                // The spans end as outcomes arrive; the publish alone decides when it is
+                // done (spans still open then are ended below).
+                tokio::select! {
+                    () = &mut route => {}
+                    () = spans.follow(&confirm) => route.await,
+                }
+            };
             tokio::pin!(publish);
             let renew = self.keep_lease(token, ids, &to_publish);
             tokio::pin!(renew);
@@ -892,6 +905,7 @@ impl Relay {
             }
         };
         let outcomes = confirm.snapshot();
+        spans.finish(&outcomes);
         if !to_publish.is_empty() {
             crate::metrics::seconds(
                 crate::metrics::BATCH_PUBLISH_DURATION,

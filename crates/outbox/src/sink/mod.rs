@@ -331,6 +331,12 @@ impl Confirmations {
         }
     }
 
+    /// Notified whenever a slot of the batch is filled (to follow outcomes as they come).
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
+    pub(crate) fn filled(&self) -> &tokio::sync::Notify {
+        &self.filled
+    }
+
     /// Replaces the outcome of slot `i` (the router resolving a timeout).
     pub(crate) fn replace(&self, i: usize, outcome: Result<(), PublishError>) {
         if let Some(g) = self.global(i)

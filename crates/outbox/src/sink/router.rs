@@ -320,6 +320,13 @@ impl Router {
         self.routes.iter().position(|r| r.pattern.matches(topic))
     }
 
+    /// The messaging system (`kafka`, `rabbitmq`, `nats`, …) of the destination `topic`
+    /// is routed to; `none` when no route matches.
+    pub(crate) fn system_of(&self, topic: &str) -> &'static str {
+        self.route_of(topic)
+            .map_or("none", |r| self.labels[self.routes[r].health].1)
+    }
+
     /// Publishes `batch`, recording each message's outcome in `confirm` (slot `i` is
     /// `batch[i]`); every destination's group is bounded by `timeout`. When it returns,
     /// every slot is filled. Dropping the future early keeps what was recorded.
