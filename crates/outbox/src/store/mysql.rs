@@ -1,8 +1,10 @@
 //! MySQL / MariaDB store: MariaDB ≥ 10.6 or MySQL ≥ 8.0.13 (`SKIP LOCKED`, expression
 //! defaults, stored generated columns). Tested here on MariaDB 10.11.
 //!
-//! Tables are `{prefix}_messages`, `{prefix}_control`, `{prefix}_schema_migrations` in the
-//! connected database, plus the procedure `{prefix}_enqueue(...)`. Times are
+//! Tables are `{prefix}_messages`, `{prefix}_control`, `{prefix}_schema_migrations`,
+//! `{prefix}_replays` (the audit of dead-row replays and discards), `{prefix}_relays` (the
+//! relay registry) and `{prefix}_topic_pauses` in the connected database, plus the
+//! procedure `{prefix}_enqueue(...)`. Times are
 //! `DATETIME(6)` in UTC, always from `UTC_TIMESTAMP(6)`, so neither the session time zone
 //! nor the relay's clock matters.
 //!
@@ -11,14 +13,20 @@
 //! one short transaction: `SELECT … FOR UPDATE SKIP LOCKED` over the live-row index, then
 //! an `UPDATE` by primary key. InnoDB has no partial indexes: the stored generated column
 //! `live_at` (= `available_at` while status ≤ 1, else NULL) and its index play the part of
-//! PostgreSQL's partial index, so the claim range never reaches dispatched rows.
+//! PostgreSQL's partial index, so the claim range never reaches dispatched rows. Dead rows
+//! are read by when they died the same way: `dead_at` (= `available_at` while status = 3,
+//! else NULL) and its index; being NULL on every live row, it costs the claim path no
+//! index writes.
 
+use super::ops::{self, Dialect};
 use super::{
-    Claim, ClaimRequest, Counts, Dead, Leases, PauseState, PurgeBatch, Settled, Settlement, Store,
-    StoreConfig, millis, parse_headers,
+    Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, Leases, Overview,
+    PauseState, PurgeBatch, RelayHeartbeat, RelayRecord, ReplayAction, ReplayOutcome, ReplayRecord,
+    ReplayRequest, Settled, Settlement, Store, StoreConfig, TopicPause, millis, parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::message::{Enqueued, Message, OutgoingMessage};
+use crate::sink::router::TopicPattern;
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions, MySqlRow};
@@ -31,8 +39,9 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 /// Schema version this build creates and expects (2: `{prefix}_enqueue` validates headers
-/// as `outbox.enqueue` does on PostgreSQL).
-pub const SCHEMA_VERSION: i64 = 2;
+/// as `outbox.enqueue` does on PostgreSQL; 3: dead letters, replays, the relay registry and
+/// topic pauses).
+pub const SCHEMA_VERSION: i64 = 3;
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
@@ -40,6 +49,12 @@ const NOW: &str = "UTC_TIMESTAMP(6)";
 /// probe up to 200 ms (one primary-key `MAX(id)` read each).
 const PROBE_MIN: Duration = Duration::from_millis(5);
 const PROBE_MAX: Duration = Duration::from_millis(200);
+
+/// Most ids one replay or discard statement names (a replay runs as many as it needs, in
+/// one transaction): a large selection never makes a statement over `max_allowed_packet`,
+/// and the list stays under MariaDB's `in_predicate_conversion_threshold` (1000), past
+/// which an `IN` list becomes a join that may scan, and lock, rows it does not name.
+const REPLAY_CHUNK: usize = 500;
 
 struct Sql {
     enqueue: SqlStr,
@@ -51,6 +66,19 @@ struct Sql {
     purge: SqlStr,
     max_id: SqlStr,
     leases: SqlStr,
+    replay_insert: SqlStr,
+    replay_count: SqlStr,
+    replays: SqlStr,
+    heartbeat: SqlStr,
+    relays_stale: SqlStr,
+    relay_expire: SqlStr,
+    deregister: SqlStr,
+    relays: SqlStr,
+    pause_topic: SqlStr,
+    resume_topic: SqlStr,
+    due: SqlStr,
+    claims_by: SqlStr,
+    by_topic: SqlStr,
 }
 
 impl Sql {
@@ -72,8 +100,12 @@ impl Sql {
                  LIMIT ?
                  FOR UPDATE SKIP LOCKED"
             )),
+            // The switch and the topic pauses in one statement (one read view): a row per
+            // pause, or one row of NULL pause columns when there is none.
             pause_state: q(format!(
-                "SELECT paused, reason, changed_at FROM {p}_control WHERE id = 1"
+                "SELECT c.paused, c.reason, c.changed_at, t.pattern, t.reason, t.paused_by, t.paused_at
+                 FROM {p}_control c LEFT JOIN {p}_topic_pauses t ON 1 = 1
+                 WHERE c.id = 1 ORDER BY t.pattern"
             )),
             set_pause: q(format!(
                 "UPDATE {p}_control SET paused = ?, reason = ?, changed_at = {n} WHERE id = 1"
@@ -97,6 +129,61 @@ impl Sql {
                 "SELECT CAST(COUNT(*) AS SIGNED), MAX(live_at),
                         CAST(CEIL(TIMESTAMPDIFF(MICROSECOND, {n}, MAX(live_at)) / 1000) AS SIGNED)
                  FROM {p}_messages WHERE live_at > {n} AND status = 1"
+            )),
+            replay_insert: q(format!(
+                "INSERT INTO {p}_replays (requested_by, reason, action, selection) VALUES (?, ?, ?, ?)"
+            )),
+            replay_count: q(format!(
+                "UPDATE {p}_replays SET `count` = `count` + ? WHERE id = ?"
+            )),
+            replays: q(format!(
+                "SELECT id, at, requested_by, reason, action, selection, `count`
+                 FROM {p}_replays ORDER BY id DESC LIMIT ?"
+            )),
+            // `started_at` only on the first write; VALUES() is understood by MySQL 8 and
+            // MariaDB alike.
+            heartbeat: q(format!(
+                "INSERT INTO {p}_relays (relay_id, host, pid, version, sink, in_flight, started_at,
+                                         last_seen, last_claim_at)
+                 VALUES (?, ?, ?, ?, ?, ?, {n}, {n}, TIMESTAMPADD(MICROSECOND, -? * 1000, {n}))
+                 ON DUPLICATE KEY UPDATE host = VALUES(host), pid = VALUES(pid),
+                     version = VALUES(version), sink = VALUES(sink), in_flight = VALUES(in_flight),
+                     last_seen = VALUES(last_seen), last_claim_at = VALUES(last_claim_at)"
+            )),
+            relays_stale: q(format!(
+                "SELECT relay_id FROM {p}_relays WHERE last_seen < TIMESTAMPADD(HOUR, -1, {n})"
+            )),
+            relay_expire: q(format!(
+                "DELETE FROM {p}_relays
+                 WHERE relay_id = ? AND last_seen < TIMESTAMPADD(HOUR, -1, {n})"
+            )),
+            deregister: q(format!("DELETE FROM {p}_relays WHERE relay_id = ?")),
+            relays: q(format!(
+                "SELECT relay_id, host, pid, version, sink, in_flight, started_at, last_seen,
+                        CAST(TIMESTAMPDIFF(MICROSECOND, last_seen, {n}) AS SIGNED), last_claim_at
+                 FROM {p}_relays WHERE last_seen >= TIMESTAMPADD(MICROSECOND, -? * 1000, {n})
+                 ORDER BY started_at, relay_id"
+            )),
+            pause_topic: q(format!(
+                "INSERT INTO {p}_topic_pauses (pattern, reason, paused_by, paused_at)
+                 VALUES (?, ?, ?, {n})
+                 ON DUPLICATE KEY UPDATE reason = VALUES(reason), paused_by = VALUES(paused_by),
+                     paused_at = VALUES(paused_at)"
+            )),
+            resume_topic: q(format!("DELETE FROM {p}_topic_pauses WHERE pattern = ?")),
+            // Due rows: pending and due, or claimed with an ended lease (the live index).
+            due: q(format!(
+                "SELECT COUNT(*), CAST(TIMESTAMPDIFF(SECOND, MIN(live_at), {n}) AS SIGNED),
+                        CAST(COALESCE(SUM(status = 1), 0) AS SIGNED)
+                 FROM {p}_messages WHERE live_at <= {n}"
+            )),
+            claims_by: q(format!(
+                "SELECT claimed_by, COUNT(*), CAST(COALESCE(SUM(available_at <= {n}), 0) AS SIGNED)
+                 FROM {p}_messages WHERE status = 1 GROUP BY claimed_by ORDER BY claimed_by"
+            )),
+            by_topic: q(format!(
+                "SELECT topic, COUNT(*) FROM {p}_messages WHERE status = ?
+                 GROUP BY topic ORDER BY COUNT(*) DESC, topic LIMIT ?"
             )),
         }
     }
@@ -189,7 +276,67 @@ fn migrations(p: &str) -> Vec<Vec<String>> {
                 SELECT LAST_INSERT_ID() AS id;
              END"
         ),
-    ], enqueue_v2(p)]
+    ], enqueue_v2(p), operations_v3(p)]
+}
+
+/// Migration 3: the operations tables (the audit of replays and discards, the relay
+/// registry, topic pauses), `replay_id` on messages, and the dead-row index: the stored
+/// generated column `dead_at` (`available_at`, the time of death, while status = 3, else
+/// NULL) and an index on it. The `ALTER TABLE` runs only while `replay_id` is missing, so
+/// a migration interrupted after it can run again. Adding a stored column rebuilds the
+/// table: writes wait until it is done (as they wait for the index build on PostgreSQL).
+fn operations_v3(p: &str) -> Vec<String> {
+    let n = NOW;
+    vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS {p}_replays (
+                id           BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+                at           DATETIME(6) NOT NULL DEFAULT ({n}),
+                requested_by TEXT NOT NULL,
+                reason       TEXT NOT NULL,
+                action       VARCHAR(16) NOT NULL,
+                selection    TEXT NOT NULL,
+                `count`      BIGINT NOT NULL DEFAULT 0
+            ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {p}_relays (
+                relay_id      VARCHAR(255) NOT NULL PRIMARY KEY,
+                host          TEXT NOT NULL,
+                pid           BIGINT NOT NULL,
+                version       TEXT NOT NULL,
+                sink          TEXT NOT NULL,
+                in_flight     BIGINT NOT NULL DEFAULT 0,
+                started_at    DATETIME(6) NOT NULL DEFAULT ({n}),
+                last_seen     DATETIME(6) NOT NULL DEFAULT ({n}),
+                last_claim_at DATETIME(6)
+            ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {p}_topic_pauses (
+                pattern   VARCHAR(255) NOT NULL PRIMARY KEY,
+                reason    TEXT NOT NULL,
+                paused_by TEXT NOT NULL,
+                paused_at DATETIME(6) NOT NULL DEFAULT ({n})
+            ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin"
+        ),
+        format!(
+            "SET @outbox_ddl = (
+                SELECT IF(COUNT(*) = 0,
+                          'ALTER TABLE {p}_messages
+                               ADD COLUMN replay_id BIGINT NULL,
+                               ADD COLUMN dead_at DATETIME(6) GENERATED ALWAYS AS
+                                   (CASE WHEN status = 3 THEN available_at END) STORED,
+                               ADD KEY {p}_messages_dead (dead_at, id)',
+                          'DO 0')
+                FROM information_schema.columns
+                WHERE table_schema = DATABASE() AND table_name = '{p}_messages'
+                  AND column_name = 'replay_id')"
+        ),
+        "PREPARE outbox_ddl FROM @outbox_ddl".to_owned(),
+        "EXECUTE outbox_ddl".to_owned(),
+        "DEALLOCATE PREPARE outbox_ddl".to_owned(),
+    ]
 }
 
 /// Migration 2: `{p}_enqueue` refuses what PostgreSQL's `outbox.enqueue` refuses, in the
@@ -620,10 +767,34 @@ impl Store for MySqlStore {
         let token = Uuid::now_v7();
         let p = &self.inner.config.schema;
         let mut tx = self.inner.pool.begin().await?;
-        let ids: Vec<i64> = sqlx::query_scalar(self.inner.sql.claim_select.clone())
-            .bind(i64::from(req.batch_size))
-            .fetch_all(&mut *tx)
-            .await?;
+        let ids: Vec<i64> = if req.skip_topics.is_empty() {
+            sqlx::query_scalar(self.inner.sql.claim_select.clone())
+                .bind(i64::from(req.batch_size))
+                .fetch_all(&mut *tx)
+                .await?
+        } else {
+            // Topic pauses: the same range of the live index, passing over rows whose topic
+            // matches a paused pattern (the patterns' regexes bound, one per pattern).
+            let skip: String = req
+                .skip_topics
+                .iter()
+                .map(|_| " AND topic NOT REGEXP ?")
+                .collect();
+            let mut query = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT id FROM {p}_messages
+                 WHERE live_at <= {NOW}{skip}
+                 ORDER BY live_at, id
+                 LIMIT ?
+                 FOR UPDATE SKIP LOCKED"
+            )));
+            for t in &req.skip_topics {
+                query = query.bind(t.regex());
+            }
+            query
+                .bind(i64::from(req.batch_size))
+                .fetch_all(&mut *tx)
+                .await?
+        };
         if ids.is_empty() {
             tx.commit().await?;
             return Ok(Claim {
@@ -649,18 +820,21 @@ impl Store for MySqlStore {
         .execute(&mut *tx)
         .await?;
         let rows = sqlx::raw_sql(AssertSqlSafe(format!(
-            "SELECT id, message_id, topic, `key`, payload, headers, occurred_at, attempts
+            "SELECT id, message_id, topic, `key`, payload, headers, occurred_at, attempts,
+                    {NOW} AS db_now
              FROM {p}_messages WHERE id IN ({list}) ORDER BY id"
         )))
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(super::claim_from_rows(
-            token,
-            &rows,
-            Self::row_to_message,
-            |r| r.try_get::<i64, _>("id").unwrap_or(-1),
-        ))
+        let mut claim = super::claim_from_rows(token, &rows, Self::row_to_message, |r| {
+            r.try_get::<i64, _>("id").unwrap_or(-1)
+        });
+        claim.db_now = rows
+            .first()
+            .and_then(|r| r.try_get::<NaiveDateTime, _>("db_now").ok())
+            .map(|t| t.and_utc());
+        Ok(claim)
     }
 
     async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
@@ -765,15 +939,39 @@ impl Store for MySqlStore {
     }
 
     async fn pause_state(&self) -> Result<PauseState> {
-        let (paused, reason, changed_at): (bool, Option<String>, NaiveDateTime) =
-            sqlx::query_as(self.inner.sql.pause_state.clone())
-                .fetch_one(&self.inner.pool)
-                .await?;
+        type Row = (
+            bool,
+            Option<String>,
+            NaiveDateTime,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            Option<NaiveDateTime>,
+        );
+        let rows: Vec<Row> = sqlx::query_as(self.inner.sql.pause_state.clone())
+            .fetch_all(&self.inner.pool)
+            .await?;
+        let Some((paused, reason, changed_at, ..)) = rows.first().cloned() else {
+            return Err(sqlx::Error::RowNotFound.into());
+        };
+        let mut topics: Vec<TopicPause> = rows
+            .into_iter()
+            .filter_map(|(.., pattern, reason, by, at)| {
+                Some(TopicPause {
+                    pattern: pattern?,
+                    reason: reason.unwrap_or_default(),
+                    by: by.unwrap_or_default(),
+                    paused_at: at.unwrap_or_default().and_utc(),
+                })
+            })
+            .collect();
+        // By pattern in byte order, whatever the collation.
+        topics.sort_by(|a, b| a.pattern.cmp(&b.pattern));
         Ok(PauseState {
             paused,
             reason,
             changed_at: Some(DateTime::<Utc>::from_naive_utc_and_offset(changed_at, Utc)),
-            topics: Vec::new(),
+            topics,
         })
     }
 
@@ -816,8 +1014,10 @@ impl Store for MySqlStore {
             .bind(&lock)
             .execute(&mut *conn)
             .await;
+        let deleted = r?.rows_affected();
+        crate::metrics::purged(deleted);
         Ok(PurgeBatch {
-            deleted: r?.rows_affected(),
+            deleted,
             locked_out: false,
         })
     }
@@ -832,44 +1032,354 @@ impl Store for MySqlStore {
 
     async fn dead_letters(
         &self,
-        _selector: &super::DeadSelector,
-        _limit: u32,
-        _with_payload: bool,
-    ) -> Result<Vec<super::DeadLetter>> {
-        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+        selector: &DeadSelector,
+        limit: u32,
+        with_payload: bool,
+    ) -> Result<Vec<DeadLetter>> {
+        let p = &self.inner.config.schema;
+        let (filter, binds) = ops::dead_filter(selector, Dialect::MySql, 1);
+        let payload = if with_payload { "payload" } else { "NULL" };
+        let sql = format!(
+            "SELECT id, message_id, topic, `key`, attempts, occurred_at, available_at, last_error,
+                    headers, CAST(OCTET_LENGTH(payload) AS SIGNED) AS payload_bytes,
+                    {payload} AS payload, replay_id
+             FROM {p}_messages WHERE {filter} ORDER BY id LIMIT {limit}"
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for b in binds {
+            query = query.bind(b);
+        }
+        let rows = query.fetch_all(&self.inner.pool).await?;
+        rows.iter()
+            .map(|r| {
+                let id: i64 = r.try_get("id")?;
+                let mid: String = r.try_get("message_id")?;
+                let message_id = Uuid::parse_str(&mid).map_err(|e| Error::MalformedRow {
+                    id,
+                    reason: format!("message_id {mid:?} is not a UUID: {e}"),
+                })?;
+                Ok(DeadLetter {
+                    id,
+                    message_id,
+                    topic: r.try_get("topic")?,
+                    key: r.try_get("key")?,
+                    attempts: r.try_get("attempts")?,
+                    occurred_at: r.try_get::<NaiveDateTime, _>("occurred_at")?.and_utc(),
+                    died_at: r.try_get::<NaiveDateTime, _>("available_at")?.and_utc(),
+                    last_error: r.try_get("last_error")?,
+                    headers: r.try_get("headers")?,
+                    payload_bytes: r.try_get("payload_bytes")?,
+                    payload: r.try_get("payload")?,
+                    replay_id: r.try_get("replay_id")?,
+                })
+            })
+            .collect()
     }
-    async fn count_dead(&self, _selector: &super::DeadSelector) -> Result<u64> {
-        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+
+    async fn count_dead(&self, selector: &DeadSelector) -> Result<u64> {
+        let p = &self.inner.config.schema;
+        let (filter, binds) = ops::dead_filter(selector, Dialect::MySql, 1);
+        let sql = format!("SELECT COUNT(*) FROM {p}_messages WHERE {filter}");
+        let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql));
+        for b in binds {
+            query = query.bind(b);
+        }
+        Ok(u64::try_from(query.fetch_one(&self.inner.pool).await?).unwrap_or(0))
     }
-    async fn replay(&self, _request: &super::ReplayRequest) -> Result<super::ReplayOutcome> {
-        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+
+    async fn replay(&self, req: &ReplayRequest) -> Result<ReplayOutcome> {
+        ops::validate(req)?;
+        let p = &self.inner.config.schema;
+        let mut tx = self.inner.pool.begin().await?;
+        let refused = if req.selector.ids.is_empty() && req.selector.message_ids.is_empty() {
+            Vec::new()
+        } else {
+            let named = DeadSelector {
+                ids: req.selector.ids.clone(),
+                message_ids: req.selector.message_ids.clone(),
+                ..DeadSelector::default()
+            };
+            let (filter, _) = ops::dead_filter(&named, Dialect::MySql, 1);
+            let filter = filter.trim_start_matches("status = 3 AND ");
+            let found = sqlx::raw_sql(AssertSqlSafe(format!(
+                "SELECT id, message_id, CAST(status AS SIGNED) FROM {p}_messages WHERE {filter}"
+            )))
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| {
+                let mid: String = r.try_get(1)?;
+                let status: i64 = r.try_get(2)?;
+                Ok((
+                    r.try_get::<i64, _>(0)?,
+                    Uuid::parse_str(&mid).unwrap_or_default(),
+                    i16::try_from(status).unwrap_or(-1),
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+            ops::refusals(&req.selector, &found)
+        };
+        // The selected rows, read without locks (no gap locks, and no waiting on rows the
+        // selection does not take), then locked by primary key while still dead (the
+        // primary key forced: a covering secondary index would look cheaper and lock every
+        // dead row, waiting on any a claim or a producer holds): a concurrent replay of the
+        // same rows waits there, then finds them no longer dead.
+        let (filter, binds) = ops::dead_filter(&req.selector, Dialect::MySql, 1);
+        let limit = req
+            .limit
+            .map_or_else(String::new, |l| format!(" LIMIT {l}"));
+        let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
+            "SELECT id FROM {p}_messages WHERE {filter} ORDER BY id{limit}"
+        )));
+        for b in binds {
+            query = query.bind(b);
+        }
+        let selected = query.fetch_all(&mut *tx).await?;
+        if req.dry_run || selected.is_empty() {
+            tx.rollback().await?;
+            return Ok(ReplayOutcome {
+                replay_id: None,
+                count: selected.len() as u64,
+                sample: selected.iter().take(20).copied().collect(),
+                refused,
+            });
+        }
+        let mut ids = Vec::with_capacity(selected.len());
+        for chunk in selected.chunks(REPLAY_CHUNK) {
+            let locked = sqlx::raw_sql(AssertSqlSafe(format!(
+                "SELECT id FROM {p}_messages FORCE INDEX (PRIMARY)
+                 WHERE id IN ({}) AND status = 3 ORDER BY id FOR UPDATE",
+                Self::id_list(chunk)
+            )))
+            .fetch_all(&mut *tx)
+            .await?;
+            for r in &locked {
+                ids.push(r.try_get::<i64, _>(0)?);
+            }
+        }
+        let sample: Vec<i64> = ids.iter().take(20).copied().collect();
+        if ids.is_empty() {
+            tx.rollback().await?;
+            return Ok(ReplayOutcome {
+                replay_id: None,
+                count: 0,
+                sample,
+                refused,
+            });
+        }
+        let replay_id: i64 = match req.append_to {
+            Some(id) => id,
+            None => {
+                let r = sqlx::query(self.inner.sql.replay_insert.clone())
+                    .bind(&req.by)
+                    .bind(&req.reason)
+                    .bind(req.action.as_str())
+                    .bind(req.selector.describe())
+                    .execute(&mut *tx)
+                    .await?;
+                i64::try_from(r.last_insert_id()).unwrap_or(i64::MAX)
+            }
+        };
+        // One database time for every statement, as one statement would have: the spread
+        // starts at it whatever the number of statements.
+        let at: NaiveDateTime = sqlx::raw_sql(AssertSqlSafe(format!("SELECT {NOW}")))
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get(0)?;
+        let at = format!("TIMESTAMP'{}'", at.format("%Y-%m-%d %H:%M:%S%.6f"));
+        let mut changed = 0;
+        for (c, chunk) in ids.chunks(REPLAY_CHUNK).enumerate() {
+            let list = Self::id_list(chunk);
+            let sql = match (req.action, req.rate_per_s) {
+                (ReplayAction::Replay, None) => format!(
+                    "UPDATE {p}_messages
+                     SET status = 0, attempts = 0, replay_id = {replay_id}, available_at = {at},
+                         claim_token = NULL, locked_until = NULL, dispatched_at = NULL
+                     WHERE id IN ({list}) AND status = 3"
+                ),
+                (ReplayAction::Replay, Some(_)) => {
+                    // Each row due at its place in id order at the rate: an inlined derived
+                    // table of (id, delay), as `settle` does.
+                    let mut rows = String::with_capacity(chunk.len() * 40);
+                    for (k, id) in chunk.iter().enumerate() {
+                        if k > 0 {
+                            rows.push_str(" UNION ALL ");
+                        }
+                        let delay = ops::spread_ms(c * REPLAY_CHUNK + k, req.rate_per_s);
+                        let _ = write!(rows, "SELECT {id} AS id, {delay} AS delay_ms");
+                    }
+                    format!(
+                        "UPDATE {p}_messages m JOIN ({rows}) x ON m.id = x.id
+                         SET m.available_at = TIMESTAMPADD(MICROSECOND, x.delay_ms * 1000, {at}),
+                             m.attempts = 0, m.replay_id = {replay_id}, m.claim_token = NULL,
+                             m.locked_until = NULL, m.dispatched_at = NULL, m.status = 0
+                         WHERE m.status = 3"
+                    )
+                }
+                (ReplayAction::Discard | ReplayAction::Purge, _) => {
+                    format!("DELETE FROM {p}_messages WHERE id IN ({list}) AND status = 3")
+                }
+            };
+            changed += sqlx::raw_sql(AssertSqlSafe(sql))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        sqlx::query(self.inner.sql.replay_count.clone())
+            .bind(i64::try_from(changed).unwrap_or(i64::MAX))
+            .bind(replay_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(ReplayOutcome {
+            replay_id: Some(replay_id),
+            count: changed,
+            sample,
+            refused,
+        })
     }
-    async fn replays(&self, _limit: u32) -> Result<Vec<super::ReplayRecord>> {
-        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+
+    async fn replays(&self, limit: u32) -> Result<Vec<ReplayRecord>> {
+        let rows: Vec<(i64, NaiveDateTime, String, String, String, String, i64)> =
+            sqlx::query_as(self.inner.sql.replays.clone())
+                .bind(i64::from(limit))
+                .fetch_all(&self.inner.pool)
+                .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(id, at, by, reason, action, selection, count)| ReplayRecord {
+                    id,
+                    at: at.and_utc(),
+                    by,
+                    reason,
+                    action,
+                    selection,
+                    count,
+                },
+            )
+            .collect())
     }
-    async fn heartbeat(&self, _beat: &super::RelayHeartbeat) -> Result<()> {
-        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+
+    async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()> {
+        sqlx::query(self.inner.sql.heartbeat.clone())
+            .bind(&beat.relay_id)
+            .bind(&beat.host)
+            .bind(beat.pid)
+            .bind(&beat.version)
+            .bind(&beat.sink)
+            .bind(beat.in_flight)
+            .bind(beat.last_claim_ago.map(millis))
+            .execute(&self.inner.pool)
+            .await?;
+        // Rows not seen for an hour: found by a plain read, deleted by primary key (still
+        // stale), so no range of the registry is ever locked.
+        let stale: Vec<String> = sqlx::query_scalar(self.inner.sql.relays_stale.clone())
+            .fetch_all(&self.inner.pool)
+            .await?;
+        for relay_id in stale {
+            sqlx::query(self.inner.sql.relay_expire.clone())
+                .bind(relay_id)
+                .execute(&self.inner.pool)
+                .await?;
+        }
+        Ok(())
     }
-    async fn deregister(&self, _relay_id: &str) -> Result<()> {
-        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+
+    async fn deregister(&self, relay_id: &str) -> Result<()> {
+        sqlx::query(self.inner.sql.deregister.clone())
+            .bind(relay_id)
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(())
     }
-    async fn relays(&self, _within: Duration) -> Result<Vec<super::RelayRecord>> {
-        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+
+    async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {
+        type Row = (
+            String,
+            String,
+            i64,
+            String,
+            String,
+            i64,
+            NaiveDateTime,
+            NaiveDateTime,
+            i64,
+            Option<NaiveDateTime>,
+        );
+        let rows: Vec<Row> = sqlx::query_as(self.inner.sql.relays.clone())
+            .bind(millis(within))
+            .fetch_all(&self.inner.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| RelayRecord {
+                relay_id: r.0,
+                host: r.1,
+                pid: r.2,
+                version: r.3,
+                sink: r.4,
+                in_flight: r.5,
+                started_at: r.6.and_utc(),
+                last_seen: r.7.and_utc(),
+                last_seen_ago_s: r.8.max(0) as f64 / 1e6,
+                last_claim_at: r.9.map(|t| t.and_utc()),
+            })
+            .collect())
     }
-    async fn pause_topic(
-        &self,
-        _pattern: &crate::sink::router::TopicPattern,
-        _reason: &str,
-        _by: &str,
-    ) -> Result<()> {
-        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+
+    async fn pause_topic(&self, pattern: &TopicPattern, reason: &str, by: &str) -> Result<()> {
+        sqlx::query(self.inner.sql.pause_topic.clone())
+            .bind(pattern.as_str())
+            .bind(reason)
+            .bind(by)
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(())
     }
-    async fn resume_topic(&self, _pattern: &str) -> Result<bool> {
-        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+
+    async fn resume_topic(&self, pattern: &str) -> Result<bool> {
+        let r = sqlx::query(self.inner.sql.resume_topic.clone())
+            .bind(pattern)
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(r.rows_affected() > 0)
     }
-    async fn overview(&self, _top_n: u32) -> Result<super::Overview> {
-        Err(Error::InvalidRequest("MYSQL-PENDING".into()))
+
+    async fn overview(&self, top_n: u32) -> Result<Overview> {
+        let pool = &self.inner.pool;
+        let sql = &self.inner.sql;
+        let counts = self.counts().await?;
+        let (due, oldest_due, expired): (i64, Option<i64>, i64) =
+            sqlx::query_as(sql.due.clone()).fetch_one(pool).await?;
+        let claims_by: Vec<(Option<String>, i64, i64)> = sqlx::query_as(sql.claims_by.clone())
+            .fetch_all(pool)
+            .await?;
+        let by_topic = async |status: i16| -> Result<Vec<(String, i64)>> {
+            Ok(sqlx::query_as(sql.by_topic.clone())
+                .bind(status)
+                .bind(i64::from(top_n))
+                .fetch_all(pool)
+                .await?)
+        };
+        Ok(Overview {
+            counts,
+            due,
+            oldest_due_s: oldest_due.map(|s| s.max(0)),
+            expired_claims: expired,
+            claims_by: claims_by
+                .into_iter()
+                .map(|(r, claimed, expired)| ClaimsBy {
+                    relay_id: r.unwrap_or_default(),
+                    claimed,
+                    expired,
+                })
+                .collect(),
+            pending_by_topic: by_topic(super::status::PENDING).await?,
+            dead_by_topic: by_topic(super::status::DEAD).await?,
+        })
     }
+
     fn wakeups(&self) -> watch::Receiver<u64> {
         self.start_watcher();
         self.inner.wakeup.subscribe()

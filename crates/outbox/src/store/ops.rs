@@ -80,7 +80,9 @@ pub(crate) enum Dialect {
     Postgres,
     /// SQLite: `?` placeholders, integer-millisecond columns, `REGEXP`.
     Sqlite,
-    /// MySQL / MariaDB: `?` placeholders, `DATETIME(6)` UTC columns, `REGEXP`.
+    /// MySQL / MariaDB: `?` placeholders, `DATETIME(6)` UTC columns, `REGEXP`, message ids
+    /// as hyphenated text, the time of death read from `dead_at` (the generated column
+    /// behind the dead-row index, `available_at` of dead rows).
     MySql,
 }
 
@@ -104,6 +106,12 @@ pub(crate) fn dead_filter(sel: &DeadSelector, d: Dialect, first: usize) -> (Stri
         Dialect::Sqlite => format!("{} - {ms}", super::SQLITE_NOW_MS),
         Dialect::MySql => format!("TIMESTAMPADD(MICROSECOND, -{ms} * 1000, UTC_TIMESTAMP(6))"),
     };
+    // When a row died: `available_at` of a dead row (MySQL: the generated `dead_at`, which
+    // is that and is indexed).
+    let died = match d {
+        Dialect::Postgres | Dialect::Sqlite => "available_at",
+        Dialect::MySql => "dead_at",
+    };
     let mut id_or = Vec::new();
     if !sel.ids.is_empty() {
         id_or.push(format!("id IN ({})", join_ids(&sel.ids)));
@@ -114,8 +122,7 @@ pub(crate) fn dead_filter(sel: &DeadSelector, d: Dialect, first: usize) -> (Stri
             .iter()
             .map(|u| match d {
                 Dialect::Postgres => format!("'{}'::uuid", u.hyphenated()),
-                Dialect::Sqlite => format!("'{}'", u.hyphenated()),
-                Dialect::MySql => format!("UNHEX('{}')", u.simple()),
+                Dialect::Sqlite | Dialect::MySql => format!("'{}'", u.hyphenated()),
             })
             .collect();
         id_or.push(format!("message_id IN ({})", ids.join(",")));
@@ -134,10 +141,10 @@ pub(crate) fn dead_filter(sel: &DeadSelector, d: Dialect, first: usize) -> (Stri
         });
     }
     if let Some(w) = sel.died_within {
-        cond.push(format!("available_at >= {}", now_minus(super::millis(w))));
+        cond.push(format!("{died} >= {}", now_minus(super::millis(w))));
     }
     if let Some(w) = sel.died_before_ago {
-        cond.push(format!("available_at < {}", now_minus(super::millis(w))));
+        cond.push(format!("{died} < {}", now_minus(super::millis(w))));
     }
     if let Some(t) = sel.died_after {
         let ms = t.timestamp_millis();
@@ -145,7 +152,7 @@ pub(crate) fn dead_filter(sel: &DeadSelector, d: Dialect, first: usize) -> (Stri
             Dialect::Postgres => format!("available_at >= to_timestamp({ms} / 1000.0)"),
             Dialect::Sqlite => format!("available_at >= {ms}"),
             Dialect::MySql => format!(
-                "available_at >= TIMESTAMPADD(MICROSECOND, {ms} * 1000, '1970-01-01 00:00:00')"
+                "dead_at >= TIMESTAMPADD(MICROSECOND, {ms} * 1000, TIMESTAMP '1970-01-01 00:00:00')"
             ),
         });
     }
@@ -511,5 +518,22 @@ mod tests {
         assert!(!sel.is_empty());
         assert!(DeadSelector::default().is_empty());
         assert_eq!(sel.describe(), "ids=3,4 topic=orders.> error~\"TimeOut\"");
+    }
+
+    #[test]
+    fn mysql_filter_names_text_message_ids_and_reads_dead_at() {
+        let mid = Uuid::parse_str("0190a0b0-c0d0-7e00-8f00-0000000000a1").unwrap();
+        let sel = DeadSelector {
+            message_ids: vec![mid],
+            died_within: Some(Duration::from_secs(60)),
+            ..DeadSelector::default()
+        };
+        let (sql, binds) = dead_filter(&sel, Dialect::MySql, 1);
+        assert_eq!(
+            sql,
+            "status = 3 AND (message_id IN ('0190a0b0-c0d0-7e00-8f00-0000000000a1')) \
+             AND dead_at >= TIMESTAMPADD(MICROSECOND, -60000 * 1000, UTC_TIMESTAMP(6))"
+        );
+        assert!(binds.is_empty());
     }
 }
