@@ -108,7 +108,7 @@ pub(crate) enum DeadCommand {
         #[command(flatten)]
         select: SelectArgs,
         /// Most rows to show.
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
         /// One JSON object per line.
         #[arg(long)]
@@ -147,7 +147,7 @@ pub(crate) struct ChangeArgs {
     #[arg(long)]
     pub(crate) dry_run: bool,
     /// Most rows to change (in id order).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) limit: Option<u32>,
     /// Change more than 1,000 rows without --limit and without asking.
     #[arg(long)]
@@ -160,7 +160,7 @@ pub(crate) enum ReplaysCommand {
     /// The audit of replays, discards and dead-row purges, newest first.
     List {
         /// Most rows.
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
         /// One JSON object per line.
         #[arg(long)]
@@ -219,7 +219,9 @@ pub(crate) async fn dead(store: &dyn Store, cmd: &DeadCommand) -> anyhow::Result
             };
             let sel = select.selector()?;
             let Some(r) = store.dead_letters(&sel, 1, *payload).await?.pop() else {
-                anyhow::bail!("no dead letter with id or message id {id}");
+                anyhow::bail!(
+                    "no dead letter with id or message id {id} (a row that is pending, claimed or dispatched is not a dead letter)"
+                );
             };
             if *json {
                 let mut v = serde_json::to_value(&r)?;
@@ -259,8 +261,14 @@ fn show_text(r: &DeadLetter, with_payload: bool) -> String {
         Ok(map) => {
             line("headers", String::new());
             for (k, v) in map {
-                let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
-                t.push_str(&format!("  {}: {}\n", safe(&k), safe(&v)));
+                match v.as_str() {
+                    Some(v) => t.push_str(&format!("  {}: {}\n", safe(&k), safe(v))),
+                    None => t.push_str(&format!(
+                        "  {}: {}   (not a string: the relay cannot publish this header)\n",
+                        safe(&k),
+                        safe(&v.to_string())
+                    )),
+                }
             }
         }
         Err(_) => line(
@@ -392,6 +400,13 @@ pub(crate) async fn change_dead(
     }
     request.dry_run = false;
     let done = store.replay(&request).await?;
+    if done.count == 0 {
+        eprintln!(
+            "nothing to {}: the matching rows are no longer dead (another replay or discard took them)",
+            action.as_str()
+        );
+        return Ok(ExitCode::FAILURE);
+    }
     out(&format!(
         "{} {} dead rows (audit id {}){}",
         past(action),
@@ -491,6 +506,7 @@ pub(crate) async fn purge_dead(
     batch_size: u32,
     by: &str,
     reason: &str,
+    yes: bool,
 ) -> anyhow::Result<u64> {
     let mut request = ReplayRequest {
         selector: DeadSelector {
@@ -505,6 +521,17 @@ pub(crate) async fn purge_dead(
         dry_run: false,
         append_to: None,
     };
+    let matching = store.count_dead(&request.selector).await?;
+    if matching > CONFIRM_ABOVE
+        && !yes
+        && !confirm(&format!(
+            "{matching} dead rows died longer ago than that; delete them all? [y/N] "
+        ))?
+    {
+        anyhow::bail!(
+            "{matching} dead rows match and --yes was not given: refusing to delete them all (`outbox dead list` shows them)"
+        );
+    }
     let mut total = 0;
     loop {
         let done = store.replay(&request).await?;
@@ -597,7 +624,13 @@ pub(crate) fn verdict(
     }
     Verdict {
         state: "OK",
-        text: "OK".into(),
+        text: match pause.topics.len() {
+            0 => "OK".into(),
+            n => format!(
+                "OK ({n} topic pause{} in force: their rows wait)",
+                if n == 1 { "" } else { "s" }
+            ),
+        },
     }
 }
 
@@ -736,12 +769,21 @@ pub(crate) async fn status(
                 for (topic, n) in rows.iter() {
                     t.push_str(&format!("\n  {n:>10}  {}", safe(topic)));
                 }
+                let total = if label == "pending" {
+                    o.counts.pending
+                } else {
+                    o.counts.dead
+                };
+                let shown: i64 = rows.iter().map(|r| r.1).sum();
+                if total > shown {
+                    t.push_str(&format!("\n  {:>10}  (other topics)", total - shown));
+                }
             }
         }
         t.push_str(&format!(
             "\nverdict     {}",
             if v.state == "OK" {
-                "OK".to_owned()
+                v.text.clone()
             } else {
                 format!("{}: {}", v.state, v.text)
             }

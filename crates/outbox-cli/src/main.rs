@@ -142,11 +142,11 @@ enum Command {
         metrics_addr: Option<String>,
         /// Seconds between summary log lines (delivered, rate, retried, quarantined,
         /// backlog, oldest pending age, destinations down); 0 turns them off.
-        #[arg(long, env = "OUTBOX_SUMMARY_INTERVAL_S", default_value_t = 60)]
+        #[arg(long, env = "OUTBOX_SUMMARY_INTERVAL_S", default_value_t = 60, value_parser = clap::value_parser!(u64).range(0..=86_400))]
         summary_interval_s: u64,
         /// Seconds between store samples for the store gauges (taken by one relay at a
         /// time: the live relay with the smallest id); 0 turns them off.
-        #[arg(long, env = "OUTBOX_SAMPLE_INTERVAL_S", default_value_t = 15)]
+        #[arg(long, env = "OUTBOX_SAMPLE_INTERVAL_S", default_value_t = 15, value_parser = clap::value_parser!(u64).range(0..=86_400))]
         sample_interval_s: u64,
         /// Export a producer span per published message (`send TOPIC`, a child of the
         /// message's stored `traceparent`) over OTLP/HTTP with protobuf to this URL, e.g.
@@ -172,7 +172,7 @@ enum Command {
         #[arg(long, default_value = "60s", value_parser = admin::parse_duration)]
         max_age: Duration,
         /// DEAD when there are more dead letters than this.
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
         max_dead: i64,
         /// STUCK when rows have been due this long and no live relay claimed within it.
         #[arg(long, default_value = "30s", value_parser = admin::parse_duration)]
@@ -223,6 +223,10 @@ enum Command {
         /// Who, for the audit row of a dead-row purge (default $USER).
         #[arg(long, env = "USER", default_value = "unknown")]
         by: String,
+        /// Delete more than 1,000 dead rows without asking (a prompt on a terminal; a
+        /// script without it is refused).
+        #[arg(long)]
+        yes: bool,
         /// Keep dispatched rows younger than this many seconds.
         #[arg(long, env = "OUTBOX_RETENTION_S", default_value_t = 7 * 24 * 3600)]
         older_than_s: u64,
@@ -257,7 +261,8 @@ fn parse_route(s: &str) -> Result<(String, String), String> {
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {
-    let n = s.trim().trim_end_matches("/s");
+    let n = s.trim();
+    let n = n.strip_suffix("/s").unwrap_or(n);
     match n.parse::<f64>() {
         Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
         _ => Err(format!(
@@ -347,7 +352,8 @@ where
 }
 
 /// The log filter when `OUTBOX_LOG` is unset or empty.
-const DEFAULT_LOG: &str = "info,sqlx=warn,sqlx_core=warn";
+/// (`sqlx::query` logs slow statements with their SQL text at warn: kept out by default.)
+const DEFAULT_LOG: &str = "info,sqlx=warn,sqlx_core=warn,sqlx::query=error";
 
 /// Client libraries that log message bodies, headers or frames at some level (lapin warns
 /// with a returned message's headers and payload bytes; the others dump packets, frames or
@@ -572,6 +578,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             tokio::spawn(shutdown_on_signal(cancel.clone()));
             let ready = Arc::new(serve::Ready {
                 store: store.clone(),
+                sqlite_file: sqlite_path(&cli.database_url).map(std::path::PathBuf::from),
                 relay: std::sync::RwLock::new(None),
             });
             if let Some(addr) = metrics_addr {
@@ -680,10 +687,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Some(t) => {
                     let pattern =
                         outbox::sink::router::TopicPattern::parse(t).map_err(anyhow::Error::msg)?;
+                    let before = store.pause_state().await?;
                     store.pause_topic(&pattern, reason, by).await?;
-                    eprintln!(
-                        "topics matching {t} paused: relays stop publishing them within about 1 s; other topics flow"
-                    );
+                    if let Some(old) = before.topics.iter().find(|p| p.pattern == *t) {
+                        eprintln!(
+                            "topic pause {t} updated (was by {}: {})",
+                            old.by.escape_debug(),
+                            old.reason.escape_debug()
+                        );
+                    } else {
+                        eprintln!(
+                            "topics matching {t} paused: relays stop publishing them within about 1 s (rows claimed before that are still published); other topics flow"
+                        );
+                    }
                 }
                 None => {
                     store.set_pause(Some(reason)).await?;
@@ -712,6 +728,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Purge {
             dead_older_than,
             by,
+            yes,
             older_than_s,
             batch_size,
             pause_ms,
@@ -724,7 +741,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     "dead-row retention: died more than {} ago",
                     humantime_fmt(*age)
                 );
-                let deleted = admin::purge_dead(&store, *age, *batch_size, by, &reason).await?;
+                let deleted =
+                    admin::purge_dead(&store, *age, *batch_size, by, &reason, *yes).await?;
                 out(&serde_json::json!({ "dead_deleted": deleted }).to_string());
                 return Ok(ExitCode::SUCCESS);
             }
@@ -780,7 +798,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 None => {
                     store.set_pause(None).await?;
-                    eprintln!("outbox resumed");
+                    let topics = store.pause_state().await?.topics;
+                    if topics.is_empty() {
+                        eprintln!("outbox resumed");
+                    } else {
+                        let list: Vec<&str> = topics.iter().map(|p| p.pattern.as_str()).collect();
+                        eprintln!(
+                            "outbox resumed; topic pauses still in force: {} (`outbox resume --topic PATTERN` lifts one)",
+                            list.join(", ")
+                        );
+                    }
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -872,7 +899,7 @@ mod tests {
         assert!(d.contains("lapin=error"), "{d}");
         let d = log_filter_directives(None);
         assert!(
-            d.starts_with("info,sqlx=warn,sqlx_core=warn,lapin=error"),
+            d.starts_with("info,sqlx=warn,sqlx_core=warn,sqlx::query=error,lapin=error"),
             "{d}"
         );
         assert_eq!(

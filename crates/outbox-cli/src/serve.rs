@@ -28,6 +28,9 @@ const BATCH_BUCKETS: [f64; 10] = [1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0,
 /// drain runs the relay again).
 pub(crate) struct Ready {
     pub(crate) store: Arc<dyn Store>,
+    /// SQLite: the database file, which must still exist (a file deleted under a running
+    /// relay leaves its open connections working on the deleted inode).
+    pub(crate) sqlite_file: Option<std::path::PathBuf>,
     pub(crate) relay: RwLock<Option<Arc<RelayHealth>>>,
 }
 
@@ -43,9 +46,12 @@ pub(crate) async fn start(
     ready: Arc<Ready>,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
-        format!("--metrics-addr {addr}: cannot listen there (in use by another process, or not an address of this host)")
+    let parsed: std::net::SocketAddr = addr.parse().map_err(|e| {
+        anyhow::anyhow!("--metrics-addr {addr:?} is not HOST:PORT with an IP address and a port (e.g. 127.0.0.1:9464): {e}")
     })?;
+    let listener = tokio::net::TcpListener::bind(parsed)
+        .await
+        .with_context(|| format!("--metrics-addr {addr}: cannot listen there"))?;
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)?
         .set_buckets_for_metric(
@@ -87,6 +93,17 @@ async fn metrics(State(handle): State<PrometheusHandle>) -> String {
 }
 
 async fn readyz(State(ready): State<Arc<Ready>>) -> (StatusCode, String) {
+    if let Some(f) = &ready.sqlite_file
+        && !f.exists()
+    {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "store: the database file {} no longer exists\n",
+                f.display()
+            ),
+        );
+    }
     match tokio::time::timeout(Duration::from_secs(2), ready.store.check_schema()).await {
         Err(_) => {
             return (

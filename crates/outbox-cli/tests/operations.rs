@@ -290,6 +290,26 @@ fn replay_refuses_broad_or_bad_selections() {
         "{err}"
     );
     assert_eq!(db.status()["dead"], 1_001, "nothing changed");
+    // The dead-row purge asks the same way.
+    let purge = run(db
+        .cmd()
+        .args(["purge", "--dead-older-than", "0s"])
+        .stdin(Stdio::null()));
+    assert!(!purge.status.success());
+    let err = String::from_utf8_lossy(&purge.stderr);
+    assert!(
+        err.contains("1001 dead rows match and --yes was not given"),
+        "{err}"
+    );
+    // A rate so slow the rows would be parked for years.
+    let slow = run(db.cmd().args([
+        "replay", "--topic", "bulk.v1", "--reason", "x", "--by", "ci", "--limit", "10", "--rate",
+        "1e-300",
+    ]));
+    assert!(!slow.status.success());
+    let err = String::from_utf8_lossy(&slow.stderr);
+    assert!(err.contains("at least 0.01 rows per second"), "{err}");
+    assert_eq!(db.status()["dead"], 1_001, "nothing changed");
     let limited = run_ok(db.cmd().args([
         "replay", "--topic", "bulk.v1", "--reason", "x", "--by", "ci", "--limit", "10",
     ]));
@@ -346,6 +366,15 @@ fn replay_refuses_broad_or_bad_selections() {
         ),
         (vec!["dead", "show", "424242"], "no dead letter with id"),
         (vec!["resume", "--topic", "nope.>"], "no topic pause"),
+        (
+            vec!["pause", "--topic", "a.\u{1b}[31m", "--reason", "x"],
+            "control characters",
+        ),
+        (vec!["dead", "list", "--limit", "0"], "0 is not in 1.."),
+        (
+            vec!["relay", "--sink", "stdout", "--metrics-addr", "nonsense"],
+            "is not HOST:PORT",
+        ),
     ] {
         let out = run(db.cmd().args(&args));
         assert!(!out.status.success(), "{args:?} should fail");
@@ -748,7 +777,9 @@ fn pause_by_topic_holds_only_its_topics() {
         "{text}"
     );
     assert!(
-        text.ends_with("consumer redeploy\nverdict     OK\n"),
+        text.ends_with(
+            "consumer redeploy\nverdict     OK (1 topic pause in force: their rows wait)\n"
+        ),
         "{text}"
     );
     let held: BTreeSet<String> = db.enqueue("billing.invoice.v1", 3).into_iter().collect();

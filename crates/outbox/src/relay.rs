@@ -538,6 +538,7 @@ impl Relay {
         // Each worker claims, publishes and settles its own batches; SKIP LOCKED keeps
         // their claims apart, and one worker's publish overlaps another's claim and mark.
         crate::metrics::relay_info(&self.store_kind(), &self.router.describe());
+        self.warn_if_id_taken().await;
         self.health.turned();
         let done = CancellationToken::new();
         let workers = async {
@@ -571,6 +572,29 @@ impl Relay {
         Ok(stats)
     }
 
+    /// Warns when a live relay of another process already uses this relay's id: the
+    /// registry would show the two as one, and `claimed_by` could not tell them apart.
+    async fn warn_if_id_taken(&self) {
+        if self.config.heartbeat_interval.is_zero() {
+            return;
+        }
+        let Ok(relays) = self.store.relays(crate::store::RELAY_EXPIRY).await else {
+            return;
+        };
+        let me = (host_name(), i64::from(std::process::id()));
+        if let Some(other) = relays
+            .iter()
+            .find(|r| r.relay_id == self.config.relay_id && (r.host.clone(), r.pid) != me)
+        {
+            tracing::warn!(
+                relay_id = %self.config.relay_id,
+                other_host = %other.host,
+                other_pid = other.pid,
+                "another live relay uses this relay id: give each relay its own --relay-id (the registry and claimed_by cannot tell them apart)"
+            );
+        }
+    }
+
     fn store_kind(&self) -> String {
         self.store.kind().to_owned()
     }
@@ -582,7 +606,14 @@ impl Relay {
         let cfg = &self.config;
         let registry = !cfg.heartbeat_interval.is_zero();
         let far = Duration::from_secs(3600);
-        let every = |d: Duration| if d.is_zero() { None } else { Some(d) };
+        // At most a day: an interval so long it overflows the clock means "rarely".
+        let every = |d: Duration| {
+            if d.is_zero() {
+                None
+            } else {
+                Some(d.min(Duration::from_secs(86_400)))
+            }
+        };
         let start = Instant::now();
         let mut next_beat = every(cfg.heartbeat_interval).map(|_| start);
         // The first sample after the first heartbeat (so the registry knows this relay).
@@ -1035,7 +1066,7 @@ impl Relay {
         }
         for r in &counted {
             if let Some(m) = batch.iter().find(|m| m.id == r.id) {
-                tracing::debug!(message_id = %m.message_id, topic = %m.topic, attempt = m.attempts, retry_in = ?r.delay, error = %r.error, "publish failed; will retry");
+                tracing::debug!(message_id = %m.message_id, topic = %m.topic.escape_debug(), attempt = m.attempts, retry_in = ?r.delay, error = %r.error, "publish failed; will retry");
             }
         }
         let waiting: Vec<&Retry> = s
@@ -1093,7 +1124,7 @@ impl Relay {
             crate::metrics::quarantined(quarantine_reason(&d.error), 1);
             match batch.iter().find(|m| m.id == d.id) {
                 Some(m) => {
-                    tracing::warn!(message_id = %m.message_id, topic = %m.topic, attempts = m.attempts, error = %d.error, "message quarantined");
+                    tracing::warn!(message_id = %m.message_id, topic = %m.topic.escape_debug(), attempts = m.attempts, error = %d.error, "message quarantined");
                 }
                 None => tracing::warn!(row = d.id, error = %d.error, "row quarantined"),
             }

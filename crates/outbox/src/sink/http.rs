@@ -417,7 +417,7 @@ impl WebhookSink {
             Ok(resp) => classify_response(resp).await,
         };
         if let Err(e) = &result {
-            tracing::debug!(sink = %self.describe, message_id = %m.message_id, topic = %m.topic, error = %e, "webhook delivery failed");
+            tracing::debug!(sink = %self.describe, message_id = %m.message_id, topic = %m.topic.escape_debug(), error = %e, "webhook delivery failed");
         }
         result
     }
@@ -531,11 +531,19 @@ async fn classify_response(mut resp: reqwest::Response) -> Result<(), PublishErr
                 message.push_str(": ");
                 message.push_str(&body);
             }
+            let code = if status.is_server_error() {
+                "http_5xx"
+            } else if status.is_client_error() {
+                "http_4xx"
+            } else {
+                "http_other"
+            };
             let mut e = match class {
                 StatusClass::Pressure => PublishError::unavailable(message),
                 StatusClass::Transient => PublishError::transient(message),
                 _ => PublishError::permanent(message),
-            };
+            }
+            .with_code(code);
             e.retry_after = match class {
                 StatusClass::Pressure | StatusClass::Transient => retry_after,
                 _ => None,

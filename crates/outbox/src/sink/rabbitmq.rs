@@ -339,7 +339,8 @@ impl RabbitMqSink {
         if size > limit {
             return Err(PublishError::permanent(format!(
                 "message of {size} bytes (payload, topic, key and headers) exceeds the RabbitMQ limit of {limit} bytes"
-            )));
+            ))
+            .with_code("too_large"));
         }
         let routing_key = ShortString::try_new(m.topic.clone()).map_err(|_| {
             PublishError::permanent(format!(
@@ -537,12 +538,14 @@ impl Sink for RabbitMqSink {
                     Err(PublishError::permanent(format!(
                         "unroutable: no queue bound for routing key {:?} on exchange {:?} (basic.return {code} {text})",
                         m.topic, self.options.exchange,
-                    )))
+                    ))
+                    .with_code("unroutable"))
                 }
                 (Some(Ok(Confirmed::Ack)), None) => Ok(()),
                 (Some(Ok(Confirmed::Nack)), None) => Err(PublishError::transient(
                     "RabbitMQ nacked the message (a queue could not take it: internal error, or full with overflow reject-publish)",
-                )),
+                )
+                .with_code("nack")),
                 (Some(Ok(Confirmed::NotRequested)), _) => {
                     broken = true;
                     Err(PublishError::transient(

@@ -53,6 +53,15 @@ impl TopicPattern {
     /// A message when a token is empty, or `>` is not the last token, or a token mixes a
     /// wildcard with other characters.
     pub fn parse(pattern: &str) -> Result<Self, String> {
+        if let Some(c) = pattern
+            .chars()
+            .find(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(format!(
+                "pattern {:?} contains {c:?}: topics have no whitespace or control characters",
+                pattern.escape_debug().to_string()
+            ));
+        }
         let tokens: Vec<String> = pattern.split('.').map(str::to_owned).collect();
         for (i, t) in tokens.iter().enumerate() {
             if t.is_empty() {

@@ -1135,6 +1135,7 @@ impl Store for MySqlStore {
             query = query.bind(b);
         }
         let selected = query.fetch_all(&mut *tx).await?;
+        ops::check_spread(selected.len(), req.rate_per_s)?;
         if req.dry_run || selected.is_empty() {
             tx.rollback().await?;
             return Ok(ReplayOutcome {
@@ -1174,7 +1175,7 @@ impl Store for MySqlStore {
                     .bind(&req.by)
                     .bind(&req.reason)
                     .bind(req.action.as_str())
-                    .bind(req.selector.describe())
+                    .bind(req.describe())
                     .execute(&mut *tx)
                     .await?;
                 i64::try_from(r.last_insert_id()).unwrap_or(i64::MAX)

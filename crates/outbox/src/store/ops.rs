@@ -225,6 +225,21 @@ impl ReplayAction {
     }
 }
 
+impl ReplayRequest {
+    /// What the audit row's `selection` records: the selector, and the limit and rate
+    /// when given (`topic=orders.> limit=100 rate=50/s`).
+    pub fn describe(&self) -> String {
+        let mut d = self.selector.describe();
+        if let Some(l) = self.limit {
+            d.push_str(&format!(" limit={l}"));
+        }
+        if let Some(r) = self.rate_per_s {
+            d.push_str(&format!(" rate={r}/s"));
+        }
+        d
+    }
+}
+
 /// An audited operation on dead rows ([`super::Store::replay`]).
 #[derive(Debug, Clone)]
 pub struct ReplayRequest {
@@ -463,12 +478,32 @@ pub(crate) fn validate(req: &ReplayRequest) -> crate::Result<()> {
         return bad("who is doing this is required (it is kept in the audit row)");
     }
     if let Some(r) = req.rate_per_s
-        && !(r.is_finite() && r > 0.0)
+        && !(r.is_finite() && r >= MIN_RATE_PER_S)
     {
-        return bad("the replay rate must be a positive number of rows per second");
+        return bad("the replay rate must be at least 0.01 rows per second (one row every 100 s)");
     }
     if req.limit == Some(0) {
         return bad("the limit must be at least 1");
+    }
+    Ok(())
+}
+
+/// The slowest replay rate accepted, in rows per second (one row every 100 s).
+pub const MIN_RATE_PER_S: f64 = 0.01;
+
+/// The longest a rate may spread one replay over: 7 days.
+pub const MAX_SPREAD: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// Refuses a replay whose `n` rows at `rate_per_s` would spread over more than
+/// [`MAX_SPREAD`] (rows parked as pending for months look like a lost message).
+pub(crate) fn check_spread(n: usize, rate_per_s: Option<f64>) -> crate::Result<()> {
+    if let Some(r) = rate_per_s
+        && (n.saturating_sub(1) as f64) / r > MAX_SPREAD.as_secs_f64()
+    {
+        return Err(crate::Error::InvalidRequest(format!(
+            "{n} rows at {r}/s would take {:.0} days to become due: raise --rate or use --limit (at most 7 days)",
+            (n.saturating_sub(1) as f64) / r / 86_400.0
+        )));
     }
     Ok(())
 }
@@ -485,6 +520,18 @@ pub(crate) fn spread_ms(k: usize, rate_per_s: Option<f64>) -> i64 {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replay_spreads_over_at_most_seven_days() {
+        assert!(
+            check_spread(6_049, Some(0.01)).is_ok(),
+            "6,048 gaps of 100 s = 7 days"
+        );
+        let e = check_spread(6_050, Some(0.01)).unwrap_err().to_string();
+        assert!(e.contains("would take 7 days"), "{e}");
+        assert!(check_spread(1_000_000, None).is_ok());
+        assert_eq!(spread_ms(3, Some(2.0)), 1_500);
+    }
 
     #[test]
     fn topic_regex_matches_what_the_pattern_matches() {

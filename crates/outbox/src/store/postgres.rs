@@ -918,6 +918,7 @@ impl Store for PgStore {
         }
         let ids = query.fetch_all(&mut *tx).await?;
         let sample: Vec<i64> = ids.iter().take(20).copied().collect();
+        ops::check_spread(ids.len(), req.rate_per_s)?;
         if req.dry_run || ids.is_empty() {
             return Ok(ReplayOutcome {
                 replay_id: None,
@@ -936,7 +937,7 @@ impl Store for PgStore {
                 .bind(&req.by)
                 .bind(&req.reason)
                 .bind(req.action.as_str())
-                .bind(req.selector.describe())
+                .bind(req.describe())
                 .fetch_one(&mut *tx)
                 .await?
             }

@@ -677,6 +677,7 @@ impl Store for SqliteStore {
         }
         let ids = query.fetch_all(&mut *tx).await?;
         let sample: Vec<i64> = ids.iter().take(20).copied().collect();
+        ops::check_spread(ids.len(), req.rate_per_s)?;
         if req.dry_run || ids.is_empty() {
             return Ok(ReplayOutcome {
                 replay_id: None,
@@ -695,7 +696,7 @@ impl Store for SqliteStore {
                 .bind(&req.by)
                 .bind(&req.reason)
                 .bind(req.action.as_str())
-                .bind(req.selector.describe())
+                .bind(req.describe())
                 .fetch_one(&mut *tx)
                 .await?
             }

@@ -301,7 +301,7 @@ pub(crate) async fn dead_letters_are_listed_replayed_and_audited<B: Backend>() {
     assert_eq!(
         summary,
         vec![
-            ("purge".into(), 3, "died_before_ago=0s".into()),
+            ("purge".into(), 3, "died_before_ago=0s limit=2".into()),
             ("discard".into(), 1, "topic=t.other.v1".into()),
             ("replay".into(), 3, "topic=t.rate.v1".into()),
             ("replay".into(), 10, "topic=t.ops.>".into()),
