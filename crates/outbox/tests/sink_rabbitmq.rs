@@ -330,9 +330,11 @@ async fn concurrent_batches_keep_each_outcome_with_its_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_down_is_unavailable_and_connect_still_succeeds() {
-    // Nothing listens on port 1: the broker is "down".
+    // Nothing listens on port 1: the broker is "down". A refused connection fails at
+    // once; on a loaded machine the attempt can stall, and then the connection timeout
+    // (2 s here) is what bounds it.
     let started = Instant::now();
-    let sink = RabbitMqSink::connect("amqp://guest:guest@127.0.0.1:1/%2f")
+    let sink = RabbitMqSink::connect("amqp://guest:guest@127.0.0.1:1/%2f?connection_timeout=2000")
         .await
         .expect("a broker that is down must not fail connect");
     let batch: Vec<OutgoingMessage> = (0..3).map(|i| outgoing(i, "t.down.v1", vec![1])).collect();

@@ -303,7 +303,7 @@ pub(crate) async fn dead_letters_are_listed_replayed_and_audited<B: Backend>() {
         vec![
             ("purge".into(), 3, "died_before_ago=0s limit=2".into()),
             ("discard".into(), 1, "topic=t.other.v1".into()),
-            ("replay".into(), 3, "topic=t.rate.v1".into()),
+            ("replay".into(), 3, "topic=t.rate.v1 rate=2/s".into()),
             ("replay".into(), 10, "topic=t.ops.>".into()),
             (
                 "replay".into(),
