@@ -80,7 +80,7 @@ impl SelectArgs {
                 Err(_) => {
                     let t = DateTime::parse_from_rfc3339(s).with_context(|| {
                         format!(
-                            "--since {s:?} is neither a duration (15m, 2h, 7d) nor an RFC 3339 time"
+                            "--since {s:?} is neither a duration (a number and a unit: 90s, 15m, 2h, 7d) nor an RFC 3339 time (2026-12-01T10:00:00Z)"
                         )
                     })?;
                     sel.died_after = Some(t.with_timezone(&Utc));
@@ -580,6 +580,8 @@ pub(crate) fn verdict(
         && due_s >= stuck_s
         && !claiming
         && !pause.paused
+        // Live relays and topic pauses: the due rows may be the paused topics' (below).
+        && (pause.topics.is_empty() || relays.is_empty())
     {
         let who = if relays.is_empty() {
             "no relay is alive".to_owned()
@@ -589,6 +591,22 @@ pub(crate) fn verdict(
         return Verdict {
             state: "STUCK",
             text: format!("{} messages due for {due_s} s and {who}", group(o.due)),
+        };
+    }
+    if let Some(due_s) = o.oldest_due_s
+        && o.due > 0
+        && due_s >= stuck_s
+        && !pause.topics.is_empty()
+        && !claiming
+    {
+        let list: Vec<&str> = pause.topics.iter().map(|p| p.pattern.as_str()).collect();
+        return Verdict {
+            state: "PAUSED",
+            text: format!(
+                "{} messages due for {due_s} s while topic pauses are in force ({}): the paused topics' rows wait; `outbox resume --topic PATTERN` lifts one",
+                group(o.due),
+                list.join(", ")
+            ),
         };
     }
     if pause.paused {
@@ -879,6 +897,33 @@ mod tests {
             &LIMITS,
         );
         assert_eq!(v.state, "STUCK");
+        let topic_paused = PauseState {
+            topics: vec![outbox::store::TopicPause {
+                pattern: "billing.>".into(),
+                reason: "redeploy".into(),
+                by: "dana".into(),
+                paused_at: now,
+            }],
+            ..unpaused()
+        };
+        let v = verdict(
+            &overview(3, Some(64), Some(64), 0),
+            &[relay(None, now)],
+            &topic_paused,
+            &LIMITS,
+        );
+        assert_eq!(v.state, "PAUSED", "{v:?}");
+        assert!(
+            v.text.contains("topic pauses are in force (billing.>)"),
+            "{v:?}"
+        );
+        let v = verdict(
+            &overview(3, Some(64), Some(64), 0),
+            &[],
+            &topic_paused,
+            &LIMITS,
+        );
+        assert_eq!(v.state, "STUCK", "no relay alive at all: {v:?}");
         let v = verdict(&overview(0, None, None, 10), &[], &p, &LIMITS);
         assert_eq!(v.state, "DEAD");
         let v = verdict(&overview(0, None, None, 0), &[], &p, &LIMITS);

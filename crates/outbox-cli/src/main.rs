@@ -34,7 +34,7 @@ struct Cli {
     )]
     database_url: String,
 
-    /// PostgreSQL schema (or SQLite table prefix) holding the outbox tables.
+    /// PostgreSQL schema (or MySQL/SQLite table prefix) holding the outbox tables.
     #[arg(long, env = "OUTBOX_SCHEMA", default_value = "outbox", global = true)]
     schema: String,
 
@@ -208,7 +208,7 @@ enum Command {
         #[arg(long, value_parser = parse_rate)]
         rate: Option<f64>,
     },
-    /// The audit of replays and discards.
+    /// The audit of replays, discards and dead-row purges.
     #[command(subcommand)]
     Replays(admin::ReplaysCommand),
     /// Delete dispatched rows older than the retention, in bounded batches (pending,
@@ -702,7 +702,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     }
                 }
                 None => {
-                    store.set_pause(Some(reason)).await?;
+                    store
+                        .set_pause(Some(&format!("{reason} (by {by})")))
+                        .await?;
                     eprintln!(
                         "outbox paused: relays stop publishing within about 1 s; producers keep writing"
                     );

@@ -175,7 +175,12 @@ pub(crate) fn store_sample(
 /// OpenTelemetry `messaging.system` names where one exists: `kafka`, `rabbitmq`; else the
 /// sink's own: `nats`, `redis`, `mqtt`, `http`, `file`).
 pub(crate) fn system_of(describe: &str) -> &'static str {
-    let scheme = describe.split(':').next().unwrap_or_default();
+    // The first word with a scheme: "webhook https://…" is http, "mqtt://… client id …" mqtt.
+    let word = describe
+        .split_whitespace()
+        .find(|w| w.contains(':'))
+        .unwrap_or(describe);
+    let scheme = word.split(':').next().unwrap_or_default();
     match scheme {
         "nats" | "tls" => "nats",
         "kafka" => "kafka",
@@ -224,7 +229,7 @@ pub fn describe() {
     );
     describe_counter!(
         RELEASED,
-        "Rows given back unpublished (shutdown grace ran out)."
+        "Rows given back unpublished because the shutdown grace ran out."
     );
     describe_counter!(
         CLAIMS_LOST,
@@ -300,5 +305,23 @@ pub fn describe() {
         PURGE_RUNS,
     ] {
         counter!(name).absolute(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn messaging_system_from_any_sink_description() {
+        for (d, want) in [
+            ("nats://127.0.0.1:4222", "nats"),
+            ("webhook https://hooks.example.com/in", "http"),
+            ("mqtt://127.0.0.1:1883 client id outbox-1", "mqtt"),
+            ("amqp://127.0.0.1:5672/%2f exchange outbox", "rabbitmq"),
+            ("file:/tmp/out.jsonl", "file"),
+            ("stdout", "file"),
+            ("recording", "other"),
+        ] {
+            assert_eq!(super::system_of(d), want, "{d}");
+        }
     }
 }

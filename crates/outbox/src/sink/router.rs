@@ -65,16 +65,16 @@ impl TopicPattern {
         let tokens: Vec<String> = pattern.split('.').map(str::to_owned).collect();
         for (i, t) in tokens.iter().enumerate() {
             if t.is_empty() {
-                return Err(format!("route pattern {pattern:?} has an empty token"));
+                return Err(format!("topic pattern {pattern:?} has an empty token"));
             }
             if t == ">" && i + 1 != tokens.len() {
                 return Err(format!(
-                    "route pattern {pattern:?}: `>` must be the last token"
+                    "topic pattern {pattern:?}: `>` must be the last token"
                 ));
             }
             if t.len() > 1 && (t.contains('*') || t.contains('>')) {
                 return Err(format!(
-                    "route pattern {pattern:?}: `*` and `>` must be whole tokens"
+                    "topic pattern {pattern:?}: `*` and `>` must be whole tokens"
                 ));
             }
         }
