@@ -5,8 +5,9 @@
 //! For each store: claim + mark 100 rows at a time over 3,000 pending rows in an empty
 //! outbox (the baseline), then again after `BENCH_RETAINED` dispatched rows were added and
 //! statistics refreshed. The live-row index should keep the two close. Then topic pauses:
-//! the same claims with no pause, and with 10 topic pauses active while 1,000 rows of the
-//! paused topics are due ahead of the claimed ones (the claim skips them on every call).
+//! the same claims with no pause, with 10 topic pauses whose topics have no rows, and with
+//! 10 topic pauses while 1,000 rows of the paused topics are due ahead of the claimed ones
+//! (the claim skips them on every call).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use outbox::mysql::MySqlStore;
@@ -216,17 +217,22 @@ async fn main() {
             fill.as_secs_f64(),
             a50 / b50
         );
-        // Topic pauses: 0 vs 10 active, 1,000 due rows of paused topics ahead.
+        // Topic pauses: none; 10 whose topics have no rows; 10 with 1,000 of their rows
+        // due ahead of the claimed ones.
         db.enqueue(3_000).await;
         let mut none = claim_all(db.store(), 0).await;
+        db.enqueue(3_000).await;
+        let mut idle = claim_all(db.store(), 10).await;
         db.enqueue_topic(1_000, |i| format!("paused.t{}.x", i % 10))
             .await;
         db.enqueue(3_000).await;
         let mut ten = claim_all(db.store(), 10).await;
         let (n50, n99) = (pct(&mut none, 0.5), pct(&mut none, 0.99));
+        let (i50, i99) = (pct(&mut idle, 0.5), pct(&mut idle, 0.99));
         let (t50, t99) = (pct(&mut ten, 0.5), pct(&mut ten, 0.99));
         println!(
-            "{kind:<9} 0 topic pauses: p50 {n50:6.2} ms p99 {n99:6.2} ms | 10 pauses, 1,000 paused rows due: p50 {t50:6.2} ms p99 {t99:6.2} ms | p50 ratio {:.2}",
+            "{kind:<9} 0 topic pauses: p50 {n50:6.2} ms p99 {n99:6.2} ms | 10 pauses, none of their rows due: p50 {i50:6.2} ms p99 {i99:6.2} ms (x{:.2}) | 10 pauses, 1,000 paused rows due: p50 {t50:6.2} ms p99 {t99:6.2} ms (x{:.2})",
+            i50 / n50,
             t50 / n50
         );
         db.drop_all(&p).await;
