@@ -951,7 +951,9 @@ mod tests {
             Ok(Duration::from_secs(7 * 86400))
         );
         for short in ["59m", "30s", "0s"] {
-            let e = super::parse_inbox_age(short).unwrap_err();
+            let Err(e) = super::parse_inbox_age(short) else {
+                panic!("{short} was accepted");
+            };
             assert!(e.contains("minimum inbox retention of 1h"), "{e}");
         }
         assert!(super::parse_inbox_age("soon").is_err());
