@@ -109,6 +109,9 @@ fn races() -> usize {
 async fn race<H: Harness>(h: &Arc<H>) {
     let n = races();
     let (mut fresh, mut duplicate, mut errors) = (0usize, 0usize, Vec::new());
+    // Duplicates whose transaction took at least the fresh one's hold: they met the
+    // uncommitted row on the unique key and waited for its commit.
+    let mut waited = 0usize;
     let start = Instant::now();
     for _ in 0..n {
         let id = Uuid::now_v7();
@@ -117,19 +120,25 @@ async fn race<H: Harness>(h: &Arc<H>) {
             .map(|_| {
                 let h = h.clone();
                 let gate = gate.clone();
-                tokio::spawn(
-                    async move { h.handle("race", id, false, Some(gate), End::Commit).await },
-                )
+                tokio::spawn(async move {
+                    let t = Instant::now();
+                    let a = h.handle("race", id, false, Some(gate), End::Commit).await;
+                    (a, t.elapsed())
+                })
             })
             .collect();
         let mut fresh_here = 0;
         for t in tasks {
-            match t.await.unwrap() {
+            let (a, took) = t.await.unwrap();
+            match a {
                 Ok(Accepted::Fresh) => {
                     fresh += 1;
                     fresh_here += 1;
                 }
-                Ok(Accepted::Duplicate) => duplicate += 1,
+                Ok(Accepted::Duplicate) => {
+                    duplicate += 1;
+                    waited += usize::from(took >= HOLD);
+                }
                 Err(e) => errors.push(format!("{id}: {e}")),
             }
         }
@@ -138,7 +147,8 @@ async fn race<H: Harness>(h: &Arc<H>) {
     let took = start.elapsed();
     println!(
         "{} inbox race: {n} ids x 2 concurrent consumers = {} attempts: {fresh} fresh, \
-         {duplicate} duplicate, {} errors ({took:.1?})",
+         {duplicate} duplicate ({waited} of them took >= {HOLD:?}, waiting on the other's \
+         uncommitted row), {} errors ({took:.1?})",
         H::NAME,
         2 * n,
         errors.len()
@@ -300,9 +310,12 @@ async fn latency<H: Harness>(h: &Arc<H>) {
 /// accept (released by the same barrier) meets it on the unique key and waits.
 async fn hold_if_racing(racing: bool, a: Accepted) {
     if racing && a.is_fresh() {
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep(HOLD).await;
     }
 }
+
+/// How long the fresh transaction of a race holds its row before it commits.
+const HOLD: Duration = Duration::from_millis(2);
 
 // ---------------------------------------------------------------------------------------
 // PostgreSQL
