@@ -237,12 +237,50 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         pause_ms: u64,
     },
+    /// The consumer inbox (deduplication rows written by `inbox_accept`).
+    #[command(subcommand)]
+    Inbox(InboxCommand),
     /// A self-contained run on SQLite in a temporary directory.
     Demo {
         /// Orders to place.
         #[arg(long, default_value_t = 2_000)]
         orders: u32,
     },
+}
+
+/// `outbox inbox …`
+#[derive(Subcommand, Debug)]
+enum InboxCommand {
+    /// Delete inbox rows received longer ago than --older-than (database clock), oldest
+    /// first, in bounded batches. Prints `{"deleted":N}`. A message whose row is gone is
+    /// fresh again to its consumer, so ages under 1h are refused: brokers redeliver
+    /// unacknowledged messages within their ack wait / visibility timeout, and a dedup row
+    /// must outlive every redelivery.
+    Purge {
+        /// Keep rows younger than this (e.g. 7d, 36h); at least 1h.
+        #[arg(long, value_parser = parse_inbox_age)]
+        older_than: Duration,
+        /// Rows per delete statement.
+        #[arg(long, default_value_t = 1_000)]
+        batch_size: u32,
+        /// Pause between batches, in ms (gives consumers room on a busy database).
+        #[arg(long, default_value_t = 0)]
+        pause_ms: u64,
+    },
+}
+
+/// An inbox retention age: a duration of at least [`outbox::inbox::MIN_RETENTION`].
+fn parse_inbox_age(s: &str) -> Result<Duration, String> {
+    let d = admin::parse_duration(s)?;
+    if d < outbox::inbox::MIN_RETENTION {
+        return Err(format!(
+            "{s:?} is shorter than the minimum inbox retention of {}: a dedup row must outlive \
+             every redelivery of its message (brokers redeliver unacknowledged messages after \
+             their ack wait or visibility timeout), or a late duplicate is processed again",
+            humantime_fmt(outbox::inbox::MIN_RETENTION)
+        ));
+    }
+    Ok(d)
 }
 
 /// Why `relay` refuses to start without a destination, and how to give it one.
@@ -774,6 +812,28 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             out(&serde_json::json!({ "deleted": total, "locked_out": locked_out }).to_string());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Inbox(InboxCommand::Purge {
+            older_than,
+            batch_size,
+            pause_ms,
+        }) => {
+            let store = connect(&cli, false).await?;
+            store.check_schema().await?;
+            anyhow::ensure!(*batch_size > 0, "--batch-size must be at least 1");
+            let mut total = 0u64;
+            loop {
+                let n = store.inbox_purge(*older_than, *batch_size).await?;
+                total += n;
+                if n < u64::from(*batch_size) {
+                    break;
+                }
+                if *pause_ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(*pause_ms)).await;
+                }
+            }
+            out(&serde_json::json!({ "deleted": total }).to_string());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Resume { topic } => {
             let store = connect(&cli, false).await?;
             store.check_schema().await?;
@@ -883,6 +943,23 @@ async fn shutdown_on_signal(cancel: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::log_filter_directives;
+
+    #[test]
+    fn inbox_purge_ages_below_the_redelivery_window_are_refused() {
+        use std::time::Duration;
+        assert_eq!(super::parse_inbox_age("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(
+            super::parse_inbox_age("7d"),
+            Ok(Duration::from_secs(7 * 86400))
+        );
+        for short in ["59m", "30s", "0s"] {
+            let Err(e) = super::parse_inbox_age(short) else {
+                panic!("{short} was accepted");
+            };
+            assert!(e.contains("minimum inbox retention of 1h"), "{e}");
+        }
+        assert!(super::parse_inbox_age("soon").is_err());
+    }
 
     #[test]
     fn body_logging_targets_are_quiet_unless_named() {

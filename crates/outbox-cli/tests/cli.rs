@@ -742,3 +742,41 @@ async fn drain_reports_and_can_wait_for_leases_held_by_others() {
     let l = store.leases().await.unwrap();
     assert_eq!(l.held, 0);
 }
+
+/// `outbox inbox purge` deletes only inbox rows older than --older-than, in batches, and
+/// refuses ages under the minimum redelivery window (1h) with exit 2, deleting nothing.
+#[test]
+fn inbox_purge_keeps_young_rows_and_refuses_short_ages() {
+    let schema = unique("inbox");
+    run_ok(outbox().args(["--database-url", PG, "--schema", &schema, "migrate"]));
+    psql(&format!(
+        "SELECT {schema}.inbox_accept('billing', gen_random_uuid()) FROM generate_series(1, 8);
+         UPDATE {schema}.inbox SET received_at = now() - interval '2 hours'
+         WHERE message_id IN (SELECT message_id FROM {schema}.inbox LIMIT 5);"
+    ));
+    let count = || {
+        psql(&format!("SELECT count(*) FROM {schema}.inbox"))
+            .trim()
+            .to_owned()
+    };
+
+    let out = outbox()
+        .args(["--database-url", PG, "--schema", &schema])
+        .args(["inbox", "purge", "--older-than", "30m"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert!(stderr.contains("minimum inbox retention of 1h"), "{stderr}");
+    assert_eq!(count(), "8", "a refused purge deletes nothing");
+
+    let out = run_ok(
+        outbox()
+            .args(["--database-url", PG, "--schema", &schema])
+            .args(["inbox", "purge", "--older-than", "1h", "--batch-size", "2"]),
+    );
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v, serde_json::json!({"deleted": 5}));
+    assert_eq!(count(), "3", "the young rows stay");
+    psql(&format!("DROP SCHEMA {schema} CASCADE"));
+}

@@ -75,7 +75,7 @@ fn status(prefix: &str) -> serde_json::Value {
 
 fn drop_tables(prefix: &str) {
     mariadb(&format!(
-        "DROP PROCEDURE IF EXISTS {prefix}_enqueue; DROP TABLE IF EXISTS {prefix}_messages, {prefix}_control, {prefix}_schema_migrations, {prefix}_orders;"
+        "DROP PROCEDURE IF EXISTS {prefix}_enqueue; DROP PROCEDURE IF EXISTS {prefix}_inbox_accept; DROP TABLE IF EXISTS {prefix}_messages, {prefix}_control, {prefix}_schema_migrations, {prefix}_replays, {prefix}_relays, {prefix}_topic_pauses, {prefix}_inbox, {prefix}_orders;"
     ));
 }
 

@@ -162,8 +162,9 @@ impl Db {
             Db::My(s) => {
                 sqlx::raw_sql(AssertSqlSafe(format!(
                     "DROP PROCEDURE IF EXISTS {p}_enqueue;
+                     DROP PROCEDURE IF EXISTS {p}_inbox_accept;
                      DROP TABLE {p}_messages, {p}_control, {p}_schema_migrations, {p}_replays,
-                         {p}_relays, {p}_topic_pauses"
+                         {p}_relays, {p}_topic_pauses, {p}_inbox"
                 )))
                 .execute(s.pool())
                 .await

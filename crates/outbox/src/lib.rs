@@ -14,6 +14,7 @@
 pub mod backoff;
 pub mod error;
 pub mod ident;
+pub mod inbox;
 pub mod message;
 pub mod metrics;
 pub mod redact;
@@ -24,6 +25,7 @@ pub mod trace;
 
 pub use error::{Error, Result};
 pub use ident::Ident;
+pub use inbox::{Accepted, follow_up_id};
 pub use message::{Contract, Enqueued, Message, OutgoingMessage};
 pub use relay::{Relay, RelayConfig, RelayError, RelayHandle, RelayStats};
 pub use sink::{PublishError, Sink};

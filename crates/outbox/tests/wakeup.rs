@@ -114,6 +114,9 @@ impl outbox::Store for Counting {
     ) -> outbox::Result<outbox::store::PurgeBatch> {
         self.inner.purge(older_than, batch_size).await
     }
+    async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> outbox::Result<u64> {
+        self.inner.inbox_purge(older_than, batch_size).await
+    }
     async fn leases(&self) -> outbox::Result<outbox::store::Leases> {
         self.inner.leases().await
     }

@@ -357,6 +357,14 @@ pub trait Store: Send + Sync + 'static {
     /// others get `locked_out`. Call it in a loop until `deleted < batch_size`.
     async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch>;
 
+    /// Deletes at most `batch_size` inbox rows ([`crate::inbox`]) whose `received_at` is
+    /// older than `older_than` (database clock), oldest first, in one statement over the
+    /// `received_at` index. Returns how many rows it deleted; call it in a loop until that
+    /// is less than `batch_size`. A message whose row is gone is fresh again to its
+    /// consumer, so `older_than` must exceed every redelivery window (see
+    /// [`crate::inbox::MIN_RETENTION`], which the CLI enforces).
+    async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64>;
+
     /// Claimed rows whose lease has not ended on the database clock (`status = 1` and the
     /// lease end after now), and when the last of those leases ends. Expired claims are not
     /// counted: any relay may claim them again. One read-only statement.
@@ -537,6 +545,9 @@ impl Store for AnyStore {
     }
     async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
         self.inner().purge(older_than, batch_size).await
+    }
+    async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64> {
+        self.inner().inbox_purge(older_than, batch_size).await
     }
     async fn leases(&self) -> Result<Leases> {
         self.inner().leases().await

@@ -3,8 +3,9 @@
 //!
 //! Tables are `{prefix}_messages`, `{prefix}_control`, `{prefix}_schema_migrations`,
 //! `{prefix}_replays` (the audit of dead-row replays and discards), `{prefix}_relays` (the
-//! relay registry) and `{prefix}_topic_pauses` in the connected database, plus the
-//! procedure `{prefix}_enqueue(...)`. Times are
+//! relay registry), `{prefix}_topic_pauses` and `{prefix}_inbox` (the consumer inbox) in
+//! the connected database, plus the procedures `{prefix}_enqueue(...)` and
+//! `{prefix}_inbox_accept(...)`. Times are
 //! `DATETIME(6)` in UTC, always from `UTC_TIMESTAMP(6)`, so neither the session time zone
 //! nor the relay's clock matters.
 //!
@@ -25,6 +26,7 @@ use super::{
     ReplayRequest, Settled, Settlement, Store, StoreConfig, TopicPause, millis, parse_headers,
 };
 use crate::error::{Error, Result};
+use crate::inbox::Accepted;
 use crate::message::{Enqueued, Message, OutgoingMessage};
 use crate::sink::router::TopicPattern;
 use async_trait::async_trait;
@@ -40,8 +42,8 @@ use uuid::Uuid;
 
 /// Schema version this build creates and expects (2: `{prefix}_enqueue` validates headers
 /// as `outbox.enqueue` does on PostgreSQL; 3: dead letters, replays, the relay registry and
-/// topic pauses).
-pub const SCHEMA_VERSION: i64 = 3;
+/// topic pauses; 4: the consumer inbox, `{prefix}_inbox` and `{prefix}_inbox_accept`).
+pub const SCHEMA_VERSION: i64 = 4;
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
@@ -66,6 +68,8 @@ struct Sql {
     purge: SqlStr,
     max_id: SqlStr,
     leases: SqlStr,
+    inbox_accept: SqlStr,
+    inbox_purge: SqlStr,
     replay_insert: SqlStr,
     replay_count: SqlStr,
     replays: SqlStr,
@@ -129,6 +133,18 @@ impl Sql {
                 "SELECT CAST(COUNT(*) AS SIGNED), MAX(live_at),
                         CAST(CEIL(TIMESTAMPDIFF(MICROSECOND, {n}, MAX(live_at)) / 1000) AS SIGNED)
                  FROM {p}_messages WHERE live_at > {n} AND status = 1"
+            )),
+            // Insert first. INSERT IGNORE writes 0 rows on a duplicate key whatever the
+            // connection's CLIENT_FOUND_ROWS (an ON DUPLICATE KEY UPDATE no-op counts 1 with
+            // it, as sqlx connects); the consumer name is checked and the id formatted
+            // before, so the duplicate key is the only error there is to ignore.
+            inbox_accept: q(format!(
+                "INSERT IGNORE INTO {p}_inbox (consumer, message_id) VALUES (?, ?)"
+            )),
+            inbox_purge: q(format!(
+                "DELETE FROM {p}_inbox
+                 WHERE received_at < TIMESTAMPADD(MICROSECOND, -? * 1000, {n})
+                 ORDER BY received_at LIMIT ?"
             )),
             replay_insert: q(format!(
                 "INSERT INTO {p}_replays (requested_by, reason, action, selection) VALUES (?, ?, ?, ?)"
@@ -276,7 +292,46 @@ fn migrations(p: &str) -> Vec<Vec<String>> {
                 SELECT LAST_INSERT_ID() AS id;
              END"
         ),
-    ], enqueue_v2(p), operations_v3(p)]
+    ], enqueue_v2(p), operations_v3(p), inbox_v4(p)]
+}
+
+/// Migration 4: the consumer inbox. `consumer` is `VARBINARY(255)`: compared as bytes, with
+/// no trailing-space padding (`utf8mb4_bin` is `PAD SPACE` on MariaDB, where `'a'` and
+/// `'a '` would collide), at most 255 bytes as everywhere else. `{p}_inbox_accept(consumer,
+/// message_id)` is a procedure, not a function (a function that writes needs
+/// `log_bin_trust_function_creators` or SUPER under binary logging); it returns one row,
+/// column `fresh`: 1 the first time, 0 for a duplicate. Its checks `SIGNAL` SQLSTATE
+/// `22023`, which rolls back that statement only, never the caller's transaction.
+fn inbox_v4(p: &str) -> Vec<String> {
+    let n = NOW;
+    vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS {p}_inbox (
+                consumer    VARBINARY(255) NOT NULL,
+                message_id  CHAR(36) CHARACTER SET ascii NOT NULL,
+                received_at DATETIME(6) NOT NULL DEFAULT ({n}),
+                PRIMARY KEY (consumer, message_id),
+                KEY {p}_inbox_received (received_at)
+            ) ENGINE = InnoDB"
+        ),
+        format!("DROP PROCEDURE IF EXISTS {p}_inbox_accept"),
+        format!(
+            "CREATE PROCEDURE {p}_inbox_accept(
+                IN p_consumer TEXT CHARACTER SET utf8mb4, IN p_message_id VARCHAR(64) CHARACTER SET ascii)
+             BEGIN
+                IF p_consumer IS NULL OR OCTET_LENGTH(p_consumer) = 0 OR OCTET_LENGTH(p_consumer) > 255
+                   OR p_consumer REGEXP '[[:cntrl:]]' THEN
+                    SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = '{p}_inbox_accept: consumer must be 1-255 bytes without control characters';
+                END IF;
+                IF p_message_id IS NULL OR NOT (p_message_id REGEXP '^[0-9A-Fa-f]{{8}}-[0-9A-Fa-f]{{4}}-[0-9A-Fa-f]{{4}}-[0-9A-Fa-f]{{4}}-[0-9A-Fa-f]{{12}}$') THEN
+                    SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = '{p}_inbox_accept: message_id must be a UUID (8-4-4-4-12 hex digits)';
+                END IF;
+                INSERT IGNORE INTO {p}_inbox (consumer, message_id)
+                VALUES (CONVERT(p_consumer USING binary), LOWER(p_message_id));
+                SELECT ROW_COUNT() AS fresh;
+             END"
+        ),
+    ]
 }
 
 /// Migration 3: the operations tables (the audit of replays and discards, the relay
@@ -506,6 +561,35 @@ impl MySqlStore {
     /// The store's settings.
     pub fn config(&self) -> &StoreConfig {
         &self.inner.config
+    }
+
+    /// Accepts `message_id` for `consumer` inside the consumer's transaction (see
+    /// [`crate::inbox`]): inserts the inbox row first, under the primary key
+    /// `(consumer, message_id)`, with `INSERT IGNORE`. [`Accepted::Fresh`] means do the
+    /// work in this transaction; [`Accepted::Duplicate`] means it was done (or a concurrent
+    /// transaction holding the same id committed while this one waited on the key): skip
+    /// it. No error on a duplicate, so the transaction stays usable; a rollback removes
+    /// the row with the rest. Works at `READ COMMITTED` and at the server's default
+    /// `REPEATABLE READ` alike (the duplicate check reads the latest committed row).
+    ///
+    /// # Errors
+    /// [`Error::InvalidMessage`] for a consumer name that is empty, over 255 bytes or
+    /// holds a control character, before any SQL runs; [`Error::Database`] from the insert
+    /// (a lock wait timeout when the concurrent transaction holding the id stays open past
+    /// `innodb_lock_wait_timeout`).
+    pub async fn inbox_accept(
+        &self,
+        tx: &mut Transaction<'_, MySql>,
+        consumer: &str,
+        message_id: Uuid,
+    ) -> Result<Accepted> {
+        crate::inbox::validate_consumer(consumer)?;
+        let r = sqlx::query(self.inner.sql.inbox_accept.clone())
+            .bind(consumer.as_bytes())
+            .bind(message_id.hyphenated().to_string())
+            .execute(&mut **tx)
+            .await?;
+        Ok(Accepted::from_rows(r.rows_affected()))
     }
 
     /// Enqueues `msg` inside the caller's transaction. Idempotent on the message id: a
@@ -1020,6 +1104,18 @@ impl Store for MySqlStore {
             deleted,
             locked_out: false,
         })
+    }
+
+    async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64> {
+        if batch_size == 0 {
+            return Ok(0);
+        }
+        let r = sqlx::query(self.inner.sql.inbox_purge.clone())
+            .bind(millis(older_than))
+            .bind(i64::from(batch_size))
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(r.rows_affected())
     }
 
     async fn leases(&self) -> Result<Leases> {

@@ -10,6 +10,7 @@ use super::{
     ReplayRequest, Settled, Settlement, Store, StoreConfig, TopicPause, millis, parse_headers,
 };
 use crate::error::{Error, Result};
+use crate::inbox::Accepted;
 use crate::message::{Enqueued, Message, OutgoingMessage};
 use crate::sink::router::TopicPattern;
 use async_trait::async_trait;
@@ -21,8 +22,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-/// Schema version this build creates and expects.
-pub const SCHEMA_VERSION: i64 = 3;
+/// Schema version this build creates and expects (4: the consumer inbox).
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// SQL text built once per store from the validated schema name.
 struct Sql {
@@ -38,6 +39,8 @@ struct Sql {
     version: SqlStr,
     purge: SqlStr,
     leases: SqlStr,
+    inbox_accept: SqlStr,
+    inbox_purge: SqlStr,
 }
 
 impl Sql {
@@ -141,6 +144,21 @@ impl Sql {
                 "SELECT count(*), max(available_at),
                         ceil(extract(epoch FROM max(available_at) - now()) * 1000)::bigint
                  FROM {s}.messages WHERE status = 1 AND available_at > now()"
+            )),
+            // Insert first: a duplicate waits for a concurrent accept to end and then does
+            // nothing (no unique-violation exception, so the caller's transaction lives).
+            inbox_accept: q(format!(
+                "INSERT INTO {s}.inbox (consumer, message_id) VALUES ($1, $2)
+                 ON CONFLICT (consumer, message_id) DO NOTHING"
+            )),
+            // Oldest first over the received_at index; rows a concurrent purger (or a
+            // consumer's accept) holds are skipped, not waited for.
+            inbox_purge: q(format!(
+                "DELETE FROM {s}.inbox WHERE (consumer, message_id) IN (
+                   SELECT consumer, message_id FROM {s}.inbox
+                   WHERE received_at < now() - $1 * interval '1 millisecond'
+                   ORDER BY received_at LIMIT $2
+                   FOR UPDATE SKIP LOCKED)"
             )),
         }
     }
@@ -321,6 +339,43 @@ CREATE TABLE IF NOT EXISTS {s}.topic_pauses (
 );
 "#
         ),
+        format!(
+            r#"
+-- The consumer inbox: one row per (consumer, message id) a consumer accepted, written in
+-- the consumer's own transaction; the purge reads it by age.
+CREATE TABLE IF NOT EXISTS {s}.inbox (
+    consumer    text NOT NULL CHECK (consumer <> '' AND octet_length(consumer) <= 255),
+    message_id  uuid NOT NULL,
+    received_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer, message_id)
+);
+CREATE INDEX IF NOT EXISTS inbox_received ON {s}.inbox (received_at);
+
+-- Accept from any language, inside the consumer's transaction: true the first time this
+-- consumer sees message_id, false for a duplicate. Insert first under the primary key; a
+-- duplicate raises nothing, so the transaction stays usable.
+CREATE OR REPLACE FUNCTION {s}.inbox_accept(consumer text, message_id uuid)
+RETURNS boolean LANGUAGE plpgsql AS $fn$
+DECLARE
+    n bigint;
+BEGIN
+    IF inbox_accept.consumer IS NULL OR inbox_accept.consumer = ''
+       OR octet_length(inbox_accept.consumer) > 255 OR inbox_accept.consumer ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION '{s}.inbox_accept: consumer must be 1-255 bytes without control characters, got %', quote_nullable(inbox_accept.consumer)
+            USING ERRCODE = '22023';
+    END IF;
+    IF inbox_accept.message_id IS NULL THEN
+        RAISE EXCEPTION '{s}.inbox_accept: message_id must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO {s}.inbox AS i (consumer, message_id)
+    VALUES (inbox_accept.consumer, inbox_accept.message_id)
+    ON CONFLICT ON CONSTRAINT inbox_pkey DO NOTHING;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n > 0;
+END
+$fn$;
+"#
+        ),
     ]
 }
 
@@ -448,6 +503,45 @@ impl PgStore {
                 })
             }
         }
+    }
+
+    /// Accepts `message_id` for `consumer` inside the consumer's transaction (see
+    /// [`crate::inbox`]): inserts the inbox row first, under the primary key
+    /// `(consumer, message_id)`, with `ON CONFLICT DO NOTHING`. [`Accepted::Fresh`] means
+    /// do the work in this transaction; [`Accepted::Duplicate`] means it was done (or a
+    /// concurrent transaction holding the same id committed while this one waited): skip
+    /// it. A duplicate raises no error, so the transaction stays usable either way; a
+    /// rollback removes the row with the rest. Run the transaction at `READ COMMITTED`
+    /// (PostgreSQL's default): at `REPEATABLE READ` a duplicate committed after the
+    /// snapshot fails with a serialization error (SQLSTATE 40001) to be retried.
+    ///
+    /// ```no_run
+    /// # async fn f(store: outbox::postgres::PgStore, incoming: outbox::OutgoingMessage) -> Result<(), outbox::Error> {
+    /// use outbox::inbox::Accepted;
+    /// let mut tx = store.pool().begin().await?;
+    /// if store.inbox_accept(&mut tx, "billing", incoming.message_id).await? == Accepted::Fresh {
+    ///     // ... the business change on &mut *tx ...
+    /// }
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidMessage`] for a consumer name that is empty, over 255 bytes or
+    /// holds a control character, before any SQL runs; [`Error::Database`] from the insert.
+    pub async fn inbox_accept(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        consumer: &str,
+        message_id: Uuid,
+    ) -> Result<Accepted> {
+        crate::inbox::validate_consumer(consumer)?;
+        let r = sqlx::query(self.inner.sql.inbox_accept.clone())
+            .bind(consumer)
+            .bind(message_id)
+            .execute(&mut **tx)
+            .await?;
+        Ok(Accepted::from_rows(r.rows_affected()))
     }
 
     /// The limit `{schema}.enqueue(...)` enforces (written by [`Store::migrate`] from
@@ -818,6 +912,18 @@ impl Store for PgStore {
             deleted: r.rows_affected(),
             locked_out: false,
         })
+    }
+
+    async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64> {
+        if batch_size == 0 {
+            return Ok(0);
+        }
+        let r = sqlx::query(self.inner.sql.inbox_purge.clone())
+            .bind(millis(older_than))
+            .bind(i64::from(batch_size))
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(r.rows_affected())
     }
 
     async fn leases(&self) -> Result<Leases> {

@@ -2,8 +2,8 @@
 //! connection, claims by one `UPDATE … RETURNING`, wake-up by watching the database and
 //! WAL files (every commit, from any process, changes one of them).
 //!
-//! Tables are named `{prefix}_messages`, `{prefix}_control`, `{prefix}_schema_migrations`
-//! (SQLite has no schemas). Times are integer milliseconds since the Unix epoch, UTC,
+//! Tables are named `{prefix}_messages`, `{prefix}_control`, `{prefix}_schema_migrations`,
+//! `{prefix}_inbox` (the consumer inbox), … (SQLite has no schemas). Times are integer milliseconds since the Unix epoch, UTC,
 //! taken from SQLite's clock inside each statement.
 
 use super::ops::{self, Dialect};
@@ -13,6 +13,7 @@ use super::{
     ReplayRequest, Settled, Settlement, Store, StoreConfig, TopicPause, millis, parse_headers,
 };
 use crate::error::{Error, Result};
+use crate::inbox::Accepted;
 use crate::message::{Enqueued, Message, OutgoingMessage};
 use crate::sink::router::TopicPattern;
 use async_trait::async_trait;
@@ -28,8 +29,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-/// Schema version this build creates and expects.
-pub const SCHEMA_VERSION: i64 = 3;
+/// Schema version this build creates and expects (4: the consumer inbox).
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// The database clock in integer milliseconds (UTC); constant within one statement.
 const NOW_MS: &str = super::SQLITE_NOW_MS;
@@ -51,6 +52,8 @@ struct Sql {
     counts: SqlStr,
     purge: SqlStr,
     leases: SqlStr,
+    inbox_accept: SqlStr,
+    inbox_purge: SqlStr,
 }
 
 impl Sql {
@@ -113,6 +116,17 @@ impl Sql {
             leases: q(format!(
                 "SELECT count(*), max(available_at), max(available_at) - {n}
                  FROM {p}_messages WHERE status = 1 AND available_at > {n}"
+            )),
+            // Insert first; the write lock serialises concurrent accepts, and a duplicate
+            // changes no row (no error, the transaction goes on).
+            inbox_accept: q(format!(
+                "INSERT INTO {p}_inbox (consumer, message_id) VALUES (?1, ?2)
+                 ON CONFLICT (consumer, message_id) DO NOTHING"
+            )),
+            inbox_purge: q(format!(
+                "DELETE FROM {p}_inbox WHERE rowid IN (
+                   SELECT rowid FROM {p}_inbox WHERE received_at < {n} - ?1
+                   ORDER BY received_at LIMIT ?2)"
             )),
         }
     }
@@ -205,6 +219,19 @@ CREATE TABLE IF NOT EXISTS {p}_topic_pauses (
     paused_by TEXT NOT NULL,
     paused_at INTEGER NOT NULL
 );
+"#
+        ),
+        format!(
+            r#"
+-- The consumer inbox: one row per (consumer, message id) a consumer accepted, written in
+-- the consumer's own transaction; the purge reads it by age (integer ms, UTC).
+CREATE TABLE IF NOT EXISTS {p}_inbox (
+    consumer    TEXT NOT NULL CHECK (length(CAST(consumer AS BLOB)) BETWEEN 1 AND 255),
+    message_id  TEXT NOT NULL,
+    received_at INTEGER NOT NULL DEFAULT ({n}),
+    PRIMARY KEY (consumer, message_id)
+);
+CREATE INDEX IF NOT EXISTS {p}_inbox_received ON {p}_inbox (received_at);
 "#
         ),
     ]
@@ -323,6 +350,39 @@ impl SqliteStore {
             message_id: msg.message_id,
             inserted,
         })
+    }
+
+    /// Accepts `message_id` for `consumer` inside the consumer's transaction (see
+    /// [`crate::inbox`]): inserts the inbox row first, under the primary key
+    /// `(consumer, message_id)`, with `ON CONFLICT DO NOTHING`. [`Accepted::Fresh`] means
+    /// do the work in this transaction; [`Accepted::Duplicate`] means it was done: skip it.
+    /// SQLite's write lock serialises concurrent accepts (the second waits up to the busy
+    /// timeout for the first to commit). No error on a duplicate, so the transaction stays
+    /// usable; a rollback removes the row with the rest. A transaction that reads before
+    /// it accepts should begin with `BEGIN IMMEDIATE` (`pool.begin_with("BEGIN
+    /// IMMEDIATE")`), or its upgrade to a writer can fail with `SQLITE_BUSY` at once.
+    ///
+    /// Message ids are stored as hyphenated lower-case text (as in `{prefix}_messages`);
+    /// other languages accept with `INSERT INTO {prefix}_inbox (consumer, message_id)
+    /// VALUES (?, ?) ON CONFLICT DO NOTHING` and read `changes()` (1 = fresh).
+    ///
+    /// # Errors
+    /// [`Error::InvalidMessage`] for a consumer name that is empty, over 255 bytes or
+    /// holds a control character, before any SQL runs; [`Error::Database`] from the insert
+    /// (`SQLITE_BUSY` past the busy timeout).
+    pub async fn inbox_accept(
+        &self,
+        tx: &mut Transaction<'_, Sqlite>,
+        consumer: &str,
+        message_id: Uuid,
+    ) -> Result<Accepted> {
+        crate::inbox::validate_consumer(consumer)?;
+        let r = sqlx::query(self.inner.sql.inbox_accept.clone())
+            .bind(consumer)
+            .bind(message_id.hyphenated().to_string())
+            .execute(&mut **tx)
+            .await?;
+        Ok(Accepted::from_rows(r.rows_affected()))
     }
 
     fn row_to_message(row: &SqliteRow) -> std::result::Result<OutgoingMessage, Dead> {
@@ -580,6 +640,18 @@ impl Store for SqliteStore {
             deleted: r.rows_affected(),
             locked_out: false,
         })
+    }
+
+    async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64> {
+        if batch_size == 0 {
+            return Ok(0);
+        }
+        let r = sqlx::query(self.inner.sql.inbox_purge.clone())
+            .bind(millis(older_than))
+            .bind(i64::from(batch_size))
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(r.rows_affected())
     }
 
     async fn leases(&self) -> Result<Leases> {

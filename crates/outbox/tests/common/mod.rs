@@ -319,11 +319,13 @@ impl Drop for MySqlPrefix {
                         .execute(&mut c)
                         .await;
                 }
-                let _ = sqlx::query(AssertSqlSafe(format!(
-                    "DROP PROCEDURE IF EXISTS {name}_enqueue"
-                )))
-                .execute(&mut c)
-                .await;
+                for procedure in ["enqueue", "inbox_accept"] {
+                    let _ = sqlx::query(AssertSqlSafe(format!(
+                        "DROP PROCEDURE IF EXISTS {name}_{procedure}"
+                    )))
+                    .execute(&mut c)
+                    .await;
+                }
             });
         })
         .join();

@@ -1,0 +1,185 @@
+//! The consumer inbox: one business effect per delivered message, however often it is
+//! delivered.
+//!
+//! The relay delivers at least once, so a consumer sees some messages twice (a lost
+//! confirmation, a redelivery after its broker's ack wait, a replay). The inbox makes the
+//! duplicate harmless: inside the transaction of its business change, the consumer first
+//! *accepts* the message id under its own name —
+//! [`PgStore::inbox_accept`](crate::postgres::PgStore::inbox_accept),
+//! [`MySqlStore::inbox_accept`](crate::mysql::MySqlStore::inbox_accept),
+//! [`SqliteStore::inbox_accept`](crate::sqlite::SqliteStore::inbox_accept) — and does the
+//! work only when that says [`Accepted::Fresh`]. The row and the business change commit
+//! together or not at all: a rolled-back transaction leaves no inbox row, so the message
+//! can be processed again.
+//!
+//! The accept is **insert first** under the unique key `(consumer, message_id)`, never
+//! "check, then insert": a concurrent duplicate waits on the unique index until the first
+//! transaction ends and then sees [`Accepted::Duplicate`] (PostgreSQL, MySQL), or is
+//! serialised behind it by the write lock (SQLite). No exception is raised on a duplicate,
+//! so the consumer's transaction stays usable (on PostgreSQL a unique violation would
+//! abort it).
+//!
+//! Tables: `{schema}.inbox` (PostgreSQL), `{prefix}_inbox` (MySQL, SQLite), each
+//! `(consumer, message_id, received_at)` with the primary key `(consumer, message_id)`
+//! and an index on `received_at`, created by [`Store::migrate`](crate::Store::migrate)
+//! (schema version 4). Other languages accept with `SELECT {schema}.inbox_accept(consumer,
+//! message_id)` (PostgreSQL, `true` = fresh), `CALL {prefix}_inbox_accept(consumer,
+//! message_id)` (MySQL: one row, column `fresh`, 1 or 0), or on SQLite the plain
+//! `INSERT INTO {prefix}_inbox (consumer, message_id) VALUES (?, ?) ON CONFLICT DO
+//! NOTHING` followed by `changes()` (1 = fresh).
+//!
+//! Rows are kept until [`Store::inbox_purge`](crate::Store::inbox_purge) deletes them by
+//! age; an age under [`MIN_RETENTION`] is refused by the CLI (`outbox inbox purge`).
+//!
+//! Follow-up messages a consumer enqueues while handling a message get ids from
+//! [`follow_up_id`], so re-processing the same incoming message (after a rolled-back
+//! attempt, or by a second consumer group in another transaction) enqueues the same ids,
+//! and enqueue is idempotent on the message id.
+
+use crate::error::{Error, Result};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// What an inbox accept found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Accepted {
+    /// First time this consumer sees this message id: do the work in the same transaction.
+    Fresh,
+    /// The consumer accepted this message id before (committed), or a concurrent
+    /// transaction accepted it and committed while this one waited: skip the work, commit
+    /// (or roll back) as usual. The transaction is still usable.
+    Duplicate,
+}
+
+impl Accepted {
+    /// True for [`Accepted::Fresh`].
+    pub fn is_fresh(self) -> bool {
+        self == Accepted::Fresh
+    }
+
+    /// From the number of rows the insert wrote (1 fresh, 0 duplicate).
+    pub(crate) fn from_rows(rows: u64) -> Self {
+        if rows > 0 {
+            Accepted::Fresh
+        } else {
+            Accepted::Duplicate
+        }
+    }
+}
+
+/// The namespace of [`follow_up_id`] (UUIDv5, RFC 9562 section 5.5):
+/// `0110e2f0-e62f-4b1c-adc5-98355884330d`, chosen at random once for this library and
+/// fixed forever: changing it would change every follow-up id, so a message redelivered
+/// across an upgrade would enqueue its follow-ups twice.
+pub const FOLLOW_UP_NAMESPACE: Uuid = Uuid::from_u128(0x0110e2f0_e62f_4b1c_adc5_98355884330d);
+
+/// The message id of the follow-up `name` of the incoming message `incoming`: UUIDv5 in
+/// [`FOLLOW_UP_NAMESPACE`] over the 16 bytes of `incoming` followed by the UTF-8 bytes
+/// of `name`. The same incoming message and name always give the same id, on every
+/// machine and in every version, so handling a redelivered message enqueues follow-ups
+/// with the ids the first handling used, and enqueue (idempotent on the message id) keeps
+/// one of each. Use a distinct `name` per follow-up of one message (for example the
+/// topic, or `"topic/line-3"` when one message fans out).
+///
+/// ```
+/// use outbox::inbox::follow_up_id;
+/// use uuid::Uuid;
+/// let incoming = Uuid::parse_str("0190c4a8-0000-7000-8000-000000000001").unwrap();
+/// assert_eq!(
+///     follow_up_id(incoming, "billing.invoice-requested.v1"),
+///     follow_up_id(incoming, "billing.invoice-requested.v1"),
+/// );
+/// assert_ne!(follow_up_id(incoming, "a"), follow_up_id(incoming, "b"));
+/// ```
+pub fn follow_up_id(incoming: Uuid, name: &str) -> Uuid {
+    let mut data = Vec::with_capacity(16 + name.len());
+    data.extend_from_slice(incoming.as_bytes());
+    data.extend_from_slice(name.as_bytes());
+    Uuid::new_v5(&FOLLOW_UP_NAMESPACE, &data)
+}
+
+/// The shortest age `outbox inbox purge --older-than` accepts: 1 hour.
+///
+/// A dedup row must outlive every redelivery of its message: brokers redeliver an
+/// unacknowledged message after their ack wait or visibility timeout (NATS JetStream
+/// `AckWait` 30 s by default, SQS visibility timeouts up to 12 h, RabbitMQ on channel
+/// close, Kafka on a rebalance back to the last committed offset), and the relay itself
+/// re-sends after a lost confirmation within its lease. Purging rows younger than the
+/// longest such window lets a late duplicate through as fresh. One hour covers the
+/// defaults of every sink this library ships with a wide margin; keep rows longer (days)
+/// when consumers can be down for longer or a replay of old messages is possible — a
+/// replayed message keeps its message id, and the inbox is what keeps its second delivery
+/// harmless.
+pub const MIN_RETENTION: Duration = Duration::from_secs(3600);
+
+/// Longest consumer name, in bytes.
+pub const MAX_CONSUMER_BYTES: usize = 255;
+
+/// Refuses a consumer name that is empty, longer than [`MAX_CONSUMER_BYTES`] or holds a
+/// control character, before any SQL runs.
+pub(crate) fn validate_consumer(consumer: &str) -> Result<()> {
+    if consumer.is_empty() || consumer.len() > MAX_CONSUMER_BYTES {
+        return Err(Error::InvalidMessage(format!(
+            "inbox consumer must be 1-{MAX_CONSUMER_BYTES} bytes, got {} bytes",
+            consumer.len()
+        )));
+    }
+    if consumer.chars().any(char::is_control) {
+        return Err(Error::InvalidMessage(format!(
+            "inbox consumer {:?} holds a control character",
+            consumer.escape_debug().to_string()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn follow_up_id_is_stable() {
+        let incoming = Uuid::parse_str("0190c4a8-0000-7000-8000-000000000001").unwrap();
+        let id = follow_up_id(incoming, "billing.invoice-requested.v1");
+        // Fixed forever: a change here changes every follow-up id in the field.
+        assert_eq!(id.to_string(), STABLE);
+        assert_eq!(id.get_version_num(), 5);
+        assert_eq!(id, follow_up_id(incoming, "billing.invoice-requested.v1"));
+    }
+
+    const STABLE: &str = "5fe4fb67-264f-5929-8470-7cbfc7eea264";
+
+    #[test]
+    fn follow_up_id_differs_by_name_and_incoming() {
+        let a = Uuid::parse_str("0190c4a8-0000-7000-8000-000000000001").unwrap();
+        let b = Uuid::parse_str("0190c4a8-0000-7000-8000-000000000002").unwrap();
+        assert_ne!(follow_up_id(a, "x"), follow_up_id(a, "y"));
+        assert_ne!(follow_up_id(a, "x"), follow_up_id(b, "x"));
+        assert_ne!(follow_up_id(a, ""), follow_up_id(b, ""));
+        assert_ne!(follow_up_id(a, "x"), a);
+    }
+
+    #[test]
+    fn consumer_names_are_checked() {
+        assert!(validate_consumer("billing").is_ok());
+        assert!(validate_consumer(&"é".repeat(127)).is_ok());
+        for bad in ["", "a\u{0}b", "a\nb", "tab\there", "\u{7f}"] {
+            assert!(
+                matches!(validate_consumer(bad), Err(Error::InvalidMessage(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(validate_consumer(&"x".repeat(255)).is_ok());
+        assert!(validate_consumer(&"x".repeat(256)).is_err());
+        assert!(validate_consumer(&"é".repeat(128)).is_err());
+    }
+
+    #[test]
+    fn accepted_from_rows() {
+        assert_eq!(Accepted::from_rows(1), Accepted::Fresh);
+        assert_eq!(Accepted::from_rows(0), Accepted::Duplicate);
+        assert!(Accepted::Fresh.is_fresh());
+        assert!(!Accepted::Duplicate.is_fresh());
+    }
+}
