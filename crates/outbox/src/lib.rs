@@ -22,6 +22,7 @@ pub mod relay;
 pub mod sink;
 pub mod store;
 pub mod trace;
+pub mod transaction;
 
 pub use error::{Error, Result};
 pub use ident::Ident;
