@@ -219,14 +219,15 @@ pub(crate) async fn run(orders: u32) -> anyhow::Result<ExitCode> {
     let stats = relay2.shutdown().await?;
     let counts = store.counts().await?;
 
-    // The consumer: an inbox row first, under a unique key, in the same transaction as the
-    // business effect (a shipment per order).
+    // The consumer: its own database, with the library's inbox. `inbox_accept` inserts the
+    // inbox row first, under the unique key, in the same transaction as the business effect
+    // (a shipment per order), so a duplicate delivery can never ship twice.
     let consumer_url = format!("sqlite://{}", dir.path().join("shipping.db").display());
-    let consumer =
-        sqlx::SqlitePool::connect_with(outbox::sqlite::connect_options(&consumer_url)?).await?;
+    let inbox = SqliteStore::connect(&consumer_url, StoreConfig::default()).await?;
+    inbox.migrate().await?;
+    let consumer = inbox.pool().clone();
     sqlx::raw_sql(
-        "CREATE TABLE inbox (message_id TEXT PRIMARY KEY);
-         CREATE TABLE shipments (order_id INTEGER PRIMARY KEY, total_cents INTEGER NOT NULL);",
+        "CREATE TABLE shipments (order_id INTEGER PRIMARY KEY, total_cents INTEGER NOT NULL);",
     )
     .execute(&consumer)
     .await?;
@@ -235,17 +236,11 @@ pub(crate) async fn run(orders: u32) -> anyhow::Result<ExitCode> {
     for line in text.lines() {
         delivered += 1;
         let v: serde_json::Value = serde_json::from_str(line)?;
-        let id = v["message_id"].as_str().unwrap_or_default().to_owned();
+        let id: uuid::Uuid = v["message_id"].as_str().unwrap_or_default().parse()?;
         let payload = payload_from_json_line(&v).unwrap_or_default();
         let event: OrderPlacedV1 = serde_json::from_slice(&payload)?;
         let mut tx = consumer.begin().await?;
-        let fresh =
-            sqlx::query("INSERT INTO inbox (message_id) VALUES (?1) ON CONFLICT DO NOTHING")
-                .bind(&id)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-        if fresh == 0 {
+        if inbox.inbox_accept(&mut tx, "shipping", id).await? == outbox::Accepted::Duplicate {
             duplicates += 1;
             tx.rollback().await?;
             continue;
