@@ -13,6 +13,7 @@
 
 pub mod backoff;
 pub mod error;
+pub mod events;
 pub mod ident;
 pub mod inbox;
 pub mod message;

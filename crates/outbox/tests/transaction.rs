@@ -223,3 +223,110 @@ async fn sqlite_busy_is_retried() {
     );
     assert_eq!(store.counts().await.unwrap().pending, 1);
 }
+
+#[derive(serde::Serialize)]
+struct OrderShippedV1 {
+    order_id: String,
+}
+
+impl outbox::Contract for OrderShippedV1 {
+    const TOPIC: &'static str = "orders.order-shipped.v1";
+}
+
+#[derive(serde::Serialize)]
+struct InvoiceDueV1 {
+    order_id: String,
+    cents: i64,
+}
+
+impl outbox::Contract for InvoiceDueV1 {
+    const TOPIC: &'static str = "billing.invoice-due.v1";
+}
+
+/// Events collected once survive a failed attempt: the retried transaction enqueues them
+/// again and commits them once, and running the whole operation again (a redelivery)
+/// finds them already there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collected_events_survive_a_retried_transaction() {
+    use outbox::events::Events;
+    let (store, _schema) = pg_store("events").await;
+    let order = uuid::Uuid::now_v7();
+    let mut events = Events::new();
+    events
+        .push_with(
+            outbox::follow_up_id(order, "shipped"),
+            &OrderShippedV1 {
+                order_id: order.to_string(),
+            },
+            |m| m.key(order.to_string()),
+        )
+        .unwrap();
+    events
+        .push(
+            outbox::follow_up_id(order, "invoice"),
+            &InvoiceDueV1 {
+                order_id: order.to_string(),
+                cents: 1250,
+            },
+        )
+        .unwrap();
+    assert_eq!(events.len(), 2);
+    let events = Arc::new(events);
+    for run in 0..2 {
+        let attempts = Arc::new(AtomicU32::new(0));
+        let inserted = transaction(store.pool(), |tx| {
+            let (store, attempts, events) = (store.clone(), attempts.clone(), events.clone());
+            Box::pin(async move {
+                let n = attempts.fetch_add(1, Ordering::SeqCst) + 1;
+                let enqueued = events.enqueue_all(&store, tx).await?;
+                if run == 0 && n == 1 {
+                    sqlx::raw_sql(
+                        "DO $$ BEGIN RAISE EXCEPTION 'forced' USING ERRCODE = '40001'; END $$",
+                    )
+                    .execute(&mut **tx)
+                    .await?;
+                }
+                Ok::<_, outbox::Error>(enqueued.iter().filter(|e| e.inserted).count())
+            })
+        })
+        .await
+        .unwrap();
+        let want_attempts = if run == 0 { 2 } else { 1 };
+        assert_eq!(attempts.load(Ordering::SeqCst), want_attempts, "run {run}");
+        assert_eq!(inserted, if run == 0 { 2 } else { 0 }, "run {run}");
+        assert_eq!(store.counts().await.unwrap().pending, 2, "run {run}");
+    }
+    let c = claim_all(&store).await;
+    let topics: Vec<(String, uuid::Uuid, Option<String>)> = c
+        .into_iter()
+        .map(|m| (m.topic, m.message_id, m.key))
+        .collect();
+    assert_eq!(
+        topics,
+        vec![
+            (
+                "orders.order-shipped.v1".to_owned(),
+                outbox::follow_up_id(order, "shipped"),
+                Some(order.to_string())
+            ),
+            (
+                "billing.invoice-due.v1".to_owned(),
+                outbox::follow_up_id(order, "invoice"),
+                None
+            ),
+        ]
+    );
+}
+
+async fn claim_all(store: &outbox::postgres::PgStore) -> Vec<outbox::OutgoingMessage> {
+    store
+        .claim(&outbox::store::ClaimRequest {
+            relay_id: "t".into(),
+            batch_size: 10,
+            lease: Duration::from_secs(30),
+            skip_topics: Vec::new(),
+        })
+        .await
+        .unwrap()
+        .messages
+}
