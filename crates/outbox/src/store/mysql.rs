@@ -1187,16 +1187,7 @@ impl Store for MySqlStore {
         ops::validate(req)?;
         let p = &self.inner.config.schema;
         let mut tx = self.inner.pool.begin().await?;
-        let refused = if req.selector.ids.is_empty() && req.selector.message_ids.is_empty() {
-            Vec::new()
-        } else {
-            let named = DeadSelector {
-                ids: req.selector.ids.clone(),
-                message_ids: req.selector.message_ids.clone(),
-                ..DeadSelector::default()
-            };
-            let (filter, _) = ops::dead_filter(&named, Dialect::MySql, 1);
-            let filter = filter.trim_start_matches("status = 3 AND ");
+        let refused = if let Some(filter) = ops::named_filter(&req.selector, Dialect::MySql) {
             let found = sqlx::raw_sql(AssertSqlSafe(format!(
                 "SELECT id, message_id, CAST(status AS SIGNED) FROM {p}_messages WHERE {filter}"
             )))
@@ -1214,6 +1205,8 @@ impl Store for MySqlStore {
             })
             .collect::<Result<Vec<_>>>()?;
             ops::refusals(&req.selector, &found)
+        } else {
+            Vec::new()
         };
         // The selected rows, read without locks (no gap locks, and no waiting on rows the
         // selection does not take), then locked by primary key while still dead (the

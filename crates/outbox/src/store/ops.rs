@@ -112,23 +112,8 @@ pub(crate) fn dead_filter(sel: &DeadSelector, d: Dialect, first: usize) -> (Stri
         Dialect::Postgres | Dialect::Sqlite => "available_at",
         Dialect::MySql => "dead_at",
     };
-    let mut id_or = Vec::new();
-    if !sel.ids.is_empty() {
-        id_or.push(format!("id IN ({})", join_ids(&sel.ids)));
-    }
-    if !sel.message_ids.is_empty() {
-        let ids: Vec<String> = sel
-            .message_ids
-            .iter()
-            .map(|u| match d {
-                Dialect::Postgres => format!("'{}'::uuid", u.hyphenated()),
-                Dialect::Sqlite | Dialect::MySql => format!("'{}'", u.hyphenated()),
-            })
-            .collect();
-        id_or.push(format!("message_id IN ({})", ids.join(",")));
-    }
-    if !id_or.is_empty() {
-        cond.push(format!("({})", id_or.join(" OR ")));
+    if let Some(named) = named_filter(sel, d) {
+        cond.push(named);
     }
     if let Some((a, b)) = sel.id_range {
         cond.push(format!("id BETWEEN {a} AND {b}"));
@@ -165,6 +150,28 @@ pub(crate) fn dead_filter(sel: &DeadSelector, d: Dialect, first: usize) -> (Stri
         });
     }
     (cond.join(" AND "), binds)
+}
+
+/// The rows `sel` names by id or message id, whatever their status, as one SQL condition
+/// (`None` when it names none). `dead_filter` uses it for its own ids; the stores use it to
+/// find which named rows a replay must refuse.
+pub(crate) fn named_filter(sel: &DeadSelector, d: Dialect) -> Option<String> {
+    let mut id_or = Vec::new();
+    if !sel.ids.is_empty() {
+        id_or.push(format!("id IN ({})", join_ids(&sel.ids)));
+    }
+    if !sel.message_ids.is_empty() {
+        let ids: Vec<String> = sel
+            .message_ids
+            .iter()
+            .map(|u| match d {
+                Dialect::Postgres => format!("'{}'::uuid", u.hyphenated()),
+                Dialect::Sqlite | Dialect::MySql => format!("'{}'", u.hyphenated()),
+            })
+            .collect();
+        id_or.push(format!("message_id IN ({})", ids.join(",")));
+    }
+    (!id_or.is_empty()).then(|| format!("({})", id_or.join(" OR ")))
 }
 
 fn join_ids(ids: &[i64]) -> String {

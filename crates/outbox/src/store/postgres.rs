@@ -993,22 +993,15 @@ impl Store for PgStore {
         ops::validate(req)?;
         let s = self.s();
         let mut tx = self.inner.pool.begin().await?;
-        let refused = if req.selector.ids.is_empty() && req.selector.message_ids.is_empty() {
-            Vec::new()
-        } else {
-            let named = DeadSelector {
-                ids: req.selector.ids.clone(),
-                message_ids: req.selector.message_ids.clone(),
-                ..DeadSelector::default()
-            };
-            let (filter, _) = ops::dead_filter(&named, Dialect::Postgres, 1);
-            let filter = filter.trim_start_matches("status = 3 AND ");
+        let refused = if let Some(filter) = ops::named_filter(&req.selector, Dialect::Postgres) {
             let found: Vec<(i64, Uuid, i16)> = sqlx::query_as(AssertSqlSafe(format!(
                 "SELECT id, message_id, status FROM {s}.messages WHERE {filter}"
             )))
             .fetch_all(&mut *tx)
             .await?;
             ops::refusals(&req.selector, &found)
+        } else {
+            Vec::new()
         };
         let (filter, binds) = ops::dead_filter(&req.selector, Dialect::Postgres, 1);
         let limit = req

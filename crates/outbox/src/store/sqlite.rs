@@ -718,16 +718,7 @@ impl Store for SqliteStore {
         let p = self.p();
         let n = NOW_MS;
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let refused = if req.selector.ids.is_empty() && req.selector.message_ids.is_empty() {
-            Vec::new()
-        } else {
-            let named = DeadSelector {
-                ids: req.selector.ids.clone(),
-                message_ids: req.selector.message_ids.clone(),
-                ..DeadSelector::default()
-            };
-            let (filter, _) = ops::dead_filter(&named, Dialect::Sqlite, 1);
-            let filter = filter.trim_start_matches("status = 3 AND ");
+        let refused = if let Some(filter) = ops::named_filter(&req.selector, Dialect::Sqlite) {
             let rows: Vec<(i64, String, i16)> = sqlx::query_as(AssertSqlSafe(format!(
                 "SELECT id, message_id, status FROM {p}_messages WHERE {filter}"
             )))
@@ -738,6 +729,8 @@ impl Store for SqliteStore {
                 .map(|(id, m, st)| (id, Uuid::parse_str(&m).unwrap_or_default(), st))
                 .collect();
             ops::refusals(&req.selector, &found)
+        } else {
+            Vec::new()
         };
         let (filter, binds) = ops::dead_filter(&req.selector, Dialect::Sqlite, 1);
         let limit = req.limit.map_or(i64::MAX, i64::from);
