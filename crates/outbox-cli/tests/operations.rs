@@ -82,6 +82,24 @@ impl Db {
         c
     }
 
+    /// Runs `sql` on the SQLite file with the `sqlite3` shell (rows written as SQL, the way
+    /// another language's producer would).
+    fn sqlite_exec(&self, sql: &str) {
+        let path = self.url.trim_start_matches("sqlite://");
+        let mut sqlite = Command::new("sqlite3")
+            .arg(path)
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("sqlite3 must be installed");
+        sqlite
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(sql.as_bytes())
+            .unwrap();
+        assert!(sqlite.wait().unwrap().success());
+    }
+
     fn status(&self) -> serde_json::Value {
         serde_json::from_str(run_ok(self.cmd().args(["status", "--json"])).trim()).unwrap()
     }
@@ -263,19 +281,7 @@ fn replay_refuses_broad_or_bad_selections() {
             )
         })
         .collect::<String>();
-    let path = db.url.trim_start_matches("sqlite://").to_owned();
-    let mut sqlite = Command::new("sqlite3")
-        .arg(&path)
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("sqlite3 must be installed");
-    sqlite
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(sql.as_bytes())
-        .unwrap();
-    assert!(sqlite.wait().unwrap().success());
+    db.sqlite_exec(&sql);
 
     let many = run(db
         .cmd()
@@ -453,7 +459,6 @@ fn metrics_scrape_matches_what_happened() {
     let out = dir.path().join("out.jsonl");
     run_ok(db.cmd().arg("migrate"));
     // Enqueue 1,000 in one SQL transaction (faster than 1,000 processes).
-    let path = db.url.trim_start_matches("sqlite://").to_owned();
     let sql: String = std::iter::once("BEGIN;".to_owned())
         .chain((0..1_000).map(|i| {
             format!(
@@ -463,18 +468,7 @@ fn metrics_scrape_matches_what_happened() {
         }))
         .chain(std::iter::once("COMMIT;".to_owned()))
         .collect();
-    let mut sqlite = Command::new("sqlite3")
-        .arg(&path)
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("sqlite3 must be installed");
-    sqlite
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(sql.as_bytes())
-        .unwrap();
-    assert!(sqlite.wait().unwrap().success());
+    db.sqlite_exec(&sql);
     // One more that can never be routed: a quarantine to count.
     db.enqueue("m.unroutable.v1", 1);
 
