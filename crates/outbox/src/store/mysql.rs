@@ -500,6 +500,36 @@ pub(crate) fn error_number(e: &sqlx::Error) -> Option<u16> {
     }
 }
 
+/// How many times a statement chosen as an InnoDB deadlock victim is run again before the
+/// error is returned (the relay then retries on its own backoff).
+const DEADLOCK_ATTEMPTS: u32 = 4;
+
+/// Runs `op` again when InnoDB chose it as a deadlock victim (error 1213). InnoDB rolls the
+/// victim's whole transaction back, so a claim, a settle or a purge batch can simply be
+/// rerun: MySQL's manual ("How to Minimize and Handle Deadlocks") asks applications to be
+/// ready to do so, since even `READ COMMITTED` and single-statement transactions deadlock
+/// when their record locks meet in different orders (a claim's `UPDATE` of pending rows,
+/// a settle moving rows into the dispatched range, a purge deleting from it).
+async fn retry_deadlock<T, F>(mut op: impl FnMut() -> F) -> Result<T>
+where
+    F: std::future::Future<Output = Result<T>>,
+{
+    let mut attempt = 1;
+    loop {
+        match op().await {
+            Err(Error::Database(e))
+                if attempt < DEADLOCK_ATTEMPTS && error_number(&e) == Some(1213) =>
+            {
+                // A short, growing, jittered pause so the two victims do not meet again.
+                let ms = u64::from(attempt) * 2 + u64::from(rand::random::<u8>() % 5);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 impl MySqlStore {
     /// Connects a pool of its own to `url` (`mysql://user:pass@host:port/database`). Its
     /// connections use `READ COMMITTED` and the UTC session time zone.
@@ -563,7 +593,7 @@ impl MySqlStore {
         &self.inner.config
     }
 
-    /// Accepts `message_id` for `consumer` inside the consumer's transaction (see
+    /// Accepts the message (an [`Envelope`](crate::Envelope) or its id) for `consumer` inside the consumer's transaction (see
     /// [`crate::inbox`]): inserts the inbox row first, under the primary key
     /// `(consumer, message_id)`, with `INSERT IGNORE`. [`Accepted::Fresh`] means do the
     /// work in this transaction; [`Accepted::Duplicate`] means it was done (or a concurrent
@@ -581,8 +611,9 @@ impl MySqlStore {
         &self,
         tx: &mut Transaction<'_, MySql>,
         consumer: &str,
-        message_id: Uuid,
+        message: impl crate::inbox::Incoming,
     ) -> Result<Accepted> {
+        let message_id = message.message_id();
         crate::inbox::validate_consumer(consumer)?;
         let r = sqlx::query(self.inner.sql.inbox_accept.clone())
             .bind(consumer.as_bytes())
@@ -848,80 +879,84 @@ impl Store for MySqlStore {
     }
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim> {
-        let token = Uuid::now_v7();
-        let p = &self.inner.config.schema;
-        let mut tx = self.inner.pool.begin().await?;
-        let ids: Vec<i64> = if req.skip_topics.is_empty() {
-            sqlx::query_scalar(self.inner.sql.claim_select.clone())
-                .bind(i64::from(req.batch_size))
-                .fetch_all(&mut *tx)
-                .await?
-        } else {
-            // Topic pauses: the same range of the live index, passing over rows whose topic
-            // matches a paused pattern (the patterns' regexes bound, one per pattern).
-            let skip: String = req
-                .skip_topics
-                .iter()
-                .map(|_| " AND topic NOT REGEXP ?")
-                .collect();
-            let mut query = sqlx::query_scalar(AssertSqlSafe(format!(
-                "SELECT id FROM {p}_messages
+        retry_deadlock(|| async move {
+            let token = Uuid::now_v7();
+            let p = &self.inner.config.schema;
+            let mut tx = self.inner.pool.begin().await?;
+            let ids: Vec<i64> = if req.skip_topics.is_empty() {
+                sqlx::query_scalar(self.inner.sql.claim_select.clone())
+                    .bind(i64::from(req.batch_size))
+                    .fetch_all(&mut *tx)
+                    .await?
+            } else {
+                // Topic pauses: the same range of the live index, passing over rows whose topic
+                // matches a paused pattern (the patterns' regexes bound, one per pattern).
+                let skip: String = req
+                    .skip_topics
+                    .iter()
+                    .map(|_| " AND topic NOT REGEXP ?")
+                    .collect();
+                let mut query = sqlx::query_scalar(AssertSqlSafe(format!(
+                    "SELECT id FROM {p}_messages
                  WHERE live_at <= {NOW}{skip}
                  ORDER BY live_at, id
                  LIMIT ?
                  FOR UPDATE SKIP LOCKED"
-            )));
-            for t in &req.skip_topics {
-                query = query.bind(t.regex());
+                )));
+                for t in &req.skip_topics {
+                    query = query.bind(t.regex());
+                }
+                query
+                    .bind(i64::from(req.batch_size))
+                    .fetch_all(&mut *tx)
+                    .await?
+            };
+            if ids.is_empty() {
+                tx.commit().await?;
+                return Ok(Claim {
+                    token,
+                    messages: Vec::new(),
+                    malformed: Vec::new(),
+                    db_now: None,
+                });
             }
-            query
-                .bind(i64::from(req.batch_size))
-                .fetch_all(&mut *tx)
-                .await?
-        };
-        if ids.is_empty() {
-            tx.commit().await?;
-            return Ok(Claim {
-                token,
-                messages: Vec::new(),
-                malformed: Vec::new(),
-                db_now: None,
-            });
-        }
-        // Text protocol with inlined values: see `update_ids`.
-        let list = Self::id_list(&ids);
-        let relay = Self::text_literal(&req.relay_id);
-        let token_text = token.hyphenated();
-        let lease = millis(req.lease);
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "UPDATE {p}_messages
+            // Text protocol with inlined values: see `update_ids`.
+            let list = Self::id_list(&ids);
+            let relay = Self::text_literal(&req.relay_id);
+            let token_text = token.hyphenated();
+            let lease = millis(req.lease);
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "UPDATE {p}_messages
              SET status = 1, attempts = LEAST(attempts, 2147483646) + 1, claimed_by = {relay},
                  claim_token = '{token_text}',
                  locked_until = TIMESTAMPADD(MICROSECOND, {lease} * 1000, {NOW}),
                  available_at = TIMESTAMPADD(MICROSECOND, {lease} * 1000, {NOW})
              WHERE id IN ({list})"
-        )))
-        .execute(&mut *tx)
-        .await?;
-        let rows = sqlx::raw_sql(AssertSqlSafe(format!(
-            "SELECT id, message_id, topic, `key`, payload, headers, occurred_at, attempts,
+            )))
+            .execute(&mut *tx)
+            .await?;
+            let rows = sqlx::raw_sql(AssertSqlSafe(format!(
+                "SELECT id, message_id, topic, `key`, payload, headers, occurred_at, attempts,
                     {NOW} AS db_now
              FROM {p}_messages WHERE id IN ({list}) ORDER BY id"
-        )))
-        .fetch_all(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        let mut claim = super::claim_from_rows(token, &rows, Self::row_to_message, |r| {
-            r.try_get::<i64, _>("id").unwrap_or(-1)
-        });
-        claim.db_now = rows
-            .first()
-            .and_then(|r| r.try_get::<NaiveDateTime, _>("db_now").ok())
-            .map(|t| t.and_utc());
-        Ok(claim)
+            )))
+            .fetch_all(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            let mut claim = super::claim_from_rows(token, &rows, Self::row_to_message, |r| {
+                r.try_get::<i64, _>("id").unwrap_or(-1)
+            });
+            claim.db_now = rows
+                .first()
+                .and_then(|r| r.try_get::<NaiveDateTime, _>("db_now").ok())
+                .map(|t| t.and_utc());
+            Ok(claim)
+        })
+        .await
     }
 
     async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
+        retry_deadlock(|| async move {
         if settlement.is_empty() {
             return Ok(Settled::default());
         }
@@ -988,6 +1023,8 @@ impl Store for MySqlStore {
             .take(usize::try_from(n).unwrap_or(usize::MAX))
             .collect();
         Ok(super::settled(settlement, changed))
+        })
+        .await
     }
 
     async fn renew(&self, token: Uuid, ids: &[i64], lease: Duration) -> Result<Vec<i64>> {
@@ -1076,34 +1113,37 @@ impl Store for MySqlStore {
     }
 
     async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
-        let p = &self.inner.config.schema;
-        let mut conn = self.inner.pool.acquire().await?;
-        let lock = format!("outbox_purge_{p}");
-        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
-            .bind(&lock)
-            .fetch_one(&mut *conn)
-            .await?;
-        if got != Some(1) {
-            return Ok(PurgeBatch {
-                deleted: 0,
-                locked_out: true,
-            });
-        }
-        let r = sqlx::query(self.inner.sql.purge.clone())
-            .bind(millis(older_than))
-            .bind(i64::from(batch_size))
-            .execute(&mut *conn)
-            .await;
-        let _ = sqlx::query("SELECT RELEASE_LOCK(?)")
-            .bind(&lock)
-            .execute(&mut *conn)
-            .await;
-        let deleted = r?.rows_affected();
-        crate::metrics::purged(deleted);
-        Ok(PurgeBatch {
-            deleted,
-            locked_out: false,
+        retry_deadlock(|| async move {
+            let p = &self.inner.config.schema;
+            let mut conn = self.inner.pool.acquire().await?;
+            let lock = format!("outbox_purge_{p}");
+            let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+                .bind(&lock)
+                .fetch_one(&mut *conn)
+                .await?;
+            if got != Some(1) {
+                return Ok(PurgeBatch {
+                    deleted: 0,
+                    locked_out: true,
+                });
+            }
+            let r = sqlx::query(self.inner.sql.purge.clone())
+                .bind(millis(older_than))
+                .bind(i64::from(batch_size))
+                .execute(&mut *conn)
+                .await;
+            let _ = sqlx::query("SELECT RELEASE_LOCK(?)")
+                .bind(&lock)
+                .execute(&mut *conn)
+                .await;
+            let deleted = r?.rows_affected();
+            crate::metrics::purged(deleted);
+            Ok(PurgeBatch {
+                deleted,
+                locked_out: false,
+            })
         })
+        .await
     }
 
     async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64> {
