@@ -40,6 +40,32 @@ use crate::error::{Error, Result};
 use std::time::Duration;
 use uuid::Uuid;
 
+/// What an inbox accepts: anything that names the delivered message's id — an
+/// [`Envelope`](crate::Envelope) read with one of the [`crate::envelope`] functions, or
+/// the bare [`Uuid`] a consumer in another shape found in its message.
+pub trait Incoming {
+    /// The message id to deduplicate on.
+    fn message_id(&self) -> Uuid;
+}
+
+impl Incoming for Uuid {
+    fn message_id(&self) -> Uuid {
+        *self
+    }
+}
+
+impl Incoming for crate::envelope::Envelope {
+    fn message_id(&self) -> Uuid {
+        self.message_id
+    }
+}
+
+impl<T: Incoming + ?Sized> Incoming for &T {
+    fn message_id(&self) -> Uuid {
+        (**self).message_id()
+    }
+}
+
 /// What an inbox accept found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Accepted {

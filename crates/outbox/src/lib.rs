@@ -12,6 +12,7 @@
 //! headers, producer spans), [`backoff`], [`redact`] (what of a URL may be shown).
 
 pub mod backoff;
+pub mod envelope;
 pub mod error;
 pub mod events;
 pub mod ident;
@@ -24,7 +25,10 @@ pub mod sink;
 pub mod store;
 pub mod trace;
 pub mod transaction;
+#[cfg(feature = "webhook")]
+pub mod webhook;
 
+pub use envelope::Envelope;
 pub use error::{Error, Result};
 pub use ident::Ident;
 pub use inbox::{Accepted, follow_up_id};

@@ -545,6 +545,18 @@ async fn standard_webhooks_signature_verifies() {
             base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
         );
         assert_eq!(r.header("webhook-signature").unwrap(), expected);
+        // The library's receiver side agrees, and refuses a body changed on the way.
+        let verifier = WebhookSecret::parse(secret, "test").unwrap();
+        assert_eq!(verifier.verify_headers(&r.headers, &r.body), Ok(()));
+        let mut tampered = r.body.to_vec();
+        tampered.push(b' ');
+        assert_eq!(
+            verifier.verify_headers(&r.headers, &tampered),
+            Err(outbox::webhook::VerifyError::NoMatch)
+        );
+        let env = outbox::envelope::from_webhook(&r.headers, r.body.clone()).unwrap();
+        assert_eq!(env.message_id.to_string(), id);
+        assert_eq!(env.topic, "t.sig");
     }
 }
 

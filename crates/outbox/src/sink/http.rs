@@ -65,24 +65,14 @@
 use super::{Confirmations, PublishError, Sink, SinkError};
 use crate::message::{OutgoingMessage, header};
 use crate::redact::redact_url_without_query;
+pub use crate::webhook::{SECRET_ENV, SECRET_FILE_ENV, WebhookSecret, WebhookSecretError};
 use async_trait::async_trait;
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD as BASE64;
 use futures::StreamExt as _;
-use hmac::{Hmac, Mac};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{StatusCode, Url};
-use sha2::Sha256;
 use std::borrow::Cow;
-use std::fmt;
 use std::time::Duration;
 
-/// Environment variable holding the signing secret (`whsec_<base64>`).
-pub const SECRET_ENV: &str = "OUTBOX_WEBHOOK_SECRET";
-/// Environment variable naming a file whose content is the signing secret (surrounding
-/// whitespace ignored). Use it rather than [`SECRET_ENV`] where the environment is visible
-/// to others (process listings, crash reports).
-pub const SECRET_FILE_ENV: &str = "OUTBOX_WEBHOOK_SECRET_FILE";
 /// Longest `Retry-After` honoured; a longer one is cut to this (24 hours), so a
 /// misbehaving endpoint cannot park a message for years.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
@@ -107,124 +97,6 @@ const FORBIDDEN_HEADERS: [&str; 14] = [
     "webhook-timestamp",
     "webhook-signature",
 ];
-
-/// A Standard Webhooks signing key: the decoded bytes of a `whsec_<base64>` secret. Its
-/// `Debug` output never shows the key.
-#[derive(Clone, PartialEq, Eq)]
-pub struct WebhookSecret(Vec<u8>);
-
-impl fmt::Debug for WebhookSecret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("WebhookSecret(<redacted>)")
-    }
-}
-
-/// Why a signing secret could not be used. Never contains the secret.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum WebhookSecretError {
-    /// The secret is not `whsec_` followed by standard base64 (or the base64 alone).
-    #[error(
-        "the webhook secret from {source_name} is not `whsec_<base64>` (standard base64 of the key bytes)"
-    )]
-    NotBase64 {
-        /// Where it came from (an environment variable or file name).
-        source_name: String,
-    },
-    /// The secret decodes to no bytes.
-    #[error("the webhook secret from {source_name} is empty")]
-    Empty {
-        /// Where it came from.
-        source_name: String,
-    },
-    /// Both [`SECRET_ENV`] and [`SECRET_FILE_ENV`] are set.
-    #[error("both {SECRET_ENV} and {SECRET_FILE_ENV} are set: set one")]
-    Ambiguous,
-    /// The file named by [`SECRET_FILE_ENV`] cannot be read.
-    #[error("cannot read the webhook secret file {path:?} (from {SECRET_FILE_ENV}): {source}")]
-    File {
-        /// The file.
-        path: String,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-impl WebhookSecret {
-    /// Parses `whsec_<base64>` (the Standard Webhooks form; the bare base64 is accepted
-    /// too, as the reference libraries do). Surrounding whitespace is ignored.
-    ///
-    /// # Errors
-    /// [`WebhookSecretError::NotBase64`] or [`WebhookSecretError::Empty`]; `source_name`
-    /// only names where the text came from in the message.
-    pub fn parse(text: &str, source_name: &str) -> Result<Self, WebhookSecretError> {
-        let t = text.trim();
-        let b64 = t.strip_prefix("whsec_").unwrap_or(t);
-        let key = BASE64
-            .decode(b64)
-            .map_err(|_| WebhookSecretError::NotBase64 {
-                source_name: source_name.to_owned(),
-            })?;
-        if key.is_empty() {
-            return Err(WebhookSecretError::Empty {
-                source_name: source_name.to_owned(),
-            });
-        }
-        Ok(WebhookSecret(key))
-    }
-
-    /// A key from its raw bytes.
-    pub fn from_bytes(key: impl Into<Vec<u8>>) -> Self {
-        WebhookSecret(key.into())
-    }
-
-    /// Reads the secret from [`SECRET_ENV`] or the file named by [`SECRET_FILE_ENV`];
-    /// `None` when neither is set (requests are then unsigned).
-    ///
-    /// # Errors
-    /// [`WebhookSecretError`] when both are set, the file cannot be read or the text is
-    /// not a valid secret.
-    pub fn from_env() -> Result<Option<Self>, WebhookSecretError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
-    }
-
-    /// [`WebhookSecret::from_env`] over any variable lookup (empty values count as unset).
-    fn from_lookup(
-        get: impl Fn(&str) -> Option<String>,
-    ) -> Result<Option<Self>, WebhookSecretError> {
-        let inline = get(SECRET_ENV).filter(|v| !v.is_empty());
-        let file = get(SECRET_FILE_ENV).filter(|v| !v.is_empty());
-        match (inline, file) {
-            (Some(_), Some(_)) => Err(WebhookSecretError::Ambiguous),
-            (Some(text), None) => Self::parse(&text, SECRET_ENV).map(Some),
-            (None, Some(path)) => {
-                let text =
-                    std::fs::read_to_string(&path).map_err(|source| WebhookSecretError::File {
-                        path: path.clone(),
-                        source,
-                    })?;
-                Self::parse(&text, &path).map(Some)
-            }
-            (None, None) => Ok(None),
-        }
-    }
-
-    /// The Standard Webhooks `webhook-signature` value for one delivery:
-    /// `v1,` + base64(HMAC-SHA256(key, "{msg_id}.{timestamp}.{body}")).
-    pub fn sign(&self, msg_id: &str, timestamp: i64, body: &[u8]) -> String {
-        // HMAC accepts keys of any length; `new_from_slice` cannot fail for it.
-        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&self.0) else {
-            return String::new();
-        };
-        mac.update(msg_id.as_bytes());
-        mac.update(b".");
-        mac.update(timestamp.to_string().as_bytes());
-        mac.update(b".");
-        mac.update(body);
-        format!("v1,{}", BASE64.encode(mac.finalize().into_bytes()))
-    }
-}
 
 /// Settings of the webhook sink.
 #[derive(Debug, Clone)]

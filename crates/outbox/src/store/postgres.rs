@@ -505,7 +505,7 @@ impl PgStore {
         }
     }
 
-    /// Accepts `message_id` for `consumer` inside the consumer's transaction (see
+    /// Accepts the message (an [`Envelope`](crate::Envelope) or its id) for `consumer` inside the consumer's transaction (see
     /// [`crate::inbox`]): inserts the inbox row first, under the primary key
     /// `(consumer, message_id)`, with `ON CONFLICT DO NOTHING`. [`Accepted::Fresh`] means
     /// do the work in this transaction; [`Accepted::Duplicate`] means it was done (or a
@@ -516,10 +516,10 @@ impl PgStore {
     /// snapshot fails with a serialization error (SQLSTATE 40001) to be retried.
     ///
     /// ```no_run
-    /// # async fn f(store: outbox::postgres::PgStore, incoming: outbox::OutgoingMessage) -> Result<(), outbox::Error> {
+    /// # async fn f(store: outbox::postgres::PgStore, incoming: outbox::Envelope) -> Result<(), outbox::Error> {
     /// use outbox::inbox::Accepted;
     /// let mut tx = store.pool().begin().await?;
-    /// if store.inbox_accept(&mut tx, "billing", incoming.message_id).await? == Accepted::Fresh {
+    /// if store.inbox_accept(&mut tx, "billing", &incoming).await? == Accepted::Fresh {
     ///     // ... the business change on &mut *tx ...
     /// }
     /// tx.commit().await?;
@@ -533,8 +533,9 @@ impl PgStore {
         &self,
         tx: &mut Transaction<'_, Postgres>,
         consumer: &str,
-        message_id: Uuid,
+        message: impl crate::inbox::Incoming,
     ) -> Result<Accepted> {
+        let message_id = message.message_id();
         crate::inbox::validate_consumer(consumer)?;
         let r = sqlx::query(self.inner.sql.inbox_accept.clone())
             .bind(consumer)

@@ -352,7 +352,7 @@ impl SqliteStore {
         })
     }
 
-    /// Accepts `message_id` for `consumer` inside the consumer's transaction (see
+    /// Accepts the message (an [`Envelope`](crate::Envelope) or its id) for `consumer` inside the consumer's transaction (see
     /// [`crate::inbox`]): inserts the inbox row first, under the primary key
     /// `(consumer, message_id)`, with `ON CONFLICT DO NOTHING`. [`Accepted::Fresh`] means
     /// do the work in this transaction; [`Accepted::Duplicate`] means it was done: skip it.
@@ -374,8 +374,9 @@ impl SqliteStore {
         &self,
         tx: &mut Transaction<'_, Sqlite>,
         consumer: &str,
-        message_id: Uuid,
+        message: impl crate::inbox::Incoming,
     ) -> Result<Accepted> {
+        let message_id = message.message_id();
         crate::inbox::validate_consumer(consumer)?;
         let r = sqlx::query(self.inner.sql.inbox_accept.clone())
             .bind(consumer)

@@ -10,21 +10,8 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode};
 use outbox::sink::http::{WebhookOptions, WebhookSink};
 use outbox::sink::{Sink, SinkError};
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use uuid::Uuid;
-
-/// Headers HTTP or the client add, not part of the envelope.
-const TRANSPORT: &[&str] = &[
-    "host",
-    "content-type",
-    "content-length",
-    "accept",
-    "accept-encoding",
-    "user-agent",
-    "idempotency-key",
-];
 
 /// The receiver's side of the documented header encoding: a plain percent-decoder.
 pub(crate) fn percent_decode(s: &str) -> String {
@@ -58,29 +45,15 @@ async fn handle(State(reqs): State<Requests>, headers: HeaderMap, body: Bytes) -
     StatusCode::NO_CONTENT
 }
 
-/// A request mapped back to the envelope.
+/// A request read back with the library's decoder; `Idempotency-Key` is the message id.
 pub(crate) fn received(headers: &HeaderMap, body: &Bytes) -> Received {
-    let mut env = BTreeMap::new();
-    for (name, value) in headers {
-        if TRANSPORT.contains(&name.as_str()) {
-            continue;
-        }
-        let raw = std::str::from_utf8(value.as_bytes()).expect("header values are ASCII");
-        env.insert(name.as_str().to_owned(), percent_decode(raw));
-    }
-    let id = env["message-id"].clone();
+    let env = outbox::envelope::from_webhook(headers, body.clone()).unwrap();
     assert_eq!(
         headers.get("idempotency-key").map(|v| v.to_str().unwrap()),
-        Some(id.as_str()),
+        Some(env.message_id.to_string().as_str()),
         "Idempotency-Key = message id"
     );
-    Received {
-        message_id: Uuid::parse_str(&id).unwrap(),
-        topic: env["topic"].clone(),
-        key: env.get("key").cloned(),
-        payload: body.to_vec(),
-        headers: env,
-    }
+    Received::from(env)
 }
 
 pub(crate) struct HttpHarness {

@@ -8,7 +8,7 @@ use outbox::sink::kafka::KafkaSink;
 use outbox::sink::{Sink, SinkError};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message as _};
+use rdkafka::message::Message as _;
 use rdkafka::{Offset, TopicPartitionList};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -130,25 +130,11 @@ impl Harness for KafkaHarness {
         );
         got.iter()
             .map(|m| {
-                let headers: std::collections::BTreeMap<String, String> = m
-                    .headers()
-                    .map(|h| {
-                        h.iter()
-                            .map(|h| {
-                                let v = String::from_utf8(h.value.unwrap_or_default().to_vec())
-                                    .unwrap();
-                                (h.key.to_owned(), v)
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                Received {
-                    message_id: Uuid::parse_str(&headers["message-id"]).unwrap(),
-                    topic: m.topic().to_owned(),
-                    key: m.key().map(|k| String::from_utf8(k.to_vec()).unwrap()),
-                    payload: m.payload().unwrap_or_default().to_vec(),
-                    headers,
-                }
+                let env = outbox::envelope::from_kafka(m).unwrap();
+                let record_key = m.key().map(|k| String::from_utf8(k.to_vec()).unwrap());
+                assert_eq!(record_key, env.key, "record key = envelope key");
+                assert_eq!(m.topic(), env.topic, "record topic = topic");
+                Received::from(env)
             })
             .collect()
     }

@@ -36,8 +36,9 @@ pub(crate) mod rabbitmq;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
-/// One message as a consumer of the destination reads it back, after the sink's documented
-/// mapping (e.g. percent-decoding of HTTP header values) is undone.
+/// One message as a consumer of the destination reads it back: through the library's
+/// decoder for that sink (`outbox::envelope::from_*`), so case 1 is also the round trip of
+/// every envelope field through the real broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Received {
     pub(crate) message_id: Uuid,
@@ -47,6 +48,19 @@ pub(crate) struct Received {
     /// The envelope headers (`message-id`, `topic`, `key`, `occurred-at`, user headers),
     /// nothing the transport adds.
     pub(crate) headers: BTreeMap<String, String>,
+}
+
+impl From<outbox::Envelope> for Received {
+    /// What the library's decoder for the sink (`outbox::envelope::from_*`) read back.
+    fn from(e: outbox::Envelope) -> Self {
+        Received {
+            message_id: e.message_id,
+            headers: e.wire_headers(),
+            topic: e.topic,
+            key: e.key,
+            payload: e.payload.to_vec(),
+        }
+    }
 }
 
 /// One sink against its real server, with a fresh destination per instance.
@@ -187,6 +201,12 @@ pub(crate) async fn confirmation_then_fidelity<H: Harness>() {
     batch[0]
         .headers
         .insert("correlation-id".into(), "req-7".into());
+    batch[0]
+        .headers
+        .insert("causation-id".into(), Uuid::now_v7().to_string());
+    batch[0]
+        .headers
+        .insert("content-type".into(), "application/x-protobuf".into());
     batch[1]
         .headers
         .insert("tenant".into(), "grüße ✓ 東京 Zoë".into());

@@ -9,10 +9,8 @@ use outbox::sink::{Sink, SinkError};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-use uuid::Uuid;
 
 /// The machine's Mosquitto; `OUTBOX_TEST_MQTT_URL` overrides it.
 pub(crate) fn broker_url() -> String {
@@ -117,20 +115,9 @@ impl Drop for Subscriber {
     }
 }
 
-/// A publish mapped back to the envelope (user properties; the last of a repeated name).
+/// A publish read back with the library's decoder.
 pub(crate) fn received(p: &Publish) -> Received {
-    let headers: BTreeMap<String, String> = p
-        .properties
-        .as_ref()
-        .map(|pp| pp.user_properties.iter().cloned().collect())
-        .unwrap_or_default();
-    Received {
-        message_id: Uuid::parse_str(&headers["message-id"]).unwrap(),
-        topic: String::from_utf8(p.topic.to_vec()).unwrap(),
-        key: headers.get("key").cloned(),
-        payload: p.payload.to_vec(),
-        headers,
-    }
+    Received::from(outbox::envelope::from_mqtt(p).unwrap())
 }
 
 pub(crate) struct MqttHarness {

@@ -7,7 +7,6 @@ use async_trait::async_trait;
 use outbox::sink::nats::{NatsOptions, NatsSink};
 use outbox::sink::{Sink, SinkError};
 use std::time::Duration;
-use uuid::Uuid;
 
 pub(crate) struct NatsHarness {
     client: async_nats::Client,
@@ -30,22 +29,15 @@ impl NatsHarness {
         }
         for seq in state.first_sequence..=state.last_sequence {
             let m = stream.get_raw_message(seq).await.unwrap();
-            let headers: std::collections::BTreeMap<String, String> = m
-                .headers
-                .iter()
-                .filter(|(n, _)| n.to_string() != "Nats-Msg-Id")
-                .map(|(n, v)| (n.to_string(), v[0].as_str().to_owned()))
-                .collect();
             let msg_id = m.headers.get("Nats-Msg-Id").unwrap().as_str().to_owned();
-            let message_id = Uuid::parse_str(&headers["message-id"]).unwrap();
-            assert_eq!(msg_id, message_id.to_string(), "Nats-Msg-Id = message id");
-            out.push(Received {
-                message_id,
-                topic: m.subject.to_string(),
-                key: headers.get("key").cloned(),
-                payload: m.payload.to_vec(),
-                headers,
-            });
+            let env = outbox::envelope::from_nats_headers(&m.headers, m.payload.clone()).unwrap();
+            assert_eq!(
+                msg_id,
+                env.message_id.to_string(),
+                "Nats-Msg-Id = message id"
+            );
+            assert_eq!(m.subject.as_str(), env.topic, "subject = topic");
+            out.push(Received::from(env));
         }
         out
     }

@@ -10,9 +10,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties};
 use outbox::sink::rabbitmq::RabbitMqSink;
 use outbox::sink::{Sink, SinkError};
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use uuid::Uuid;
 
 /// RabbitMQ of this machine; `OUTBOX_TEST_AMQP_URL` overrides it.
 pub(crate) fn amqp_url() -> String {
@@ -68,21 +66,11 @@ impl RabbitMqHarness {
             .unwrap()
         {
             let d = &got.delivery;
-            let p = &d.properties;
-            let table = p.headers().clone().unwrap_or_default();
-            let headers: BTreeMap<String, String> = table
-                .inner()
-                .keys()
-                .map(|k| (k.to_string(), header_text(&table, k.as_str()).unwrap()))
-                .collect();
-            let message_id = Uuid::parse_str(p.message_id().as_ref().unwrap().as_str()).unwrap();
-            self.taken.push(Received {
-                message_id,
-                topic: d.routing_key.to_string(),
-                key: headers.get("key").cloned(),
-                payload: d.data.clone(),
-                headers,
-            });
+            let env = outbox::envelope::from_amqp(d).unwrap();
+            let property = d.properties.message_id().as_ref().unwrap().as_str();
+            assert_eq!(property, env.message_id.to_string(), "message_id property");
+            assert_eq!(d.routing_key.as_str(), env.topic, "routing key = topic");
+            self.taken.push(Received::from(env));
         }
     }
 }

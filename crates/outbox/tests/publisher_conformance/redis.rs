@@ -9,9 +9,8 @@ use outbox::sink::redis_streams::RedisStreamsSink;
 use outbox::sink::{Sink, SinkError};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
-use uuid::Uuid;
 
 /// Redis of this machine; `OUTBOX_TEST_REDIS_URL` overrides it.
 pub(crate) fn redis_url() -> String {
@@ -73,26 +72,14 @@ pub(crate) fn text(fields: &HashMap<String, Vec<u8>>, name: &str) -> String {
     .unwrap()
 }
 
-/// An entry mapped back to the envelope, as the sink documents it.
-pub(crate) fn received(fields: &HashMap<String, Vec<u8>>) -> Received {
-    let message_id = text(fields, "message_id");
-    let topic = text(fields, "topic");
-    let key = Some(text(fields, "key")).filter(|k| !k.is_empty());
-    let stored: BTreeMap<String, String> = serde_json::from_str(&text(fields, "headers")).unwrap();
-    let mut headers = stored;
-    headers.insert("message-id".into(), message_id.clone());
-    headers.insert("topic".into(), topic.clone());
-    if let Some(k) = &key {
-        headers.insert("key".into(), k.clone());
-    }
-    headers.insert("occurred-at".into(), text(fields, "occurred_at"));
-    Received {
-        message_id: Uuid::parse_str(&message_id).unwrap(),
-        topic,
-        key,
-        payload: fields["payload"].clone(),
-        headers,
-    }
+/// Every entry of `stream`, read back with the library's decoder.
+async fn envelopes(c: &mut MultiplexedConnection, stream: &str) -> Vec<Received> {
+    let reply: redis::streams::StreamRangeReply = c.xrange_all(stream).await.unwrap();
+    reply
+        .ids
+        .iter()
+        .map(|e| Received::from(outbox::envelope::from_redis(e).unwrap()))
+        .collect()
 }
 
 pub(crate) struct RedisHarness {
@@ -136,13 +123,7 @@ impl Harness for RedisHarness {
             || {
                 let mut c = conn.clone();
                 let stream = stream.clone();
-                async move {
-                    entries(&mut c, &stream)
-                        .await
-                        .iter()
-                        .map(|(_, f)| received(f))
-                        .collect()
-                }
+                async move { envelopes(&mut c, &stream).await }
             },
         )
         .await

@@ -1,0 +1,730 @@
+//! The consumer's side of the wire: what a sink wrote, read back as an [`Envelope`].
+//!
+//! Every sink sends the same envelope — message id, topic, key, occurred-at, the stored
+//! headers (correlation id, causation id, `traceparent`/`tracestate`, content type, user
+//! headers) and the payload bytes — each in its broker's own vocabulary (headers, record
+//! headers, properties, stream fields, user properties, request headers, a JSON line).
+//! One function per sink undoes exactly that mapping:
+//!
+//! | sink | function | reads |
+//! | --- | --- | --- |
+//! | NATS JetStream (`nats`) | [`from_nats`], [`from_nats_headers`] | message headers |
+//! | Kafka (`kafka`) | [`from_kafka`] | record headers |
+//! | RabbitMQ (`rabbitmq`) | [`from_amqp`] | the `headers` table |
+//! | Redis Streams (`redis`) | [`from_redis`] | the entry's fields |
+//! | MQTT v5 (`mqtt`) | [`from_mqtt`] | user properties |
+//! | HTTP webhook (`webhook`) | [`from_webhook`] | request headers, percent-decoded |
+//! | stdout / file | [`from_json_line`] | one JSON line |
+//!
+//! Each is gated by its sink's feature (the webhook one by `webhook`, which needs no HTTP
+//! client; verify the signature first with [`crate::webhook::WebhookSecret::verify_headers`]).
+//! What cannot come back identically, by the transport's nature: HTTP header names arrive
+//! lower-case and a webhook without a content type is sent as `application/octet-stream`
+//! (read back as no content type); Redis writes a missing key as an empty field, so an
+//! empty key reads back as none. Everything else — non-ASCII header values, binary and
+//! empty payloads — comes back byte for byte (the publisher conformance suite checks it
+//! against every real broker).
+//!
+//! A consumer then deduplicates on [`Envelope::message_id`] through the inbox
+//! ([`crate::inbox`]) and derives the ids of its follow-up messages with
+//! [`Envelope::follow_up_id`].
+//!
+//! Errors never quote the payload: a missing or malformed envelope field names the field
+//! (and at most 64 characters of its value).
+
+use crate::message::header;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use std::collections::BTreeMap;
+use uuid::Uuid;
+
+/// One delivered message as its consumer sees it: the row's fields, its stored headers and
+/// the payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    /// The stable message id: the consumer's deduplication key.
+    pub message_id: Uuid,
+    /// The topic the producer enqueued on.
+    pub topic: String,
+    /// The ordering / partition key, when the producer set one.
+    pub key: Option<String>,
+    /// When the producer enqueued the message (UTC, microseconds).
+    pub occurred_at: DateTime<Utc>,
+    /// The stored headers: [`header::CORRELATION_ID`], [`header::CAUSATION_ID`],
+    /// [`header::TRACEPARENT`], [`header::TRACESTATE`], [`header::CONTENT_TYPE`] and the
+    /// user's own, by name. Never the four row fields above, nor what the transport adds
+    /// (`Nats-Msg-Id`, HTTP's own headers).
+    pub headers: BTreeMap<String, String>,
+    /// The payload, unchanged.
+    pub payload: Bytes,
+}
+
+impl Envelope {
+    /// A stored header by exact name.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(String::as_str)
+    }
+
+    /// The correlation id header.
+    pub fn correlation_id(&self) -> Option<&str> {
+        self.header(header::CORRELATION_ID)
+    }
+
+    /// The causation id header (the id of the message that caused this one).
+    pub fn causation_id(&self) -> Option<&str> {
+        self.header(header::CAUSATION_ID)
+    }
+
+    /// The W3C `traceparent` header.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.header(header::TRACEPARENT)
+    }
+
+    /// The W3C `tracestate` header.
+    pub fn tracestate(&self) -> Option<&str> {
+        self.header(header::TRACESTATE)
+    }
+
+    /// The payload's media type (the `content-type` header).
+    pub fn content_type(&self) -> Option<&str> {
+        self.header(header::CONTENT_TYPE)
+    }
+
+    /// The message id of this message's follow-up `name`
+    /// ([`crate::inbox::follow_up_id`]): the same on every redelivery, so an enqueue in
+    /// the handler's transaction keeps one copy however often the message is handled.
+    pub fn follow_up_id(&self, name: &str) -> Uuid {
+        crate::inbox::follow_up_id(self.message_id, name)
+    }
+
+    /// The envelope headers as a sink writes them (`message-id`, `topic`, `key` when set,
+    /// `occurred-at` in RFC 3339 with microseconds, then the stored headers), by name.
+    pub fn wire_headers(&self) -> BTreeMap<String, String> {
+        let mut out = self.headers.clone();
+        out.insert(header::MESSAGE_ID.into(), self.message_id.to_string());
+        out.insert(header::TOPIC.into(), self.topic.clone());
+        if let Some(k) = &self.key {
+            out.insert(header::KEY.into(), k.clone());
+        }
+        out.insert(
+            header::OCCURRED_AT.into(),
+            self.occurred_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        );
+        out
+    }
+}
+
+/// Why a delivery could not be read as an [`Envelope`]. Never holds the payload.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EnvelopeError {
+    /// A required field (`message-id`, `topic`, `occurred-at`) is absent: the message was
+    /// not written by an outbox sink.
+    #[error("the envelope has no {0} field: not a message an outbox sink wrote")]
+    Missing(&'static str),
+    /// A field is present but not what the envelope puts there.
+    #[error("the envelope field {field:?} is invalid ({reason}): {value:?}")]
+    Invalid {
+        /// The field or header name.
+        field: String,
+        /// At most 64 characters of its value.
+        value: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A header value that is not UTF-8 text (every envelope value is).
+    #[error("the envelope header {0:?} is not UTF-8 text")]
+    NotUtf8(String),
+    /// A name that appears twice (a sink writes each once).
+    #[error("the envelope header {0:?} appears more than once")]
+    Repeated(String),
+    /// The delivery itself is not in the sink's shape (a JSON line that does not parse, a
+    /// stream field of the wrong type).
+    #[error("not an outbox envelope: {0}")]
+    Malformed(String),
+}
+
+/// Collects envelope fields by name, then checks them.
+#[derive(Default)]
+struct Fields {
+    message_id: Option<String>,
+    topic: Option<String>,
+    key: Option<String>,
+    occurred_at: Option<String>,
+    headers: BTreeMap<String, String>,
+}
+
+fn snippet(v: &str) -> String {
+    v.chars().take(64).collect()
+}
+
+fn text(name: &str, value: &[u8]) -> Result<String, EnvelopeError> {
+    String::from_utf8(value.to_vec()).map_err(|_| EnvelopeError::NotUtf8(snippet(name)))
+}
+
+impl Fields {
+    /// One header as a sink wrote it.
+    fn push(&mut self, name: &str, value: String) -> Result<(), EnvelopeError> {
+        let slot = match name {
+            header::MESSAGE_ID => &mut self.message_id,
+            header::TOPIC => &mut self.topic,
+            header::KEY => &mut self.key,
+            header::OCCURRED_AT => &mut self.occurred_at,
+            _ => {
+                if self.headers.insert(name.to_owned(), value).is_some() {
+                    return Err(EnvelopeError::Repeated(snippet(name)));
+                }
+                return Ok(());
+            }
+        };
+        if slot.replace(value).is_some() {
+            return Err(EnvelopeError::Repeated(name.to_owned()));
+        }
+        Ok(())
+    }
+
+    fn push_bytes(&mut self, name: &str, value: &[u8]) -> Result<(), EnvelopeError> {
+        let v = text(name, value)?;
+        self.push(name, v)
+    }
+
+    fn finish(self, payload: Bytes) -> Result<Envelope, EnvelopeError> {
+        let id = self
+            .message_id
+            .ok_or(EnvelopeError::Missing(header::MESSAGE_ID))?;
+        let message_id = Uuid::parse_str(&id).map_err(|_| EnvelopeError::Invalid {
+            field: header::MESSAGE_ID.into(),
+            value: snippet(&id),
+            reason: "not a UUID",
+        })?;
+        let topic = self.topic.ok_or(EnvelopeError::Missing(header::TOPIC))?;
+        if topic.is_empty() {
+            return Err(EnvelopeError::Invalid {
+                field: header::TOPIC.into(),
+                value: String::new(),
+                reason: "empty",
+            });
+        }
+        let at = self
+            .occurred_at
+            .ok_or(EnvelopeError::Missing(header::OCCURRED_AT))?;
+        let occurred_at = DateTime::parse_from_rfc3339(&at)
+            .map_err(|_| EnvelopeError::Invalid {
+                field: header::OCCURRED_AT.into(),
+                value: snippet(&at),
+                reason: "not an RFC 3339 time",
+            })?
+            .with_timezone(&Utc);
+        Ok(Envelope {
+            message_id,
+            topic,
+            key: self.key,
+            occurred_at,
+            headers: self.headers,
+            payload,
+        })
+    }
+}
+
+/// An envelope from header pairs as most sinks write them (the names of
+/// [`crate::OutgoingMessage::envelope_headers`], values as UTF-8 bytes) and the payload.
+/// Use it for a transport this module has no function for, or a bridge that copied the
+/// headers.
+///
+/// # Errors
+/// [`EnvelopeError`] for a missing or invalid row field, a repeated name or a value that is
+/// not UTF-8.
+pub fn from_headers<'a>(
+    headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    payload: impl Into<Bytes>,
+) -> Result<Envelope, EnvelopeError> {
+    let mut f = Fields::default();
+    for (name, value) in headers {
+        f.push_bytes(name, value)?;
+    }
+    f.finish(payload.into())
+}
+
+/// Header names NATS itself sets (`Nats-Msg-Id`, `Nats-Expected-*`, …): every name that
+/// starts with `Nats-` is the transport's, never the envelope's.
+#[cfg(feature = "nats")]
+fn is_nats_header(name: &str) -> bool {
+    name.len() >= 5 && name[..5].eq_ignore_ascii_case("nats-")
+}
+
+/// The envelope of a NATS message ([`crate::sink::nats`] writes it as headers). Works on
+/// a core or JetStream delivery (`jetstream::Message` dereferences to it).
+///
+/// # Errors
+/// [`EnvelopeError`]; a message without headers is [`EnvelopeError::Missing`].
+#[cfg(feature = "nats")]
+pub fn from_nats(message: &async_nats::Message) -> Result<Envelope, EnvelopeError> {
+    match &message.headers {
+        Some(h) => from_nats_headers(h, message.payload.clone()),
+        None => Err(EnvelopeError::Missing(header::MESSAGE_ID)),
+    }
+}
+
+/// [`from_nats`] over a header map and payload, for what is read without a delivery (a
+/// stream's direct get, `jetstream::stream::Stream::get_raw_message`). `Nats-…` headers
+/// are left out.
+///
+/// # Errors
+/// As [`from_nats`].
+#[cfg(feature = "nats")]
+pub fn from_nats_headers(
+    headers: &async_nats::HeaderMap,
+    payload: Bytes,
+) -> Result<Envelope, EnvelopeError> {
+    let mut f = Fields::default();
+    for (name, values) in headers.iter() {
+        let name: &str = name.as_ref();
+        if is_nats_header(name) {
+            continue;
+        }
+        match values.as_slice() {
+            [v] => f.push(name, v.as_str().to_owned())?,
+            [] => {}
+            _ => return Err(EnvelopeError::Repeated(snippet(name))),
+        }
+    }
+    f.finish(payload)
+}
+
+/// The envelope of a Kafka record ([`crate::sink::kafka`] writes it as record headers; the
+/// record key is the envelope key too). Takes any `rdkafka` message, borrowed or owned.
+/// A null payload reads as empty.
+///
+/// # Errors
+/// [`EnvelopeError`]; a header with a null value is [`EnvelopeError::Invalid`].
+#[cfg(feature = "kafka")]
+pub fn from_kafka<M: rdkafka::Message>(record: &M) -> Result<Envelope, EnvelopeError> {
+    use rdkafka::message::Headers as _;
+    let mut f = Fields::default();
+    if let Some(headers) = record.headers() {
+        for h in headers.iter() {
+            let value = h.value.ok_or_else(|| EnvelopeError::Invalid {
+                field: snippet(h.key),
+                value: String::new(),
+                reason: "a null header value",
+            })?;
+            f.push_bytes(h.key, value)?;
+        }
+    }
+    f.finish(Bytes::copy_from_slice(record.payload().unwrap_or_default()))
+}
+
+/// The envelope of an AMQP 0-9-1 delivery ([`crate::sink::rabbitmq`] writes it in the
+/// `headers` table, every value a long string). The `message_id` property carries the
+/// same id.
+///
+/// # Errors
+/// [`EnvelopeError`]; a header that is not a string is [`EnvelopeError::Invalid`].
+#[cfg(feature = "rabbitmq")]
+pub fn from_amqp(delivery: &lapin::message::Delivery) -> Result<Envelope, EnvelopeError> {
+    use lapin::types::AMQPValue;
+    let mut f = Fields::default();
+    if let Some(table) = delivery.properties.headers() {
+        for (name, value) in table.inner() {
+            let name = name.as_str();
+            match value {
+                AMQPValue::LongString(s) => f.push_bytes(name, s.as_bytes())?,
+                AMQPValue::ShortString(s) => f.push(name, s.as_str().to_owned())?,
+                _ => {
+                    return Err(EnvelopeError::Invalid {
+                        field: snippet(name),
+                        value: String::new(),
+                        reason: "not a string",
+                    });
+                }
+            }
+        }
+    }
+    f.finish(Bytes::copy_from_slice(&delivery.data))
+}
+
+/// The envelope of a Redis stream entry ([`crate::sink::redis_streams`] writes the fields
+/// `message_id`, `topic`, `key` (empty for none), `occurred_at`, `headers` (a JSON object
+/// of strings) and `payload`), as `XRANGE`, `XREAD` and `XREADGROUP` return it.
+///
+/// # Errors
+/// [`EnvelopeError`]; a field of the wrong type, or `headers` that are not a JSON object of
+/// strings, is [`EnvelopeError::Malformed`].
+#[cfg(feature = "redis")]
+pub fn from_redis(entry: &redis::streams::StreamId) -> Result<Envelope, EnvelopeError> {
+    fn field<'a>(
+        entry: &'a redis::streams::StreamId,
+        name: &'static str,
+    ) -> Result<Option<&'a [u8]>, EnvelopeError> {
+        match entry.map.get(name) {
+            None => Ok(None),
+            Some(redis::Value::BulkString(b)) => Ok(Some(b.as_slice())),
+            Some(redis::Value::SimpleString(s)) => Ok(Some(s.as_bytes())),
+            Some(_) => Err(EnvelopeError::Malformed(format!(
+                "stream field {name} is not a string"
+            ))),
+        }
+    }
+    let mut f = Fields::default();
+    for (name, wire) in [
+        ("message_id", header::MESSAGE_ID),
+        ("topic", header::TOPIC),
+        ("occurred_at", header::OCCURRED_AT),
+    ] {
+        if let Some(v) = field(entry, name)? {
+            f.push_bytes(wire, v)?;
+        }
+    }
+    if let Some(k) = field(entry, "key")?.filter(|k| !k.is_empty()) {
+        f.push_bytes(header::KEY, k)?;
+    }
+    if let Some(h) = field(entry, "headers")? {
+        let map: BTreeMap<String, String> = serde_json::from_slice(h).map_err(|_| {
+            EnvelopeError::Malformed("stream field headers is not a JSON object of strings".into())
+        })?;
+        for (name, value) in map {
+            if header::RESERVED.contains(&name.as_str()) {
+                return Err(EnvelopeError::Repeated(name));
+            }
+            f.push(&name, value)?;
+        }
+    }
+    let payload = field(entry, "payload")?.unwrap_or_default();
+    f.finish(Bytes::copy_from_slice(payload))
+}
+
+/// The envelope of an MQTT v5 publish ([`crate::sink::mqtt`] writes it as user
+/// properties, in order; the Content Type property repeats `content-type`).
+///
+/// # Errors
+/// [`EnvelopeError`]; a publish without properties (MQTT 3.1.1) is
+/// [`EnvelopeError::Missing`].
+#[cfg(feature = "mqtt")]
+pub fn from_mqtt(publish: &rumqttc::v5::mqttbytes::v5::Publish) -> Result<Envelope, EnvelopeError> {
+    let mut f = Fields::default();
+    if let Some(p) = &publish.properties {
+        for (name, value) in &p.user_properties {
+            f.push(name, value.clone())?;
+        }
+    }
+    f.finish(publish.payload.clone())
+}
+
+/// Request headers that are HTTP's, a client's, a proxy's or the webhook sink's own, never
+/// the envelope's (the sink refuses to send a message header with the first group's
+/// names).
+#[cfg(feature = "webhook")]
+const WEBHOOK_TRANSPORT: [&str; 24] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "expect",
+    "proxy-connection",
+    "idempotency-key",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+    "accept",
+    "accept-encoding",
+    "user-agent",
+    "authorization",
+    "via",
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-real-ip",
+];
+
+/// The envelope of a webhook request ([`crate::sink::http`] writes it as request headers,
+/// values percent-encoded where HTTP cannot carry them, the payload as the body). Header
+/// names come back lower-case; `Content-Type` is the `content-type` header, except the
+/// `application/octet-stream` the sink sends for a message without one. Transport headers
+/// (`host`, `user-agent`, `accept`, `authorization`, `x-forwarded-*`, the signing and
+/// idempotency headers, …) are left out.
+///
+/// This reads; it does not authenticate. Check the signature first with
+/// [`crate::webhook::WebhookSecret::verify_headers`] over the same headers and raw body.
+///
+/// # Errors
+/// [`EnvelopeError`]; a value that is not ASCII, or whose percent-decoding is not UTF-8, is
+/// [`EnvelopeError::NotUtf8`].
+#[cfg(feature = "webhook")]
+pub fn from_webhook(
+    headers: &http::HeaderMap,
+    body: impl Into<Bytes>,
+) -> Result<Envelope, EnvelopeError> {
+    let mut f = Fields::default();
+    for (name, value) in headers {
+        let name = name.as_str();
+        if WEBHOOK_TRANSPORT.contains(&name) {
+            continue;
+        }
+        let raw = value
+            .to_str()
+            .map_err(|_| EnvelopeError::NotUtf8(snippet(name)))?;
+        if name == header::CONTENT_TYPE {
+            if raw != "application/octet-stream" {
+                f.push(name, raw.to_owned())?;
+            }
+            continue;
+        }
+        let decoded = percent_encoding::percent_decode_str(raw)
+            .decode_utf8()
+            .map_err(|_| EnvelopeError::NotUtf8(snippet(name)))?;
+        f.push(name, decoded.into_owned())?;
+    }
+    f.finish(body.into())
+}
+
+/// The envelope of one line the `stdout` / `file:` sink wrote
+/// ([`crate::sink::file::to_json_line`]: `message_id`, `topic`, `key`, `occurred_at`,
+/// `headers`, `payload_encoding` (`utf8` or `base64`), `payload`; `attempt` is ignored).
+/// A trailing newline is allowed.
+///
+/// # Errors
+/// [`EnvelopeError::Malformed`] for a line that is not such a JSON object, else as the
+/// other functions.
+pub fn from_json_line(line: &[u8]) -> Result<Envelope, EnvelopeError> {
+    let value: serde_json::Value = serde_json::from_slice(line)
+        .map_err(|e| EnvelopeError::Malformed(format!("not a JSON line: {e}")))?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| EnvelopeError::Malformed("not a JSON object".into()))?;
+    let string = |name: &'static str| -> Result<Option<String>, EnvelopeError> {
+        match obj.get(name) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(EnvelopeError::Malformed(format!("{name} is not a string"))),
+        }
+    };
+    let mut f = Fields::default();
+    for (name, wire) in [
+        ("message_id", header::MESSAGE_ID),
+        ("topic", header::TOPIC),
+        ("key", header::KEY),
+        ("occurred_at", header::OCCURRED_AT),
+    ] {
+        if let Some(v) = string(name)? {
+            f.push(wire, v)?;
+        }
+    }
+    if let Some(h) = obj.get("headers").filter(|h| !h.is_null()) {
+        let map: BTreeMap<String, String> = serde_json::from_value(h.clone())
+            .map_err(|_| EnvelopeError::Malformed("headers is not an object of strings".into()))?;
+        for (name, value) in map {
+            if header::RESERVED.contains(&name.as_str()) {
+                continue;
+            }
+            f.push(&name, value)?;
+        }
+    }
+    let payload = crate::sink::file::payload_from_json_line(&value).ok_or_else(|| {
+        EnvelopeError::Malformed("payload or payload_encoding is missing or invalid".into())
+    })?;
+    f.finish(Bytes::from(payload))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::OutgoingMessage;
+
+    fn outgoing() -> OutgoingMessage {
+        let mut headers = BTreeMap::new();
+        headers.insert("tenant".to_owned(), "grüße ✓".to_owned());
+        headers.insert(header::CORRELATION_ID.to_owned(), "req-7".to_owned());
+        OutgoingMessage {
+            id: 1,
+            message_id: Uuid::now_v7(),
+            topic: "orders.placed.v1".into(),
+            key: Some("order-42".into()),
+            payload: Bytes::from_static(&[0, 159, 146, 150, 255]),
+            headers,
+            occurred_at: DateTime::parse_from_rfc3339("2026-11-30T10:11:12.123456Z")
+                .unwrap()
+                .with_timezone(&Utc),
+            attempts: 2,
+        }
+    }
+
+    #[test]
+    fn header_pairs_round_trip() {
+        let m = outgoing();
+        let pairs = m.envelope_headers();
+        let env = from_headers(
+            pairs.iter().map(|(n, v)| (*n, v.as_bytes())),
+            m.payload.clone(),
+        )
+        .unwrap();
+        assert_eq!(env.message_id, m.message_id);
+        assert_eq!(env.topic, m.topic);
+        assert_eq!(env.key, m.key);
+        assert_eq!(env.occurred_at, m.occurred_at);
+        assert_eq!(env.headers, m.headers);
+        assert_eq!(env.payload, m.payload);
+        assert_eq!(env.correlation_id(), Some("req-7"));
+        assert_eq!(
+            env.wire_headers(),
+            pairs
+                .into_iter()
+                .map(|(n, v)| (n.to_owned(), v))
+                .collect::<BTreeMap<_, _>>()
+        );
+        assert_eq!(
+            env.follow_up_id("x"),
+            crate::inbox::follow_up_id(m.message_id, "x")
+        );
+    }
+
+    #[test]
+    fn json_lines_round_trip_text_and_binary() {
+        let mut m = outgoing();
+        let env = from_json_line(&crate::sink::file::to_json_line(&m)).unwrap();
+        assert_eq!(
+            (&env.payload, &env.headers, env.occurred_at),
+            (&m.payload, &m.headers, m.occurred_at)
+        );
+        m.payload = Bytes::from_static("plain ✓".as_bytes());
+        m.key = None;
+        let env = from_json_line(&crate::sink::file::to_json_line(&m)).unwrap();
+        assert_eq!(env.payload, m.payload);
+        assert_eq!(env.key, None);
+    }
+
+    #[tokio::test]
+    async fn the_file_sink_round_trips_through_a_real_file() {
+        use crate::sink::Sink as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.jsonl");
+        let sink = crate::sink::file::FileSink::open(&path).await.unwrap();
+        let mut text = outgoing();
+        text.payload = Bytes::from_static("grüße ✓ {}".as_bytes());
+        text.key = None;
+        let mut empty = outgoing();
+        empty.payload = Bytes::new();
+        let batch = vec![outgoing(), text, empty];
+        for r in sink.publish_all(&batch).await {
+            r.unwrap();
+        }
+        let written = std::fs::read(&path).unwrap();
+        let got: Vec<Envelope> = written
+            .split_inclusive(|b| *b == b'\n')
+            .map(|line| from_json_line(line).unwrap())
+            .collect();
+        assert_eq!(got.len(), batch.len());
+        for (m, e) in batch.iter().zip(&got) {
+            assert_eq!(e.message_id, m.message_id);
+            assert_eq!(e.topic, m.topic);
+            assert_eq!(e.key, m.key);
+            assert_eq!(e.occurred_at, m.occurred_at);
+            assert_eq!(e.headers, m.headers);
+            assert_eq!(e.payload, m.payload);
+        }
+    }
+
+    #[test]
+    fn bad_envelopes_are_named_not_guessed() {
+        let m = outgoing();
+        let id = m.message_id.to_string();
+        let ok: Vec<(&str, &[u8])> = vec![
+            ("message-id", id.as_bytes()),
+            ("topic", b"t"),
+            ("occurred-at", b"2026-11-30T10:11:12Z"),
+        ];
+        assert!(from_headers(ok.clone(), Bytes::new()).is_ok());
+        let without = |name: &str| -> Vec<(&str, &[u8])> {
+            ok.iter().filter(|(n, _)| *n != name).cloned().collect()
+        };
+        for name in ["message-id", "topic", "occurred-at"] {
+            assert_eq!(
+                from_headers(without(name), Bytes::new()),
+                Err(EnvelopeError::Missing(match name {
+                    "message-id" => header::MESSAGE_ID,
+                    "topic" => header::TOPIC,
+                    _ => header::OCCURRED_AT,
+                }))
+            );
+        }
+        let mut bad = without("message-id");
+        bad.push(("message-id", b"42"));
+        assert!(matches!(
+            from_headers(bad, Bytes::new()),
+            Err(EnvelopeError::Invalid {
+                reason: "not a UUID",
+                ..
+            })
+        ));
+        let mut bad = without("occurred-at");
+        bad.push(("occurred-at", b"yesterday"));
+        assert!(matches!(
+            from_headers(bad, Bytes::new()),
+            Err(EnvelopeError::Invalid { .. })
+        ));
+        let mut twice = ok.clone();
+        twice.push(("topic", b"u"));
+        assert_eq!(
+            from_headers(twice, Bytes::new()),
+            Err(EnvelopeError::Repeated("topic".into()))
+        );
+        let mut binary = ok.clone();
+        binary.push(("tenant", &[0xff, 0xfe]));
+        assert_eq!(
+            from_headers(binary, Bytes::new()),
+            Err(EnvelopeError::NotUtf8("tenant".into()))
+        );
+        assert!(matches!(
+            from_json_line(b"{not json"),
+            Err(EnvelopeError::Malformed(_))
+        ));
+        // The payload never reaches an error message.
+        let line = br#"{"topic":"t","occurred_at":"2026-11-30T10:11:12Z","payload_encoding":"utf8","payload":"secret-payload"}"#;
+        let e = from_json_line(line).unwrap_err();
+        assert_eq!(e, EnvelopeError::Missing(header::MESSAGE_ID));
+        assert!(!e.to_string().contains("secret-payload"));
+    }
+
+    #[cfg(feature = "webhook")]
+    #[test]
+    fn webhook_headers_are_percent_decoded_and_transport_left_out() {
+        let m = outgoing();
+        let mut h = http::HeaderMap::new();
+        for (n, v) in m.envelope_headers() {
+            let enc: String = v
+                .bytes()
+                .map(|b| {
+                    if b.is_ascii_graphic() && b != b'%' {
+                        char::from(b).to_string()
+                    } else {
+                        format!("%{b:02X}")
+                    }
+                })
+                .collect();
+            h.insert(
+                http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(&enc).unwrap(),
+            );
+        }
+        for (n, v) in [
+            ("content-type", "application/octet-stream"),
+            ("user-agent", "x"),
+            ("idempotency-key", "y"),
+            ("host", "h"),
+        ] {
+            h.insert(n, http::HeaderValue::from_static(v));
+        }
+        let env = from_webhook(&h, m.payload.clone()).unwrap();
+        assert_eq!(env.headers, m.headers);
+        assert_eq!(env.key, m.key);
+        h.insert("content-type", http::HeaderValue::from_static("text/plain"));
+        let env = from_webhook(&h, m.payload.clone()).unwrap();
+        assert_eq!(env.content_type(), Some("text/plain"));
+    }
+}
