@@ -6,14 +6,12 @@
 
 mod common;
 
-use async_trait::async_trait;
-use common::{RecordingWrapper, Seen, TestDb, TestStream, messages, nats_connect, nats_url};
+use common::{
+    ConfirmThenHang, RecordingWrapper, Seen, TestDb, TestStream, messages, nats_connect, nats_url,
+};
 use common::{relay_config, wait_until};
 use outbox::Relay;
-use outbox::message::OutgoingMessage;
-use outbox::sink::Confirmations;
 use outbox::sink::nats::{NatsOptions, NatsSink};
-use outbox::sink::{PublishError, Sink};
 use outbox::store::status;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -21,32 +19,6 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 const N: usize = 50;
-
-/// Publishes through the real NATS sink, reports the confirmations, then hangs forever:
-/// the relay never gets to mark, as if it crashed right after the PubAcks arrived.
-struct ConfirmThenHang {
-    inner: NatsSink,
-    confirmed: mpsc::UnboundedSender<Vec<Result<(), PublishError>>>,
-}
-
-#[async_trait]
-impl Sink for ConfirmThenHang {
-    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
-        let results: Vec<Result<(), PublishError>> = async {
-            let results = self.inner.publish_all(batch).await;
-            let _ = self.confirmed.send(results);
-            std::future::pending().await
-        }
-        .await;
-        for (i, r) in results.into_iter().enumerate() {
-            confirm.set(i, r);
-        }
-    }
-
-    fn describe(&self) -> String {
-        "confirm-then-hang".into()
-    }
-}
 
 async fn nats_sink() -> NatsSink {
     NatsSink::connect(

@@ -70,6 +70,7 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Runs `connect` (establishing a connection) within [`ACQUIRE_TIMEOUT`].
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) async fn bounded_connect<T>(
     connect: impl std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
 ) -> Result<T> {

@@ -557,6 +557,16 @@ impl TestStream {
         url: &str,
         storage: async_nats::jetstream::stream::StorageType,
     ) -> Self {
+        Self::create_with(client, url, storage, Duration::from_secs(120)).await
+    }
+
+    /// [`TestStream::create`] with a duplicate window of its own.
+    pub(crate) async fn create_with(
+        client: &async_nats::Client,
+        url: &str,
+        storage: async_nats::jetstream::stream::StorageType,
+        duplicate_window: Duration,
+    ) -> Self {
         let u = unique();
         let name = format!("T{u}");
         let prefix = format!("t{u}");
@@ -564,7 +574,7 @@ impl TestStream {
         let config = async_nats::jetstream::stream::Config {
             name: name.clone(),
             subjects: vec![format!("{prefix}.>")],
-            duplicate_window: Duration::from_secs(120),
+            duplicate_window,
             storage,
             num_replicas: 1,
             ..Default::default()
@@ -808,6 +818,33 @@ impl Sink for RecordingSink {
 
     fn describe(&self) -> String {
         "recording".into()
+    }
+}
+
+/// Publishes through the real NATS sink, reports the confirmations, then hangs forever:
+/// the relay never gets to mark, as if it crashed right after the PubAcks arrived.
+pub(crate) struct ConfirmThenHang {
+    pub(crate) inner: outbox::sink::nats::NatsSink,
+    pub(crate) confirmed:
+        tokio::sync::mpsc::UnboundedSender<Vec<Result<(), outbox::sink::PublishError>>>,
+}
+
+#[async_trait::async_trait]
+impl outbox::sink::Sink for ConfirmThenHang {
+    async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
+        let results: Vec<Result<(), outbox::sink::PublishError>> = async {
+            let results = self.inner.publish_all(batch).await;
+            let _ = self.confirmed.send(results);
+            std::future::pending().await
+        }
+        .await;
+        for (i, r) in results.into_iter().enumerate() {
+            confirm.set(i, r);
+        }
+    }
+
+    fn describe(&self) -> String {
+        "confirm-then-hang".into()
     }
 }
 
