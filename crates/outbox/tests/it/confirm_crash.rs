@@ -1,0 +1,121 @@
+//! Guarantee 3: a crash between the broker's confirmation and the mark causes a duplicate
+//! publish with the same message id, never a loss; JetStream's duplicate window (keyed on
+//! `Nats-Msg-Id` = message id) keeps exactly one copy in the stream.
+
+#![allow(clippy::unwrap_used)]
+
+
+use crate::common::{
+    ConfirmThenHang, RecordingWrapper, Seen, TestDb, TestStream, messages, nats_connect, nats_url,
+};
+use crate::common::{relay_config, wait_until};
+use outbox::Relay;
+use outbox::sink::nats::{NatsOptions, NatsSink};
+use outbox::store::status;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+const N: usize = 50;
+
+async fn nats_sink() -> NatsSink {
+    NatsSink::connect(
+        &nats_url(),
+        NatsOptions {
+            ack_timeout: Duration::from_secs(2),
+        },
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crash_after_confirmation_republishes_same_id_and_stream_dedups() {
+    let client = nats_connect().await;
+    let stream = TestStream::shared(&client).await;
+    let db = TestDb::pg("crash").await;
+    let store = db.store();
+    let enq = db
+        .enqueue_all(&messages(&stream.subject("orders"), N))
+        .await;
+    let ours: HashSet<String> = enq.iter().map(|e| e.message_id.to_string()).collect();
+
+    // Relay 1 publishes everything, gets every PubAck, and dies before marking.
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut cfg = relay_config("relay-crashing");
+    cfg.batch_size = 100;
+    cfg.lease = Duration::from_secs(3);
+    cfg.publish_timeout = Duration::from_millis(2500);
+    let first = Relay::new(
+        store.clone(),
+        Arc::new(ConfirmThenHang {
+            inner: nats_sink().await,
+            confirmed: tx,
+        }),
+        cfg,
+    )
+    .spawn();
+    let results = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("relay 1 never published")
+        .unwrap();
+    first.abort();
+    assert_eq!(results.len(), N);
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+
+    // The broker has every message; the store still has every row claimed.
+    assert_eq!(stream.message_count(&client).await, N as u64);
+    for r in db.rows().await {
+        assert_eq!(r.status, i32::from(status::CLAIMED), "{r:?}");
+        assert_eq!(r.attempts, 1);
+        assert_eq!(r.claimed_by.as_deref(), Some("relay-crashing"));
+    }
+
+    // Relay 2 takes the rows over after relay 1's lease and publishes them again.
+    let seen: Seen = Arc::default();
+    let mut cfg = relay_config("relay-recovering");
+    cfg.lease = Duration::from_secs(10);
+    cfg.publish_timeout = Duration::from_secs(5);
+    let second = Relay::new(
+        store.clone(),
+        Arc::new(RecordingWrapper {
+            inner: nats_sink().await,
+            seen: seen.clone(),
+        }),
+        cfg,
+    )
+    .spawn();
+    let s = store.clone();
+    wait_until("all dispatched by relay 2", Duration::from_secs(15), || {
+        let s = s.clone();
+        async move {
+            let c = s.counts().await.unwrap();
+            if c.dispatched == N as i64 {
+                Ok(())
+            } else {
+                Err(format!("{c:?}"))
+            }
+        }
+    })
+    .await;
+    let stats = second.shutdown().await.unwrap();
+    assert_eq!(stats.dispatched, N as u64, "{stats:?}");
+
+    // Relay 2 really published every message a second time ...
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), N);
+        assert!(seen.values().all(|&n| n == 1), "{seen:?}");
+    }
+    for r in db.rows().await {
+        assert_eq!(r.status, i32::from(status::DISPATCHED));
+        assert_eq!(r.attempts, 2, "one attempt per claim");
+        assert_eq!(r.claimed_by.as_deref(), Some("relay-recovering"));
+    }
+    // ... with the same Nats-Msg-Id, so the stream kept exactly one copy of each.
+    assert_eq!(stream.message_count(&client).await, N as u64);
+    let ids = stream.msg_ids(&client).await;
+    assert_eq!(ids.len(), N);
+    assert_eq!(ids.iter().cloned().collect::<HashSet<_>>(), ours);
+}

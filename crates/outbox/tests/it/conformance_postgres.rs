@@ -1,0 +1,306 @@
+//! The store conformance suite (`tests/conformance/mod.rs`) on PostgreSQL: each test in a
+//! schema of its own (`StoreConfig.schema`), dropped afterwards.
+
+#![allow(clippy::unwrap_used)]
+
+
+use async_trait::async_trait;
+use crate::common::{PgSchema, pg_connect, pg_url};
+use crate::conformance::{Backend, End, Held, Kind, Row, SqlCall, TxOpts, assert_in_source};
+use outbox::message::{Enqueued, Message};
+use outbox::postgres::PgStore;
+use outbox::{Store, StoreConfig};
+use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::{AssertSqlSafe, Connection, Postgres, Row as _, Transaction};
+use std::sync::Arc;
+use std::time::Duration;
+
+const STORE_SOURCE: &str = include_str!("../../src/store/postgres.rs");
+
+struct PgBackend {
+    store: PgStore,
+    /// The application's own pool (producers, inspection).
+    app: PgPool,
+    schema: PgSchema,
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap()
+}
+
+impl PgBackend {
+    fn s(&self) -> &str {
+        &self.schema.name
+    }
+
+    async fn run_tx(
+        &self,
+        mut tx: Transaction<'_, Postgres>,
+        msgs: &[Message],
+        opts: TxOpts,
+    ) -> Result<Vec<outbox::Result<Enqueued>>, String> {
+        if let Some(id) = opts.business_row {
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {}.orders (id, note) VALUES ($1, 'order')",
+                self.s()
+            )))
+            .bind(id)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| e.to_string())?;
+        }
+        let mut out = Vec::with_capacity(msgs.len());
+        for m in msgs {
+            out.push(self.store.enqueue(&mut tx, m).await);
+        }
+        match opts.end {
+            End::Commit => tx.commit().await.map_err(|e| e.to_string())?,
+            End::Rollback => tx.rollback().await.map_err(|e| e.to_string())?,
+            End::Drop => drop(tx),
+        }
+        Ok(out)
+    }
+}
+
+fn to_row(r: &PgRow) -> Row {
+    Row {
+        id: r.get(0),
+        message_id: r.get(1),
+        topic: r.get(2),
+        key: r.get(3),
+        payload: r.get(4),
+        headers: r.get(5),
+        status: r.get(6),
+        attempts: r.get(7),
+        claimed_by: r.get(8),
+        claim_token: r.get(9),
+        occurred_at: r.get(10),
+        available_at: r.get(11),
+        locked_until: r.get(12),
+        dispatched_at: r.get(13),
+        last_error: r.get(14),
+    }
+}
+
+#[async_trait]
+impl Backend for PgBackend {
+    const KIND: Kind = Kind::Postgres;
+
+    async fn create(label: &str, max_message_bytes: usize) -> Self {
+        drop(pg_connect().await); // the loud failure when PostgreSQL is down
+        let schema = PgSchema::new(label);
+        let config = StoreConfig {
+            schema: schema.ident(),
+            max_message_bytes,
+        };
+        let store = PgStore::connect(&pg_url(), config).await.unwrap();
+        store.migrate().await.unwrap();
+        let app = PgPoolOptions::new()
+            .max_connections(8)
+            .connect(&pg_url())
+            .await
+            .unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "CREATE TABLE {}.orders (id bigint PRIMARY KEY, note text NOT NULL)",
+            schema.name
+        )))
+        .execute(&app)
+        .await
+        .unwrap();
+        PgBackend { store, app, schema }
+    }
+
+    fn store(&self) -> Arc<dyn Store> {
+        Arc::new(self.store.clone())
+    }
+
+    async fn try_produce(
+        &self,
+        msgs: &[Message],
+        opts: TxOpts,
+    ) -> Result<Vec<outbox::Result<Enqueued>>, String> {
+        if opts.far_time_zone {
+            // A producer session of its own, 14 hours ahead of UTC.
+            let mut conn = pg_connect().await;
+            sqlx::query("SET TIME ZONE 'Pacific/Kiritimati'")
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            let offset: i32 = sqlx::query_scalar("SELECT extract(timezone FROM now())::int4")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(offset, 14 * 3600, "the producer session is at +14:00");
+            let tx = conn.begin().await.map_err(|e| e.to_string())?;
+            let out = self.run_tx(tx, msgs, opts).await;
+            conn.close().await.unwrap();
+            out
+        } else {
+            let tx = self.app.begin().await.map_err(|e| e.to_string())?;
+            self.run_tx(tx, msgs, opts).await
+        }
+    }
+
+    async fn select_rows(&self, filter: &str) -> Vec<Row> {
+        let us = |c: &str| format!("(extract(epoch FROM {c}) * 1000000)::int8");
+        let sql = format!(
+            "SELECT id, message_id, topic, key, payload, headers, status, attempts, claimed_by,
+                    claim_token, {}, {}, {}, {}, last_error
+             FROM {}.messages WHERE {filter} ORDER BY id",
+            us("occurred_at"),
+            us("available_at"),
+            us("locked_until"),
+            us("dispatched_at"),
+            self.s()
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .fetch_all(&self.app)
+            .await
+            .unwrap()
+            .iter()
+            .map(to_row)
+            .collect()
+    }
+
+    async fn count(&self, filter: &str) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {}.messages WHERE {filter}",
+            self.s()
+        )))
+        .fetch_one(&self.app)
+        .await
+        .unwrap()
+    }
+
+    async fn orders(&self, id: i64) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {}.orders WHERE id = $1",
+            self.s()
+        )))
+        .bind(id)
+        .fetch_one(&self.app)
+        .await
+        .unwrap()
+    }
+
+    async fn db_now_us(&self) -> i64 {
+        sqlx::query_scalar("SELECT (extract(epoch FROM now()) * 1000000)::int8")
+            .fetch_one(&self.app)
+            .await
+            .unwrap()
+    }
+
+    async fn set_dispatched_at_ago(&self, ids: &[i64], ago: Duration) {
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {}.messages
+             SET dispatched_at = now() - $1 * interval '1 millisecond',
+                 occurred_at = now() - $1 * interval '1 millisecond'
+             WHERE id = ANY($2)",
+            self.s()
+        )))
+        .bind(ms(ago))
+        .bind(ids)
+        .execute(&self.app)
+        .await
+        .unwrap();
+    }
+
+    async fn bulk_insert_dispatched(&self, n: u64, ago: Duration) {
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {}.messages
+                 (message_id, topic, payload, status, attempts, occurred_at, available_at,
+                  dispatched_at)
+             SELECT gen_random_uuid(), 't.bulk.v1', '\\x00'::bytea, 2, 1, t, t, t
+             FROM generate_series(1, $1::int8), (SELECT now() - $2 * interval '1 millisecond' AS t) x",
+            self.s()
+        )))
+        .bind(i64::try_from(n).unwrap())
+        .bind(ms(ago))
+        .execute(&self.app)
+        .await
+        .unwrap();
+    }
+
+    async fn analyze(&self) {
+        sqlx::query(AssertSqlSafe(format!("ANALYZE {}.messages", self.s())))
+            .execute(&self.app)
+            .await
+            .unwrap();
+    }
+
+    async fn assert_claim_uses_live_index(&self) {
+        // The claim's inner SELECT, as the store has it.
+        let template = "SELECT id FROM {s}.messages
+                   WHERE status <= 1 AND available_at <= now(){extra}
+                   ORDER BY available_at, id
+                   LIMIT $1
+                   FOR UPDATE SKIP LOCKED";
+        assert_in_source(STORE_SOURCE, template, "src/store/postgres.rs");
+        let query = template
+            .replace("{s}", self.s())
+            .replace("{extra}", "")
+            .replace("$1", "100");
+        let plan: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!("EXPLAIN {query}")))
+            .fetch_all(&self.app)
+            .await
+            .unwrap();
+        let plan = plan.join("\n");
+        eprintln!("claim plan:\n{plan}");
+        assert!(
+            !plan.contains("Seq Scan"),
+            "the claim scans the table:\n{plan}"
+        );
+        assert!(
+            plan.contains("messages_live"),
+            "the claim does not use the live-row index:\n{plan}"
+        );
+    }
+
+    async fn hold_write_lock(&self) -> Held {
+        let mut tx = self.app.begin().await.unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "LOCK TABLE {}.messages IN SHARE MODE",
+            self.s()
+        )))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        Held::Pg(tx)
+    }
+
+    async fn sql_enqueue(&self, calls: &[SqlCall]) -> Result<Vec<i64>, String> {
+        let mut tx = self.app.begin().await.unwrap();
+        let mut out = Vec::new();
+        for c in calls {
+            let id: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT {}.enqueue($1, $2, $3, $4, $5)",
+                self.s()
+            )))
+            .bind(&c.topic)
+            .bind(&c.payload)
+            .bind(c.key.as_deref())
+            .bind(c.message_id)
+            .bind(&c.headers)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| e.to_string())?;
+            out.push(id);
+        }
+        tx.commit().await.map_err(|e| e.to_string())?;
+        Ok(out)
+    }
+
+    async fn produce_held(
+        &self,
+        msg: &Message,
+        gate: tokio::sync::oneshot::Receiver<()>,
+    ) -> Enqueued {
+        let mut tx = self.app.begin().await.unwrap();
+        let e = self.store.enqueue(&mut tx, msg).await.unwrap();
+        gate.await.unwrap();
+        tx.commit().await.unwrap();
+        e
+    }
+}
+
+crate::conformance::conformance_cases!(PgBackend);

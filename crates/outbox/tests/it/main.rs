@@ -1,0 +1,48 @@
+//! The library's integration tests, in one binary (one link of the library instead of one
+//! per file). Modules:
+//! - `common`: the shared harness (databases, NATS streams, recording sinks, waits);
+//! - `conformance` + `conformance_<store>`: the store contract, once per store;
+//! - `publisher_conformance` + `publisher_conformance_<sink>`: the sink contract, once per
+//!   sink against its real broker;
+//! - the rest: relay, router, sink and consumer behaviour against real services.
+//!
+//! Run one area with a filter, e.g. `cargo nextest run -p outbox -E 'test(/^conformance_mysql::/)'`
+//! or `cargo test -p outbox --test it conformance_mysql::`.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+#[macro_use]
+mod conformance;
+#[macro_use]
+mod publisher_conformance;
+
+mod bad_input;
+mod broker_outage;
+mod concurrent_relays;
+mod confirm_crash;
+mod conformance_mysql;
+mod conformance_postgres;
+mod conformance_sqlite;
+mod consumer_e2e;
+mod inbox;
+mod publisher_conformance_http;
+mod publisher_conformance_kafka;
+mod publisher_conformance_mqtt;
+mod publisher_conformance_nats;
+mod publisher_conformance_rabbitmq;
+mod publisher_conformance_redis;
+mod rabbitmq_outage;
+mod routing;
+mod sink_classification;
+mod sink_http;
+mod sink_kafka;
+mod sink_mqtt;
+mod sink_rabbitmq;
+mod sink_redis;
+mod slow_destinations;
+mod sql_enqueue_headers;
+mod sqlite_e2e;
+mod store_outage;
+mod transaction;
+mod wakeup;

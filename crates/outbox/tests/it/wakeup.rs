@@ -1,0 +1,199 @@
+//! The relay loop wakes on the store's signal (PostgreSQL `NOTIFY`, SQLite
+//! `data_version`), not only on its poll: with a poll interval far longer than the test, a
+//! commit still gets delivered at once.
+
+#![allow(clippy::unwrap_used)]
+
+
+use crate::common::{RecordingSink, TestDb, messages, relay_config, wait_until};
+use outbox::Relay;
+use std::time::{Duration, Instant};
+
+async fn commit_wakes_an_idle_relay(db: TestDb) {
+    let name = db.name();
+    let store = db.store();
+    let (sink, _seen) = RecordingSink::new();
+    let mut cfg = relay_config("relay-idle");
+    cfg.poll_interval = Duration::from_secs(60);
+    let handle = Relay::new(store.clone(), sink, cfg).spawn();
+    // Let it find nothing and go to sleep on its wake-up channel.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(handle.stats().batches, 0);
+
+    for round in 1..=3 {
+        let start = Instant::now();
+        db.enqueue_all(&messages("t.wake.v1", 1)).await;
+        let s = store.clone();
+        wait_until("delivery without polling", Duration::from_secs(5), || {
+            let s = s.clone();
+            async move {
+                let c = s.counts().await.unwrap();
+                if c.dispatched == round {
+                    Ok(())
+                } else {
+                    Err(format!("{c:?}"))
+                }
+            }
+        })
+        .await;
+        let took = start.elapsed();
+        assert!(
+            took < Duration::from_secs(3),
+            "{name}: woke too late: {took:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let stats = handle.shutdown().await.unwrap();
+    assert_eq!(stats.dispatched, 3, "{name}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pg_commit_wakes_an_idle_relay() {
+    commit_wakes_an_idle_relay(TestDb::pg("wake").await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_commit_wakes_an_idle_relay() {
+    commit_wakes_an_idle_relay(TestDb::sqlite().await).await;
+}
+
+/// Counts the claims and pause reads an idle relay makes, over a real store.
+struct Counting {
+    inner: std::sync::Arc<dyn outbox::Store>,
+    claims: std::sync::atomic::AtomicU32,
+    pause_reads: std::sync::atomic::AtomicU32,
+}
+
+#[async_trait::async_trait]
+impl outbox::Store for Counting {
+    async fn migrate(&self) -> outbox::Result<()> {
+        self.inner.migrate().await
+    }
+    async fn check_schema(&self) -> outbox::Result<()> {
+        self.inner.check_schema().await
+    }
+    async fn claim(
+        &self,
+        req: &outbox::store::ClaimRequest,
+    ) -> outbox::Result<outbox::store::Claim> {
+        self.claims
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.claim(req).await
+    }
+    async fn settle(
+        &self,
+        token: uuid::Uuid,
+        s: &outbox::store::Settlement,
+    ) -> outbox::Result<outbox::store::Settled> {
+        self.inner.settle(token, s).await
+    }
+    async fn renew(
+        &self,
+        token: uuid::Uuid,
+        ids: &[i64],
+        lease: Duration,
+    ) -> outbox::Result<Vec<i64>> {
+        self.inner.renew(token, ids, lease).await
+    }
+    async fn pause_state(&self) -> outbox::Result<outbox::store::PauseState> {
+        self.pause_reads
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.pause_state().await
+    }
+    async fn set_pause(&self, reason: Option<&str>) -> outbox::Result<()> {
+        self.inner.set_pause(reason).await
+    }
+    async fn counts(&self) -> outbox::Result<outbox::Counts> {
+        self.inner.counts().await
+    }
+    async fn purge(
+        &self,
+        older_than: Duration,
+        batch_size: u32,
+    ) -> outbox::Result<outbox::store::PurgeBatch> {
+        self.inner.purge(older_than, batch_size).await
+    }
+    async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> outbox::Result<u64> {
+        self.inner.inbox_purge(older_than, batch_size).await
+    }
+    async fn leases(&self) -> outbox::Result<outbox::store::Leases> {
+        self.inner.leases().await
+    }
+    async fn dead_letters(
+        &self,
+        selector: &outbox::store::DeadSelector,
+        limit: u32,
+        with_payload: bool,
+    ) -> outbox::Result<Vec<outbox::store::DeadLetter>> {
+        self.inner.dead_letters(selector, limit, with_payload).await
+    }
+    async fn count_dead(&self, selector: &outbox::store::DeadSelector) -> outbox::Result<u64> {
+        self.inner.count_dead(selector).await
+    }
+    async fn replay(
+        &self,
+        request: &outbox::store::ReplayRequest,
+    ) -> outbox::Result<outbox::store::ReplayOutcome> {
+        self.inner.replay(request).await
+    }
+    async fn replays(&self, limit: u32) -> outbox::Result<Vec<outbox::store::ReplayRecord>> {
+        self.inner.replays(limit).await
+    }
+    async fn heartbeat(&self, beat: &outbox::store::RelayHeartbeat) -> outbox::Result<()> {
+        self.inner.heartbeat(beat).await
+    }
+    async fn deregister(&self, relay_id: &str) -> outbox::Result<()> {
+        self.inner.deregister(relay_id).await
+    }
+    async fn relays(&self, within: Duration) -> outbox::Result<Vec<outbox::store::RelayRecord>> {
+        self.inner.relays(within).await
+    }
+    async fn pause_topic(
+        &self,
+        pattern: &outbox::sink::router::TopicPattern,
+        reason: &str,
+        by: &str,
+    ) -> outbox::Result<()> {
+        self.inner.pause_topic(pattern, reason, by).await
+    }
+    async fn resume_topic(&self, pattern: &str) -> outbox::Result<bool> {
+        self.inner.resume_topic(pattern).await
+    }
+    async fn overview(&self, top_n: u32) -> outbox::Result<outbox::store::Overview> {
+        self.inner.overview(top_n).await
+    }
+    fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.wakeups()
+    }
+}
+
+/// Idle, a relay with several workers makes one claim per poll interval (not one per
+/// worker) and reads the pause switch at most about once a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_relay_claims_once_per_poll_interval() {
+    let db = TestDb::pg("idle_claims").await;
+    let store = std::sync::Arc::new(Counting {
+        inner: db.store(),
+        claims: Default::default(),
+        pause_reads: Default::default(),
+    });
+    let (sink, _seen) = RecordingSink::new();
+    let mut cfg = relay_config("relay-idle-claims");
+    cfg.poll_interval = Duration::from_millis(250);
+    cfg.in_flight_batches = 4;
+    let handle = Relay::new(store.clone(), sink, cfg).spawn();
+    // Past the start (each worker's first claim, the listener's first wake-up).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let load = |a: &std::sync::atomic::AtomicU32| a.load(std::sync::atomic::Ordering::SeqCst);
+    let (claims0, pauses0) = (load(&store.claims), load(&store.pause_reads));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let claims = load(&store.claims) - claims0;
+    let pauses = load(&store.pause_reads) - pauses0;
+    let _ = handle.shutdown().await.unwrap();
+    eprintln!(
+        "idle for 3 s at a 250 ms poll with 4 workers: {claims} claims, {pauses} pause reads"
+    );
+    // 12 poll intervals (one claim per worker would be 48); the pause switch once a second.
+    assert!(claims <= 14, "{claims} claims");
+    assert!(pauses <= 4, "{pauses} pause reads");
+}
