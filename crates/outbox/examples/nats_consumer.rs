@@ -15,8 +15,9 @@
 //! (a crash between the broker's confirmation and its mark) is a duplicate like any other.
 //! Transaction conflicts are retried by [`outbox::transaction::transaction`]; a database
 //! that is down makes the message wait (`nak` with a delay); a message that can never be
-//! handled (not an outbox envelope, a payload that is not an order) is terminated
-//! (`term`), logged by id, never retried forever.
+//! handled (not an outbox envelope, a payload that is not an order, a value the database
+//! or enqueue refuses) is terminated (`term`), logged by id, never retried forever; and
+//! `max_deliver` bounds the redeliveries of anything else.
 //!
 //! Run it (PostgreSQL and NATS with JetStream on their standard ports, the outbox schema
 //! migrated with `outbox migrate`):
@@ -83,6 +84,9 @@ impl Config {
 /// The default topic of the follow-up message.
 pub const INVOICE_REQUESTED: &str = "billing.invoice-requested.v1";
 
+/// Deliveries of one message before JetStream gives up on it.
+pub const MAX_DELIVER: i64 = 20;
+
 /// What the consumer expects in an order message's payload.
 #[derive(Debug, serde::Deserialize)]
 pub struct OrderPlaced {
@@ -108,9 +112,15 @@ pub enum Handled {
 /// Errors that end the consumer (connecting, creating the stream or the consumer).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The business table. A real service has its own; no unique key here on purpose: the
-/// inbox alone keeps the effect single.
+/// The business table. A real service has its own (made by its migrations); no unique key
+/// here on purpose: the inbox alone keeps the effect single. Under a transaction-scoped
+/// advisory lock, since `CREATE TABLE IF NOT EXISTS` races when two copies start at once.
 async fn create_invoices(store: &PgStore, schema: &str) -> Result<(), sqlx::Error> {
+    let mut tx = store.pool().begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        .bind(format!("{schema}.invoices"))
+        .execute(&mut *tx)
+        .await?;
     sqlx::query(AssertSqlSafe(format!(
         "CREATE TABLE IF NOT EXISTS {schema}.invoices (
              id bigserial PRIMARY KEY,
@@ -119,9 +129,9 @@ async fn create_invoices(store: &PgStore, schema: &str) -> Result<(), sqlx::Erro
              amount_cents bigint NOT NULL,
              created_at timestamptz NOT NULL DEFAULT now())"
     )))
-    .execute(store.pool())
+    .execute(&mut *tx)
     .await?;
-    Ok(())
+    tx.commit().await
 }
 
 /// One message, in one transaction (re-run on conflicts): inbox first, then the effect
@@ -204,6 +214,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<u64,
                 durable_name: Some(cfg.durable.clone()),
                 ack_policy: jetstream::consumer::AckPolicy::Explicit,
                 ack_wait: Duration::from_secs(30),
+                // A bound on redeliveries, whatever goes wrong: after it, JetStream stops
+                // delivering the message (an advisory is published) instead of looping.
+                max_deliver: MAX_DELIVER,
                 ..Default::default()
             },
         )
@@ -264,9 +277,26 @@ pub async fn handle_one(store: &PgStore, cfg: &Config, msg: &jetstream::Message)
     match handle(store, cfg, &envelope, &order).await {
         Ok(Accepted::Fresh) => Handled::Fresh,
         Ok(Accepted::Duplicate) => Handled::Duplicate,
-        Err(e) => {
-            eprintln!("nats_consumer: message {}: {e}", envelope.message_id);
+        // The database is down or busy, or the commit's outcome is unknown: a redelivery
+        // is safe (the inbox answers Duplicate when it had committed).
+        Err(TransactionError::Exhausted { .. } | TransactionError::CommitUnknown(_)) => {
             Handled::Retry
+        }
+        Err(TransactionError::Failed(e)) if e.is_transient() => {
+            eprintln!(
+                "nats_consumer: message {}: {e} (will retry)",
+                envelope.message_id
+            );
+            Handled::Retry
+        }
+        // Refused for what it carries (a value the database or enqueue rejects): it would
+        // fail the same way on every redelivery.
+        Err(e) => {
+            eprintln!(
+                "nats_consumer: message {} can never be handled: {e}",
+                envelope.message_id
+            );
+            Handled::Poison
         }
     }
 }

@@ -18,12 +18,16 @@
 //!
 //! Each is gated by its sink's feature (the webhook one by `webhook`, which needs no HTTP
 //! client; verify the signature first with [`crate::webhook::WebhookSecret::verify_headers`]).
-//! What cannot come back identically, by the transport's nature: HTTP header names arrive
-//! lower-case and a webhook without a content type is sent as `application/octet-stream`
-//! (read back as no content type); Redis writes a missing key as an empty field, so an
-//! empty key reads back as none. Everything else — non-ASCII header values, binary and
-//! empty payloads — comes back byte for byte (the publisher conformance suite checks it
-//! against every real broker).
+//! What cannot come back identically, by the transport's nature:
+//! - NATS: the client trims whitespace (Unicode `White_Space`, so also U+00A0) around every
+//!   header value it receives, so a key or header value with leading or trailing spaces
+//!   arrives trimmed; user headers named `Nats-…` are the server's namespace and are left out;
+//! - HTTP: header names arrive lower-case, and a webhook without a content type is sent as
+//!   `application/octet-stream` (read back as no content type);
+//! - Redis writes a missing key as an empty field, so an empty key reads back as none.
+//!
+//! Everything else — non-ASCII header values, binary and empty payloads — comes back byte
+//! for byte (the publisher conformance suite checks it against every real broker).
 //!
 //! A consumer then deduplicates on [`Envelope::message_id`] through the inbox
 //! ([`crate::inbox`]) and derives the ids of its follow-up messages with
@@ -246,11 +250,15 @@ pub fn from_headers<'a>(
     f.finish(payload.into())
 }
 
-/// Header names NATS itself sets (`Nats-Msg-Id`, `Nats-Expected-*`, …): every name that
-/// starts with `Nats-` is the transport's, never the envelope's.
+/// Header names NATS itself sets (`Nats-Msg-Id`, and on a direct get or republish
+/// `Nats-Stream`, `Nats-Sequence`, `Nats-Time-Stamp`, …): NATS reserves the `Nats-` prefix,
+/// so every such name is the transport's, never the envelope's (a user header named
+/// `Nats-…` does not come back).
 #[cfg(feature = "nats")]
 fn is_nats_header(name: &str) -> bool {
-    name.len() >= 5 && name[..5].eq_ignore_ascii_case("nats-")
+    name.as_bytes()
+        .get(..5)
+        .is_some_and(|p| p.eq_ignore_ascii_case(b"nats-"))
 }
 
 /// The envelope of a NATS message ([`crate::sink::nats`] writes it as headers). Works on
@@ -315,12 +323,26 @@ pub fn from_kafka<M: rdkafka::Message>(record: &M) -> Result<Envelope, EnvelopeE
     f.finish(Bytes::copy_from_slice(record.payload().unwrap_or_default()))
 }
 
+/// Headers RabbitMQ adds on the way to a consumer: `x-delivery-count` (quorum queues, a
+/// number), `x-death` (dead-lettering, a list), `x-first-death-*` / `x-last-death-*`
+/// (strings) and `x-received-from` (shovels, federation)
+/// (<https://www.rabbitmq.com/docs/dlx>, <https://www.rabbitmq.com/docs/quorum-queues>).
+#[cfg(feature = "rabbitmq")]
+fn is_rabbitmq_header(name: &str) -> bool {
+    matches!(name, "x-delivery-count" | "x-death" | "x-received-from")
+        || name.starts_with("x-first-death-")
+        || name.starts_with("x-last-death-")
+}
+
 /// The envelope of an AMQP 0-9-1 delivery ([`crate::sink::rabbitmq`] writes it in the
 /// `headers` table, every value a long string). The `message_id` property carries the
-/// same id.
+/// same id. What RabbitMQ adds on the way (a quorum queue's `x-delivery-count`, the
+/// `x-death` history of a dead-lettered message, `x-first-death-*`, `x-last-death-*`,
+/// `x-received-from`) and any header whose value is not a string are left out, so a
+/// redelivered or dead-lettered message reads like the first delivery.
 ///
 /// # Errors
-/// [`EnvelopeError`]; a header that is not a string is [`EnvelopeError::Invalid`].
+/// [`EnvelopeError`].
 #[cfg(feature = "rabbitmq")]
 pub fn from_amqp(delivery: &lapin::message::Delivery) -> Result<Envelope, EnvelopeError> {
     use lapin::types::AMQPValue;
@@ -328,16 +350,15 @@ pub fn from_amqp(delivery: &lapin::message::Delivery) -> Result<Envelope, Envelo
     if let Some(table) = delivery.properties.headers() {
         for (name, value) in table.inner() {
             let name = name.as_str();
+            if is_rabbitmq_header(name) {
+                continue;
+            }
             match value {
                 AMQPValue::LongString(s) => f.push_bytes(name, s.as_bytes())?,
                 AMQPValue::ShortString(s) => f.push(name, s.as_str().to_owned())?,
-                _ => {
-                    return Err(EnvelopeError::Invalid {
-                        field: snippet(name),
-                        value: String::new(),
-                        reason: "not a string",
-                    });
-                }
+                // The sink writes every envelope value as a long string: anything else was
+                // added on the way (a plugin, a shovel, a policy) and is not the envelope's.
+                _ => {}
             }
         }
     }
@@ -411,50 +432,22 @@ pub fn from_mqtt(publish: &rumqttc::v5::mqttbytes::v5::Publish) -> Result<Envelo
     f.finish(publish.payload.clone())
 }
 
-/// Request headers that are HTTP's, a client's, a proxy's or the webhook sink's own, never
-/// the envelope's (the sink refuses to send a message header with the first group's
-/// names).
-#[cfg(feature = "webhook")]
-const WEBHOOK_TRANSPORT: [&str; 24] = [
-    "host",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "upgrade",
-    "te",
-    "trailer",
-    "expect",
-    "proxy-connection",
-    "idempotency-key",
-    "webhook-id",
-    "webhook-timestamp",
-    "webhook-signature",
-    "accept",
-    "accept-encoding",
-    "user-agent",
-    "authorization",
-    "via",
-    "forwarded",
-    "x-forwarded-for",
-    "x-forwarded-host",
-    "x-forwarded-proto",
-    "x-real-ip",
-];
-
 /// The envelope of a webhook request ([`crate::sink::http`] writes it as request headers,
 /// values percent-encoded where HTTP cannot carry them, the payload as the body). Header
 /// names come back lower-case; `Content-Type` is the `content-type` header, except the
-/// `application/octet-stream` the sink sends for a message without one. Transport headers
-/// (`host`, `user-agent`, `accept`, `authorization`, `x-forwarded-*`, the signing and
-/// idempotency headers, …) are left out.
+/// `application/octet-stream` the sink sends for a message without one (HTTP also trims
+/// spaces around it). The names of [`crate::webhook::TRANSPORT_HEADERS`] (HTTP's, a
+/// client's, a proxy's, the signing and idempotency headers; the sink never sends a message
+/// header with one of them) are left out. Other headers a proxy adds on the way
+/// (`x-request-id`, …) cannot be told from the message's own: read the names you expect.
 ///
-/// This reads; it does not authenticate. Check the signature first with
-/// [`crate::webhook::WebhookSecret::verify_headers`] over the same headers and raw body.
+/// This reads; it does not authenticate (but a `webhook-id` must equal `message-id`).
+/// Use [`from_verified_webhook`] with the signing secret.
 ///
 /// # Errors
 /// [`EnvelopeError`]; a value that is not ASCII, or whose percent-decoding is not UTF-8, is
-/// [`EnvelopeError::NotUtf8`].
+/// [`EnvelopeError::NotUtf8`]; a `webhook-id` other than the message id is
+/// [`EnvelopeError::Invalid`].
 #[cfg(feature = "webhook")]
 pub fn from_webhook(
     headers: &http::HeaderMap,
@@ -463,7 +456,7 @@ pub fn from_webhook(
     let mut f = Fields::default();
     for (name, value) in headers {
         let name = name.as_str();
-        if WEBHOOK_TRANSPORT.contains(&name) {
+        if crate::webhook::TRANSPORT_HEADERS.contains(&name) {
             continue;
         }
         let raw = value
@@ -480,7 +473,54 @@ pub fn from_webhook(
             .map_err(|_| EnvelopeError::NotUtf8(snippet(name)))?;
         f.push(name, decoded.into_owned())?;
     }
-    f.finish(body.into())
+    let envelope = f.finish(body.into())?;
+    // A signed delivery's `webhook-id` is the message id: the signature covers it (and the
+    // body), not the `message-id` header, so the two must agree or the dedup key could be
+    // swapped on a replayed request.
+    if let Some(id) = headers.get("webhook-id") {
+        let id = id.to_str().unwrap_or_default();
+        if id != envelope.message_id.to_string() {
+            return Err(EnvelopeError::Invalid {
+                field: "webhook-id".into(),
+                value: snippet(id),
+                reason: "not the message-id header (the signed id must be the message id)",
+            });
+        }
+    }
+    Ok(envelope)
+}
+
+/// Verifies a webhook's Standard Webhooks signature against this host's clock
+/// ([`crate::webhook::WebhookSecret::verify_headers`]), then reads its envelope
+/// ([`from_webhook`], which also requires `webhook-id` = `message-id`). Only the message
+/// id, the timestamp and the body are signed: the other envelope headers (topic, key,
+/// correlation id, user headers) are as trustworthy as the connection that carried them.
+///
+/// # Errors
+/// [`WebhookError::Signature`] before anything is read, else [`WebhookError::Envelope`].
+#[cfg(feature = "webhook")]
+pub fn from_verified_webhook(
+    secret: &crate::webhook::WebhookSecret,
+    headers: &http::HeaderMap,
+    body: impl Into<Bytes>,
+) -> Result<Envelope, WebhookError> {
+    let body = body.into();
+    secret
+        .verify_headers(headers, &body)
+        .map_err(WebhookError::Signature)?;
+    from_webhook(headers, body).map_err(WebhookError::Envelope)
+}
+
+/// Why [`from_verified_webhook`] refused a request.
+#[cfg(feature = "webhook")]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WebhookError {
+    /// The signature did not verify: answer 401 and do nothing else.
+    #[error("webhook signature: {0}")]
+    Signature(crate::webhook::VerifyError),
+    /// Signed, but not an outbox envelope.
+    #[error(transparent)]
+    Envelope(EnvelopeError),
 }
 
 /// The envelope of one line the `stdout` / `file:` sink wrote
@@ -726,5 +766,66 @@ mod tests {
         h.insert("content-type", http::HeaderValue::from_static("text/plain"));
         let env = from_webhook(&h, m.payload.clone()).unwrap();
         assert_eq!(env.content_type(), Some("text/plain"));
+    }
+
+    #[cfg(feature = "webhook")]
+    #[test]
+    fn a_signed_webhook_must_name_its_message_id_and_verify() {
+        use crate::webhook::{VerifyError, WebhookSecret};
+        let m = outgoing();
+        let secret = WebhookSecret::from_bytes(b"key".to_vec());
+        let mut h = http::HeaderMap::new();
+        for (n, v) in m.envelope_headers() {
+            let v: String = v.bytes().map(|b| format!("%{b:02X}")).collect();
+            h.insert(
+                http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(&v).unwrap(),
+            );
+        }
+        let id = m.message_id.to_string();
+        let now = chrono::Utc::now().timestamp();
+        h.insert("webhook-id", http::HeaderValue::from_str(&id).unwrap());
+        h.insert("webhook-timestamp", http::HeaderValue::from(now));
+        h.insert(
+            "webhook-signature",
+            http::HeaderValue::from_str(&secret.sign(&id, now, &m.payload)).unwrap(),
+        );
+        let env = from_verified_webhook(&secret, &h, m.payload.clone()).unwrap();
+        assert_eq!(env.message_id, m.message_id);
+        assert_eq!(
+            from_verified_webhook(&secret, &h, Bytes::from_static(b"other")),
+            Err(WebhookError::Signature(VerifyError::NoMatch))
+        );
+        // A captured request replayed under another message id: the signature still holds
+        // (it covers webhook-id, not message-id), the envelope does not.
+        let mut replayed = h.clone();
+        replayed.insert(
+            "message-id",
+            http::HeaderValue::from_str(&Uuid::now_v7().to_string()).unwrap(),
+        );
+        assert!(matches!(
+            from_verified_webhook(&secret, &replayed, m.payload.clone()),
+            Err(WebhookError::Envelope(EnvelopeError::Invalid { ref field, .. })) if field == "webhook-id"
+        ));
+    }
+
+    #[cfg(feature = "nats")]
+    #[test]
+    fn nats_names_are_never_sliced_inside_a_character() {
+        let m = outgoing();
+        let mut h = async_nats::HeaderMap::new();
+        for (n, v) in m.envelope_headers() {
+            h.insert(n, v.as_str());
+        }
+        h.insert(async_nats::HeaderName::from_static("näts-x"), "y");
+        h.insert("Nats-Msg-Id", id_of(&m).as_str());
+        let env = from_nats_headers(&h, m.payload.clone()).unwrap();
+        assert_eq!(env.header("näts-x"), Some("y"));
+        assert_eq!(env.header("Nats-Msg-Id"), None);
+    }
+
+    #[cfg(feature = "nats")]
+    fn id_of(m: &OutgoingMessage) -> String {
+        m.message_id.to_string()
     }
 }

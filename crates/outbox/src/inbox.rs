@@ -60,6 +60,12 @@ impl Incoming for crate::envelope::Envelope {
     }
 }
 
+impl Incoming for crate::message::OutgoingMessage {
+    fn message_id(&self) -> Uuid {
+        self.message_id
+    }
+}
+
 impl<T: Incoming + ?Sized> Incoming for &T {
     fn message_id(&self) -> Uuid {
         (**self).message_id()

@@ -23,6 +23,36 @@ pub const SECRET_ENV: &str = "OUTBOX_WEBHOOK_SECRET";
 /// whitespace ignored). Use it rather than [`SECRET_ENV`] where the environment is visible
 /// to others (process listings, crash reports).
 pub const SECRET_FILE_ENV: &str = "OUTBOX_WEBHOOK_SECRET_FILE";
+/// Request header names that belong to HTTP, to a client or a proxy, or to the webhook
+/// sink itself — never to a message: the sink refuses (permanently) a message header with
+/// one of these names, and [`crate::envelope::from_webhook`] leaves them out.
+pub const TRANSPORT_HEADERS: [&str; 24] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "expect",
+    "proxy-connection",
+    "idempotency-key",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+    "accept",
+    "accept-encoding",
+    "user-agent",
+    "authorization",
+    "via",
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-real-ip",
+];
+
 /// How far a `webhook-timestamp` may be from the receiver's clock, either way: 5 minutes,
 /// the tolerance of the Standard Webhooks reference libraries. An older delivery may be
 /// a replay; a newer one comes from a sender whose clock is wrong.
@@ -175,9 +205,9 @@ pub enum VerifyError {
 
 impl WebhookSecret {
     /// Checks a delivery: `id`, `timestamp` and `signatures` are the raw values of the
-    /// `webhook-id`, `webhook-timestamp` and `webhook-signature` headers, `body` the raw
-    /// request body (before any JSON parsing), `now` the receiver's clock in Unix
-    /// seconds. Accepts when the timestamp is within [`TOLERANCE`] of `now` and any `v1`
+    /// `webhook-id`, `webhook-timestamp` (decimal digits only) and `webhook-signature`
+    /// headers, `body` the raw request body (before any JSON parsing), `now` the
+    /// receiver's clock in Unix seconds. An empty key never verifies. Accepts when the timestamp is within [`TOLERANCE`] of `now` and any `v1`
     /// signature matches (compared in constant time by `hmac`'s `verify_slice`); other
     /// versions (`v1a,…`, asymmetric) are ignored.
     ///
@@ -192,10 +222,11 @@ impl WebhookSecret {
         body: &[u8],
         now: i64,
     ) -> Result<(), VerifyError> {
-        let ts: i64 = timestamp
-            .trim()
-            .parse()
-            .map_err(|_| VerifyError::BadTimestamp(timestamp.chars().take(32).collect()))?;
+        let bad = || VerifyError::BadTimestamp(timestamp.chars().take(32).collect());
+        if timestamp.is_empty() || !timestamp.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        let ts: i64 = timestamp.parse().map_err(|_| bad())?;
         let skew = now.saturating_sub(ts);
         if skew.unsigned_abs() > TOLERANCE.as_secs() {
             return Err(VerifyError::OutsideTolerance {
@@ -203,12 +234,16 @@ impl WebhookSecret {
                 skew_s: skew,
             });
         }
+        // An empty key is a key anyone can sign with.
+        if self.0.is_empty() {
+            return Err(VerifyError::NoMatch);
+        }
         let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&self.0) else {
             return Err(VerifyError::NoMatch);
         };
         mac.update(id.as_bytes());
         mac.update(b".");
-        mac.update(ts.to_string().as_bytes());
+        mac.update(timestamp.as_bytes());
         mac.update(b".");
         mac.update(body);
         for sig in signatures.split(' ') {
@@ -293,10 +328,29 @@ mod tests {
         assert_eq!(other.verify(ID, "1614265330", SIG, BODY, TS), no);
         assert_eq!(key.verify(ID, "1614265330", "v1,", BODY, TS), no);
         assert_eq!(key.verify(ID, "1614265330", "v2,abc", BODY, TS), no);
-        assert!(matches!(
-            key.verify(ID, "soon", SIG, BODY, TS),
-            Err(VerifyError::BadTimestamp(_))
-        ));
+        for bad in [
+            "soon",
+            "",
+            "+1614265330",
+            " 1614265330",
+            "-1",
+            "1e9",
+            "99999999999999999999",
+        ] {
+            assert!(
+                matches!(
+                    key.verify(ID, bad, SIG, BODY, TS),
+                    Err(VerifyError::BadTimestamp(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        // A zero-padded timestamp is digits, but not what was signed.
+        assert_eq!(key.verify(ID, "01614265330", SIG, BODY, TS), no);
+        // An empty key is a key anyone can sign with.
+        let empty = WebhookSecret::from_bytes(Vec::new());
+        let forged = empty.sign(ID, TS, BODY);
+        assert_eq!(empty.verify(ID, "1614265330", &forged, BODY, TS), no);
     }
 
     #[test]

@@ -21,11 +21,15 @@
 //!   and gets the exact stored text back; ids, topics, timestamps and trace context never
 //!   contain these characters, so they arrive unchanged. `Content-Type` is not encoded: it
 //!   must be a valid header value or the message is refused (permanent).
-//! - Header names HTTP or this sink owns (`host`, `content-length`, `transfer-encoding`,
+//! - Header names HTTP, a client, a proxy or this sink owns
+//!   ([`crate::webhook::TRANSPORT_HEADERS`]: `host`, `content-length`, `transfer-encoding`,
 //!   `connection`, `keep-alive`, `upgrade`, `te`, `trailer`, `expect`, `proxy-connection`,
-//!   `idempotency-key`, `webhook-id`, `webhook-timestamp`, `webhook-signature`) cannot come
-//!   from a message: such a message fails permanently rather than corrupt the request's
-//!   framing or forge its signature.
+//!   `idempotency-key`, `webhook-id`, `webhook-timestamp`, `webhook-signature`, `accept`,
+//!   `accept-encoding`, `user-agent`, `authorization`, `via`, `forwarded`,
+//!   `x-forwarded-for`, `x-forwarded-host`, `x-forwarded-proto`, `x-real-ip`) cannot come
+//!   from a message, nor two names that differ only in case: such a message fails
+//!   permanently rather than corrupt the request's framing, forge its signature or
+//!   arrive as something else.
 //! - Signing (optional): the Standard Webhooks scheme
 //!   (<https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md>):
 //!   `webhook-id` = message id, `webhook-timestamp` = Unix seconds at the attempt (this
@@ -78,25 +82,6 @@ use std::time::Duration;
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// At most this many bytes of an error response's body go into the error message.
 pub const ERROR_BODY_BYTES: usize = 200;
-
-/// Header names a message may not set: HTTP framing and connection headers (RFC 9110
-/// §7.6.1, RFC 9112 §6), and the headers this sink sets itself.
-const FORBIDDEN_HEADERS: [&str; 14] = [
-    "host",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "upgrade",
-    "te",
-    "trailer",
-    "expect",
-    "proxy-connection",
-    "idempotency-key",
-    "webhook-id",
-    "webhook-timestamp",
-    "webhook-signature",
-];
 
 /// Settings of the webhook sink.
 #[derive(Debug, Clone)]
@@ -233,16 +218,24 @@ impl WebhookSink {
                 ))
             })?;
         h.insert(CONTENT_TYPE, ct);
+        let mut seen = std::collections::HashSet::with_capacity(envelope.len());
         for (name, value) in &envelope {
+            // HTTP names are case-insensitive: `Tenant` and `tenant` (or a stored
+            // `Message-Id` beside the envelope's `message-id`) would arrive as one header.
+            if !seen.insert(name.to_ascii_lowercase()) {
+                return Err(PublishError::permanent(format!(
+                    "header {name:?} is the same HTTP header as another of the message (HTTP header names are case-insensitive)"
+                )));
+            }
             if name.eq_ignore_ascii_case(header::CONTENT_TYPE) {
                 continue;
             }
-            if FORBIDDEN_HEADERS
+            if crate::webhook::TRANSPORT_HEADERS
                 .iter()
                 .any(|f| name.eq_ignore_ascii_case(f))
             {
                 return Err(PublishError::permanent(format!(
-                    "header {name:?} cannot be sent as an HTTP header: HTTP or the webhook sink sets it"
+                    "header {name:?} cannot be sent as an HTTP header: HTTP, a client, a proxy or the webhook sink sets it"
                 )));
             }
             let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {

@@ -5,7 +5,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-
 use crate::common::{
     RecordingWrapper, Seen, TestStream, nats_connect, nats_url, pg_store_unmigrated, pg_store_with,
     relay_config, sqlite_store_unmigrated, wait_until,

@@ -5,12 +5,11 @@
 
 #![allow(clippy::unwrap_used)]
 
-
-use async_nats::jetstream::stream::StorageType;
 use crate::common::{
     NatsServer, TestDb, TestStream, assert_outage_spent_nothing, messages, outage_length,
     produce_for, relay_config, wait_dispatched, wait_until,
 };
+use async_nats::jetstream::stream::StorageType;
 use outbox::Relay;
 use outbox::sink::nats::{NatsOptions, NatsSink};
 use outbox::store::status;

@@ -4,9 +4,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-
-use async_trait::async_trait;
 use crate::common::{RecordingSink, TestDb, messages, relay_config, total, wait_until};
+use async_trait::async_trait;
 use outbox::sink::Confirmations;
 use outbox::sink::{PublishError, Sink};
 use outbox::{OutgoingMessage, Relay};

@@ -4,7 +4,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-
 use crate::common::{
     ConfirmThenHang, RecordingWrapper, Seen, TestDb, TestStream, messages, nats_connect, nats_url,
 };

@@ -7,10 +7,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-
-use async_trait::async_trait;
 use crate::common::{MySqlPrefix, mysql_connect, mysql_url};
 use crate::conformance::{Backend, End, Held, Kind, Row, SqlCall, TxOpts, assert_in_source};
+use async_trait::async_trait;
 use outbox::message::{Enqueued, Message};
 use outbox::mysql::MySqlStore;
 use outbox::{Store, StoreConfig};

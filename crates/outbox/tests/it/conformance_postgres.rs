@@ -3,10 +3,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-
-use async_trait::async_trait;
 use crate::common::{PgSchema, pg_connect, pg_url};
 use crate::conformance::{Backend, End, Held, Kind, Row, SqlCall, TxOpts, assert_in_source};
+use async_trait::async_trait;
 use outbox::message::{Enqueued, Message};
 use outbox::postgres::PgStore;
 use outbox::{Store, StoreConfig};

@@ -7,10 +7,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-
-use async_trait::async_trait;
 use crate::common::{RecordingSink, relay_config, wait_until};
 use crate::conformance::{Backend, End, Held, Kind, Row, SqlCall, TxOpts, assert_in_source};
+use async_trait::async_trait;
 use outbox::message::{Enqueued, Message};
 use outbox::sqlite::SqliteStore;
 use outbox::{Ident, Relay, Store, StoreConfig};

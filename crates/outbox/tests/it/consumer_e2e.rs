@@ -14,7 +14,9 @@
 #[allow(dead_code, unreachable_pub, missing_docs)]
 mod consumer;
 
-use crate::common::{ConfirmThenHang, TestStream, nats_connect, nats_url, pg_store, relay_config, unique};
+use crate::common::{
+    ConfirmThenHang, TestStream, nats_connect, nats_url, pg_store, relay_config, unique,
+};
 use outbox::sink::nats::{NatsOptions, NatsSink};
 use outbox::{Message, Relay, Store};
 use sqlx::AssertSqlSafe;
@@ -120,10 +122,28 @@ async fn orders_to_invoices_once_each_through_a_relay_crash_and_redeliveries() {
         durable: durable.clone(),
         follow_up_topic: invoices.subject("invoice-requested"),
     };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(consumer::run(ccfg, async {
-        let _ = stopped.await;
-    }));
+    // Two copies on one durable, as a scaled-out consumer runs: the two stored copies of an
+    // order can be in flight at both at once.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running: Vec<_> = (0..2)
+        .map(|_| {
+            let mut stopped = stopped.clone();
+            tokio::spawn(consumer::run(ccfg.clone(), async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            }))
+        })
+        .collect();
+    // Poison, which must be terminated, not retried: not an outbox envelope; an envelope
+    // whose payload is not an order; an order the database refuses (NUL in text).
+    let js = async_nats::jetstream::new(client.clone());
+    let poison = poison(&orders.subject("placed"));
+    for (headers, payload) in &poison {
+        js.publish_with_headers(orders.subject("placed"), headers.clone(), payload.clone())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
 
     // Relay 2 takes the orders over after the lease, publishes them again (stored twice),
     // and then relays the consumer's follow-ups.
@@ -153,8 +173,9 @@ async fn orders_to_invoices_once_each_through_a_relay_crash_and_redeliveries() {
     )
     .await;
 
-    // Every delivery handled and acknowledged: 2 × ORDERS (the re-publish is stored).
-    let js = async_nats::jetstream::new(client.clone());
+    // Every delivery handled and acknowledged or terminated: 2 × ORDERS (the re-publish is
+    // stored) and the poison.
+    let stored = (2 * ORDERS + poison.len()) as u64;
     let stream = js.get_stream(&orders.name).await.unwrap();
     crate::common::wait_until("consumer caught up", Duration::from_secs(20), || {
         let stream = stream.clone();
@@ -165,7 +186,7 @@ async fn orders_to_invoices_once_each_through_a_relay_crash_and_redeliveries() {
                 .await
                 .map_err(|e| e.to_string())?;
             let info = c.info().await.map_err(|e| e.to_string())?;
-            if info.ack_floor.stream_sequence >= 2 * ORDERS as u64 && info.num_ack_pending == 0 {
+            if info.ack_floor.stream_sequence >= stored && info.num_ack_pending == 0 {
                 Ok(())
             } else {
                 Err(format!(
@@ -178,13 +199,22 @@ async fn orders_to_invoices_once_each_through_a_relay_crash_and_redeliveries() {
     .await;
     assert_eq!(
         orders.message_count(&client).await,
-        2 * ORDERS as u64,
+        stored,
         "the re-publish after the kill is a second stored copy"
     );
-    stop.send(()).unwrap();
-    let fresh = running.await.unwrap().unwrap();
+    // Poison was terminated at its first delivery, never redelivered.
+    let mut c: async_nats::jetstream::consumer::PullConsumer =
+        stream.get_consumer(&durable).await.unwrap();
+    let info = c.info().await.unwrap();
+    assert_eq!(info.num_redelivered, 0, "{info:?}");
+    assert_eq!(info.delivered.consumer_sequence, stored, "{info:?}");
+    stop.send(true).unwrap();
+    let mut fresh = 0;
+    for r in running {
+        fresh += r.await.unwrap().unwrap();
+    }
     second.shutdown().await.unwrap();
-    assert_eq!(fresh, ORDERS as u64, "fresh handlings");
+    assert_eq!(fresh, ORDERS as u64, "fresh handlings over both copies");
 
     // One invoice per committed order, none for a rolled-back one.
     let rows: Vec<(Uuid, String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
@@ -235,4 +265,22 @@ async fn orders_to_invoices_once_each_through_a_relay_crash_and_redeliveries() {
         on_wire,
         expected.iter().map(Uuid::to_string).collect::<HashSet<_>>()
     );
+}
+
+/// Three deliveries the consumer can never handle.
+fn poison(subject: &str) -> Vec<(async_nats::HeaderMap, bytes::Bytes)> {
+    let envelope = |payload: &[u8]| {
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("message-id", Uuid::now_v7().to_string().as_str());
+        h.insert("topic", subject);
+        h.insert("occurred-at", "2026-12-01T00:00:00.000000Z");
+        (h, bytes::Bytes::copy_from_slice(payload))
+    };
+    let mut foreign = async_nats::HeaderMap::new();
+    foreign.insert("tenant", "acme");
+    vec![
+        (foreign, bytes::Bytes::from_static(b"{}")),
+        envelope(b"not json"),
+        envelope(br#"{"order_id": "nul\u0000inside", "amount_cents": 1}"#),
+    ]
 }

@@ -9,9 +9,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-
-use async_trait::async_trait;
 use crate::common::{MySqlPrefix, PgSchema, mysql_connect, mysql_url};
+use async_trait::async_trait;
 use outbox::inbox::{Accepted, follow_up_id};
 use outbox::message::Message;
 use outbox::mysql::MySqlStore;

@@ -4,5 +4,4 @@
 #![cfg(feature = "http")]
 #![allow(clippy::unwrap_used)]
 
-
 publisher_conformance_tests!(crate::publisher_conformance::http::HttpHarness);

@@ -4,5 +4,4 @@
 #![cfg(feature = "nats")]
 #![allow(clippy::unwrap_used)]
 
-
 publisher_conformance_tests!(crate::publisher_conformance::nats::NatsHarness);

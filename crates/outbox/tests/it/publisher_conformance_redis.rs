@@ -4,5 +4,4 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
-
 publisher_conformance_tests!(crate::publisher_conformance::redis::RedisHarness);

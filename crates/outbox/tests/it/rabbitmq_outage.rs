@@ -6,7 +6,6 @@
 #![cfg(feature = "rabbitmq")]
 #![allow(clippy::unwrap_used)]
 
-
 use crate::common::{
     TestDb, assert_outage_spent_nothing, free_port, messages, outage_length, produce_for,
     wait_dispatched,

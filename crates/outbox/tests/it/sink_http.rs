@@ -9,7 +9,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-
+use crate::common::{TestDb, relay_config, wait_until};
+use crate::publisher_conformance::http::percent_decode;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
@@ -18,13 +19,11 @@ use axum::response::{IntoResponse, Response};
 use axum::serve::ListenerExt as _;
 use base64::Engine as _;
 use chrono::Utc;
-use crate::common::{TestDb, relay_config, wait_until};
 use hmac::{Hmac, Mac};
 use outbox::message::OutgoingMessage;
 use outbox::sink::http::{WebhookOptions, WebhookSecret, WebhookSink};
 use outbox::sink::{ErrorKind, Sink};
 use outbox::{Message, Relay};
-use crate::publisher_conformance::http::percent_decode;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -489,13 +488,36 @@ async fn headers_http_owns_are_refused_permanently_and_the_rest_still_go() {
             "content-type",
             "text/plain\u{e9}",
         ),
+        // A client's or proxy's header would be dropped by the receiver's decoder.
+        with_header(outgoing("t.f", b"6".to_vec()), "Authorization", "Bearer x"),
+        with_header(
+            outgoing("t.g", b"7".to_vec()),
+            "x-forwarded-for",
+            "10.0.0.1",
+        ),
+        // Names that differ only in case are one HTTP header.
+        with_header(outgoing("t.h", b"8".to_vec()), "Message-Id", "forged"),
+        with_header(
+            with_header(outgoing("t.i", b"9".to_vec()), "Tenant", "a"),
+            "tenant",
+            "b",
+        ),
         outgoing("t.e", b"5".to_vec()),
     ];
     let r = sink.publish_all(&batch).await;
-    for (i, e) in r[..4].iter().enumerate() {
+    let last = batch.len() - 1;
+    for (i, e) in r[..last].iter().enumerate() {
         assert_eq!(e.clone().unwrap_err().kind, ErrorKind::Permanent, "{i}");
     }
-    assert_eq!(r[4], Ok(()));
+    assert!(
+        r[7].clone()
+            .unwrap_err()
+            .message
+            .contains("case-insensitive"),
+        "{:?}",
+        r[7]
+    );
+    assert_eq!(r[last], Ok(()));
     assert_eq!(server.requests().len(), 1);
 }
 

@@ -5,12 +5,11 @@
 #![cfg(feature = "kafka")]
 #![allow(clippy::unwrap_used)]
 
-
 use crate::common::{TestDb, relay_config, wait_until};
+use crate::publisher_conformance::kafka::{BROKER, consume, create_topic, unique_topic};
 use outbox::sink::kafka::KafkaSink;
 use outbox::sink::{ErrorKind, Sink};
 use outbox::{Message, OutgoingMessage, Relay};
-use crate::publisher_conformance::kafka::{BROKER, consume, create_topic, unique_topic};
 use rdkafka::message::{Headers, Message as _};
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -11,13 +11,12 @@
 
 #![allow(clippy::unwrap_used)]
 
-
 use crate::common::{TestDb, relay_config, unique};
+use crate::publisher_conformance::mqtt::{Subscriber, require_broker};
 use outbox::message::OutgoingMessage;
 use outbox::sink::mqtt::{MqttSink, MqttSinkOptions};
 use outbox::sink::{ErrorKind, Sink};
 use outbox::{Message, Relay};
-use crate::publisher_conformance::mqtt::{Subscriber, require_broker};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::Publish;
 use std::collections::{BTreeMap, HashMap};

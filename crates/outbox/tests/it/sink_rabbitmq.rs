@@ -10,9 +10,9 @@
 #![cfg(feature = "rabbitmq")]
 #![allow(clippy::unwrap_used)]
 
-
-use chrono::Utc;
 use crate::common::{TestDb, relay_config, unique};
+use crate::publisher_conformance::rabbitmq::{admin, amqp_url, header_text};
+use chrono::Utc;
 use lapin::options::{
     BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
     QueueDeclareOptions, QueueDeleteOptions,
@@ -22,7 +22,6 @@ use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use outbox::sink::rabbitmq::RabbitMqSink;
 use outbox::sink::{ErrorKind, Sink};
 use outbox::{Message, OutgoingMessage, Relay};
-use crate::publisher_conformance::rabbitmq::{admin, amqp_url, header_text};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -656,4 +655,119 @@ async fn measure_rabbitmq_throughput() {
         TOTAL as f64 / elapsed.as_secs_f64()
     );
     assert_eq!(queue_len(&ch, &queue).await, TOTAL as u32);
+}
+
+/// A quorum queue adds `x-delivery-count` (a number) and dead-lettering adds `x-death` (a
+/// list) and `x-first-death-*`: the decoder reads those deliveries like the first one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redelivered_and_dead_lettered_deliveries_decode_like_the_first() {
+    use lapin::options::{BasicGetOptions, BasicNackOptions, BasicRejectOptions};
+    use lapin::types::{AMQPValue, ShortString};
+    let (_conn, ch) = admin().await;
+    let mut cleanup = Cleanup::default();
+    let u = unique();
+    let (dlq, main, quorum) = (
+        format!("outbox.test.dlq.{u}"),
+        format!("outbox.test.main.{u}"),
+        format!("outbox.test.quorum.{u}"),
+    );
+    let declare = |name: String, args: FieldTable, durable: bool| {
+        let ch = ch.clone();
+        async move {
+            ch.queue_declare(
+                name.as_str().into(),
+                QueueDeclareOptions {
+                    durable,
+                    ..QueueDeclareOptions::default()
+                },
+                args,
+            )
+            .await
+            .unwrap();
+        }
+    };
+    declare(dlq.clone(), FieldTable::default(), false).await;
+    let mut args = FieldTable::default();
+    args.insert(
+        ShortString::from("x-dead-letter-exchange"),
+        AMQPValue::LongString("".into()),
+    );
+    args.insert(
+        ShortString::from("x-dead-letter-routing-key"),
+        AMQPValue::LongString(dlq.as_str().into()),
+    );
+    declare(main.clone(), args, false).await;
+    let mut qargs = FieldTable::default();
+    qargs.insert(
+        ShortString::from("x-queue-type"),
+        AMQPValue::LongString("quorum".into()),
+    );
+    declare(quorum.clone(), qargs, true).await;
+    cleanup
+        .queues
+        .extend([dlq.clone(), main.clone(), quorum.clone()]);
+
+    let mut a = outgoing(1, &main, b"{}".to_vec());
+    let mut b = outgoing(2, &quorum, vec![0, 255]);
+    for m in [&mut a, &mut b] {
+        m.key = Some("k".into());
+        m.headers.insert("tenant".into(), "grüße".into());
+    }
+    let sink = RabbitMqSink::connect(&amqp_url()).await.unwrap();
+    let r = sink.publish_all(&[a.clone(), b.clone()]).await;
+    assert!(r.iter().all(Result::is_ok), "{r:?}");
+    let get = |queue: String, no_ack: bool| {
+        let ch = ch.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                if let Some(m) = ch
+                    .basic_get(queue.as_str().into(), BasicGetOptions { no_ack })
+                    .await
+                    .unwrap()
+                {
+                    return m;
+                }
+                assert!(Instant::now() < deadline, "nothing in {queue}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let same = |m: &OutgoingMessage, e: outbox::Envelope| {
+        assert_eq!(e.message_id, m.message_id);
+        assert_eq!(e.key, m.key);
+        assert_eq!(e.headers, m.headers, "only the envelope's headers");
+        assert_eq!(&e.payload[..], &m.payload[..]);
+    };
+
+    // Dead-lettered: x-death, x-first-death-queue/-reason/-exchange (RabbitMQ 3.13+ also
+    // x-last-death-*).
+    let first = get(main.clone(), false).await;
+    same(&a, outbox::envelope::from_amqp(&first.delivery).unwrap());
+    first
+        .delivery
+        .reject(BasicRejectOptions { requeue: false })
+        .await
+        .unwrap();
+    let dead = get(dlq.clone(), true).await;
+    let table = dead.delivery.properties.headers().clone().unwrap();
+    assert!(table.inner().contains_key("x-death"), "{table:?}");
+    same(&a, outbox::envelope::from_amqp(&dead.delivery).unwrap());
+
+    // A quorum queue: x-delivery-count, on the redelivery at least.
+    let q1 = get(quorum.clone(), false).await;
+    same(&b, outbox::envelope::from_amqp(&q1.delivery).unwrap());
+    q1.delivery
+        .nack(BasicNackOptions {
+            requeue: true,
+            multiple: false,
+        })
+        .await
+        .unwrap();
+    let q2 = get(quorum.clone(), true).await;
+    assert!(q2.delivery.redelivered);
+    let table = q2.delivery.properties.headers().clone().unwrap();
+    assert!(table.inner().contains_key("x-delivery-count"), "{table:?}");
+    same(&b, outbox::envelope::from_amqp(&q2.delivery).unwrap());
+    sink.close().await;
 }

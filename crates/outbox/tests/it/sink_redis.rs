@@ -9,13 +9,12 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
-
-use chrono::Utc;
 use crate::common::{TestDb, relay_config, unique};
+use crate::publisher_conformance::redis::{admin, entries, redis_url, text};
+use chrono::Utc;
 use outbox::sink::redis_streams::RedisStreamsSink;
 use outbox::sink::{ErrorKind, Sink};
 use outbox::{Message, OutgoingMessage, Relay};
-use crate::publisher_conformance::redis::{admin, entries, redis_url, text};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use std::collections::{BTreeMap, HashSet};

@@ -5,11 +5,10 @@
 
 #![allow(clippy::unwrap_used)]
 
-
+use crate::common::{TestDb, messages, relay_config, wait_until};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use crate::common::{TestDb, messages, relay_config, wait_until};
 use outbox::Relay;
 use outbox::sink::http::{WebhookOptions, WebhookSink};
 use outbox::store::status;

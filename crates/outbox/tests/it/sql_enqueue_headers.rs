@@ -6,7 +6,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-
 use crate::common::{MySqlPrefix, mysql_connect, mysql_url, pg_store_with};
 use outbox::mysql::MySqlStore;
 use outbox::{Store, StoreConfig};

@@ -3,7 +3,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-
 use crate::common::{TestDb, relay_config};
 use outbox::sink::file::{FileSink, payload_from_json_line};
 use outbox::{Message, Relay};

@@ -6,7 +6,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-
 use crate::common::{
     PgSchema, ProxyMode, TcpProxy, capture_logs, mysql_connect, mysql_url, pg_connect, pg_url,
     silent_server,

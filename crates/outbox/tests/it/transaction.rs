@@ -5,7 +5,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-
 use crate::common::{MySqlPrefix, mysql_url, pg_store};
 use outbox::transaction::{RetryPolicy, TransactionError, transaction, transaction_with};
 use outbox::{Message, Store, StoreConfig};

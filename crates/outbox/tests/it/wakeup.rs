@@ -4,7 +4,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-
 use crate::common::{RecordingSink, TestDb, messages, relay_config, wait_until};
 use outbox::Relay;
 use std::time::{Duration, Instant};

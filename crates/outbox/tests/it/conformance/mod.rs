@@ -14,7 +14,6 @@
 
 // Each test binary instantiates one backend: the other stores' variants are unused there.
 
-
 mod operations;
 pub(crate) use operations::*;
 
