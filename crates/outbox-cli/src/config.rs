@@ -1,8 +1,8 @@
 //! `outbox.toml`: optional defaults below environment variables and flags.
 //!
-//! Each key is a long flag name (`database-url`, `sink`, `batch-size`, …); its value
-//! becomes the `OUTBOX_*` environment variable of that flag unless the variable is
-//! already set. Flags still override both.
+//! Each key is an option's environment variable without `OUTBOX_`, lower-case, `_` as `-`
+//! (`OUTBOX_DATABASE_URL` → `database-url`; usually the long flag name); its value becomes
+//! that variable unless it is already set. Flags still override both.
 
 use anyhow::Context as _;
 use std::path::PathBuf;

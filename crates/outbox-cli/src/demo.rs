@@ -7,7 +7,7 @@
 //! ends with a table and fails (exit 1) when business effects differ from committed orders.
 
 use outbox::message::OutgoingMessage;
-use outbox::sink::file::{FileSink, payload_from_json_line};
+use outbox::sink::file::FileSink;
 use outbox::sink::{Confirmations, PublishError, Sink};
 use outbox::sqlite::SqliteStore;
 use outbox::store::Store;
@@ -204,17 +204,31 @@ pub(crate) async fn run(orders: u32) -> anyhow::Result<ExitCode> {
     )
     .spawn();
 
-    let (committed, rolled_back) = producer.await??;
+    // Progress on a terminal (indicatif draws nothing when stderr is not one).
+    let progress = indicatif::ProgressBar::new(u64::from(orders)).with_style(
+        indicatif::ProgressStyle::with_template("  {bar:40} {pos}/{len} messages dispatched")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let (committed, rolled_back) = loop {
+        if producer.is_finished() {
+            break producer.await??;
+        }
+        progress.set_position(u64::try_from(store.counts().await?.dispatched).unwrap_or(0));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    progress.set_length(u64::from(committed) + 1);
     // Wait until nothing is pending or claimed.
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let c = store.counts().await?;
+        progress.set_position(u64::try_from(c.dispatched + c.dead).unwrap_or(0));
         if c.pending == 0 && c.claimed == 0 {
             break;
         }
         anyhow::ensure!(Instant::now() < deadline, "relay did not finish: {c:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    progress.finish_and_clear();
     let relay_elapsed = started.elapsed();
     let stats = relay2.shutdown().await?;
     let counts = store.counts().await?;
@@ -235,12 +249,12 @@ pub(crate) async fn run(orders: u32) -> anyhow::Result<ExitCode> {
     let (mut delivered, mut duplicates, mut effects) = (0u64, 0u64, 0u64);
     for line in text.lines() {
         delivered += 1;
-        let v: serde_json::Value = serde_json::from_str(line)?;
-        let id: uuid::Uuid = v["message_id"].as_str().unwrap_or_default().parse()?;
-        let payload = payload_from_json_line(&v).unwrap_or_default();
-        let event: OrderPlacedV1 = serde_json::from_slice(&payload)?;
+        // The file sink's line, read back with the library's decoder.
+        let envelope = outbox::envelope::from_json_line(line.as_bytes())?;
+        let event: OrderPlacedV1 = serde_json::from_slice(&envelope.payload)?;
         let mut tx = consumer.begin().await?;
-        if inbox.inbox_accept(&mut tx, "shipping", id).await? == outbox::Accepted::Duplicate {
+        if inbox.inbox_accept(&mut tx, "shipping", &envelope).await? == outbox::Accepted::Duplicate
+        {
             duplicates += 1;
             tx.rollback().await?;
             continue;
@@ -306,8 +320,14 @@ pub(crate) async fn run(orders: u32) -> anyhow::Result<ExitCode> {
         && counts.dispatched == i64::from(committed);
     if ok {
         println!(
-            "OK: every committed order produced exactly one business effect; the inbox absorbed the {duplicates} duplicate deliveries caused by the crash; the poison message is quarantined (relay 2: {} dispatched, {} quarantined).",
-            stats.dispatched, stats.quarantined
+            "OK: every committed order produced exactly one business effect; the inbox absorbed the {duplicates} duplicate {} caused by the crash; the poison message is quarantined (relay 2: {} dispatched, {} quarantined).",
+            if duplicates == 1 {
+                "delivery"
+            } else {
+                "deliveries"
+            },
+            stats.dispatched,
+            stats.quarantined
         );
         Ok(ExitCode::SUCCESS)
     } else {

@@ -24,28 +24,46 @@ use tokio_util::sync::CancellationToken;
     about = "Transactional outbox: enqueue in your transaction, relay at least once."
 )]
 struct Cli {
-    /// Database URL: postgres://…, mysql://… (or mariadb://…), or sqlite://PATH (created on
-    /// first use).
+    /// Database URL: postgres://…, mysql://… (or mariadb://…), or sqlite://PATH (the file is
+    /// created by `outbox migrate`).
     #[arg(
         long,
         env = "OUTBOX_DATABASE_URL",
         default_value = "sqlite://outbox.db",
-        global = true
+        global = true,
+        help_heading = "Global options"
     )]
     database_url: String,
 
     /// PostgreSQL schema (or MySQL/SQLite table prefix) holding the outbox tables.
-    #[arg(long, env = "OUTBOX_SCHEMA", default_value = "outbox", global = true)]
+    #[arg(
+        long,
+        env = "OUTBOX_SCHEMA",
+        default_value = "outbox",
+        global = true,
+        help_heading = "Global options"
+    )]
     schema: String,
 
     /// Largest message accepted at enqueue: payload + topic + key + headers, in bytes.
     /// `migrate` stores it for the SQL entry points (PostgreSQL, MySQL); without the flag
     /// the stored value is kept and used (4 MiB when none is stored).
-    #[arg(long, env = "OUTBOX_MAX_MESSAGE_BYTES", global = true)]
+    #[arg(
+        long,
+        env = "OUTBOX_MAX_MESSAGE_BYTES",
+        global = true,
+        help_heading = "Global options"
+    )]
     max_message_bytes: Option<usize>,
 
-    /// Config file (TOML; keys are long flag names). Default: ./outbox.toml when present.
-    #[arg(long, env = "OUTBOX_CONFIG", global = true)]
+    /// Config file (TOML; each key is an option's [env: OUTBOX_…] name without OUTBOX_, in
+    /// lower case with dashes, e.g. database-url). Default: ./outbox.toml when present.
+    #[arg(
+        long,
+        env = "OUTBOX_CONFIG",
+        global = true,
+        help_heading = "Global options"
+    )]
     config: Option<std::path::PathBuf>,
 
     #[command(subcommand)]
@@ -234,16 +252,18 @@ enum Command {
         #[arg(long, env = "OUTBOX_PURGE_BATCH_SIZE", default_value_t = 1_000)]
         batch_size: u32,
         /// Pause between batches, in ms (gives producers room on a busy database).
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, env = "OUTBOX_PURGE_PAUSE_MS", default_value_t = 0)]
         pause_ms: u64,
     },
     /// The consumer inbox (deduplication rows written by `inbox_accept`).
     #[command(subcommand)]
     Inbox(InboxCommand),
-    /// A self-contained run on SQLite in a temporary directory.
+    /// A self-contained run on SQLite in a temporary directory (the global options do not
+    /// apply: the demo makes its own databases).
     Demo {
-        /// Orders to place.
-        #[arg(long, default_value_t = 2_000)]
+        /// Orders to place: at least 200, so that relay 1 reaches its third batch of 50
+        /// (where it crashes).
+        #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u32).range(200..))]
         orders: u32,
     },
 }
@@ -264,7 +284,7 @@ enum InboxCommand {
         #[arg(long, default_value_t = 1_000)]
         batch_size: u32,
         /// Pause between batches, in ms (gives consumers room on a busy database).
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, env = "OUTBOX_INBOX_PURGE_PAUSE_MS", default_value_t = 0)]
         pause_ms: u64,
     },
 }
@@ -470,8 +490,8 @@ fn out(line: &str) {
     }
 }
 
-/// Opens the store. `create` allows a missing SQLite file to be created (migrate, enqueue,
-/// relay); the read-only and admin commands refuse a missing file instead.
+/// Opens the store. `create` allows a missing SQLite file to be created (migrate only);
+/// every other command refuses a missing file, rather than leave an empty one behind.
 async fn connect(cli: &Cli, create: bool) -> anyhow::Result<AnyStore> {
     let url = &cli.database_url;
     if !create && let Some(path) = sqlite_path(url) {
@@ -542,7 +562,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             headers,
             payload,
         } => {
-            let store = connect(&cli, true).await?;
+            let store = connect(&cli, false).await?;
             store.check_schema().await?;
             let payload = match payload {
                 Some(p) => p.clone().into_bytes(),
@@ -592,7 +612,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 eprintln!("error: {NO_SINK}");
                 return Ok(ExitCode::from(2));
             }
-            let store = Arc::new(connect(&cli, true).await?);
+            let store = Arc::new(connect(&cli, false).await?);
             let open = || open_sink(sink.as_deref(), routes);
             let mut config = RelayConfig {
                 batch_size: *batch_size,

@@ -65,9 +65,13 @@ pub enum Error {
     #[error("{0}")]
     InvalidRequest(String),
 
-    /// The database failed or could not be reached.
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    /// The database failed or could not be reached. Shown as the server's message and its
+    /// code (`SQLSTATE` on PostgreSQL, the error number on MySQL), without the driver's
+    /// wrapping or PostgreSQL's source-line position.
+    /// The sqlx error is this variant's field, not its `source()`: an error chain printed
+    /// with its causes (`anyhow`'s `{:#}`) shows the message once.
+    #[error("database error: {}", DbDisplay(.0))]
+    Database(sqlx::Error),
 
     /// A store operation did not finish in time.
     #[error("store operation timed out after {0:?}")]
@@ -119,6 +123,35 @@ impl Error {
 /// PostgreSQL's SQLSTATEs are five characters, so the two cannot be confused.
 fn is_sqlite_busy(code: &str) -> bool {
     code.len() <= 4 && code.parse::<u32>().is_ok_and(|n| matches!(n & 0xff, 5 | 6))
+}
+
+/// A database error as a user reads it: the server's message and code, not "error returned
+/// from database: … at line 948" (sqlx appends the line of PostgreSQL's own C source).
+struct DbDisplay<'a>(&'a sqlx::Error);
+
+impl std::fmt::Display for DbDisplay<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            sqlx::Error::Database(db) => {
+                write!(f, "{}", db.message())?;
+                #[cfg(feature = "mysql")]
+                if let Some(n) = crate::store::mysql::error_number(self.0) {
+                    return write!(f, " (MySQL error {n})");
+                }
+                match db.code() {
+                    Some(code) => write!(f, " (code {code})"),
+                    None => Ok(()),
+                }
+            }
+            other => write!(f, "{other}"),
+        }
+    }
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(e: sqlx::Error) -> Self {
+        Error::Database(e)
+    }
 }
 
 /// Shorthand for results of this crate.

@@ -1,15 +1,37 @@
 //! # outbox — a transactional outbox for Rust services
 //!
 //! A service writes "publish this message" as a row in the same database transaction as
-//! its business change ([`postgres::PgStore::enqueue`], [`sqlite::SqliteStore::enqueue`],
-//! or the `outbox.enqueue(...)` SQL function from any language). A [`Relay`] claims due
-//! rows, publishes them to a [`Sink`], waits for each confirmation, and only then marks
-//! them dispatched: delivery is **at least once**, and every message carries a stable
-//! message id for consumers to deduplicate on.
+//! its business change ([`postgres::PgStore::enqueue`], [`mysql::MySqlStore::enqueue`],
+//! [`sqlite::SqliteStore::enqueue`], or the `outbox.enqueue(...)` SQL function /
+//! `CALL outbox_enqueue(...)` procedure from any language). A [`Relay`] claims due rows,
+//! publishes them to a [`Sink`], waits for each confirmation, and only then marks them
+//! dispatched: delivery is **at least once**, and every message carries a stable message
+//! id for consumers to deduplicate on — with the [`inbox`], after reading what arrived
+//! with [`envelope`].
 //!
-//! Modules: [`message`] (what producers enqueue), [`store`] (where messages live),
-//! [`sink`] (where they go), [`relay`] (the loop between), [`trace`] (trace context in
-//! headers, producer spans), [`backoff`], [`redact`] (what of a URL may be shown).
+//! Modules: [`message`] (what producers enqueue), [`events`] (integration events kept
+//! until the commit), [`transaction`] (retried transactions), [`store`] (where messages
+//! live), [`sink`] (where they go), [`relay`] (the loop between), [`envelope`] and
+//! [`inbox`] (the consumer's side), [`trace`] (trace context in headers, producer spans),
+//! [`metrics`], [`backoff`], [`redact`] (what of a URL may be shown).
+//!
+//! ## Features
+//!
+//! | feature | default | what it adds | needs |
+//! | --- | --- | --- | --- |
+//! | `postgres` | yes | [`postgres::PgStore`] | — |
+//! | `mysql` | yes | [`mysql::MySqlStore`] (MySQL 8.0.13+, MariaDB 10.6+) | — |
+//! | `sqlite` | yes | [`sqlite::SqliteStore`] (bundled SQLite) | a C compiler (SQLite is compiled in) |
+//! | `nats` | yes | `sink::nats`, `envelope::from_nats` | — |
+//! | `rabbitmq` | yes | `sink::rabbitmq`, `envelope::from_amqp` | — |
+//! | `redis` | yes | `sink::redis_streams`, `envelope::from_redis` | — |
+//! | `mqtt` | yes | `sink::mqtt`, `envelope::from_mqtt` | — |
+//! | `http` | yes | `sink::http` (webhooks; implies `webhook`) | — |
+//! | `webhook` | via `http` | `webhook` (Standard Webhooks verify), `envelope::from_webhook` | — |
+//! | `otel` | yes | `Message::with_trace_context`, the relay's producer spans | — |
+//! | `kafka` | no | `sink::kafka`, `envelope::from_kafka` | builds librdkafka from source (C, about two minutes) |
+//!
+//! The stdout/file sink, [`envelope::from_json_line`] and the relay are always there.
 
 pub mod backoff;
 pub mod envelope;

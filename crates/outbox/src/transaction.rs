@@ -172,6 +172,11 @@ pub fn lost_a_conflict(err: &(dyn std::error::Error + 'static)) -> bool {
         if let Some(s) = e.downcast_ref::<sqlx::Error>() {
             return is_conflict(s);
         }
+        // The library's own error holds the sqlx error as a field, not as its source (so
+        // the driver's text is not printed twice in an error chain).
+        if let Some(crate::Error::Database(s)) = e.downcast_ref::<crate::Error>() {
+            return is_conflict(s);
+        }
         cur = e.source();
     }
     false

@@ -527,7 +527,8 @@ fn take_timeout_param(url: &mut Url) -> Result<Option<Duration>, String> {
     Ok(timeout)
 }
 
-/// The workspace's one rustls provider (ring; see DEPENDENCIES.md): reqwest's
+/// The workspace's one rustls provider, ring (async-nats enables it; with a second provider
+/// compiled in, rustls cannot pick a process default and panics at first use): reqwest's
 /// `rustls-no-provider` build takes the process default, so install it before building a
 /// client. A provider already installed (by us or the host application) is kept.
 fn install_ring_provider() {

@@ -834,7 +834,8 @@ fn qos_number(q: QoS) -> u8 {
     }
 }
 
-/// The workspace's one rustls provider (ring; see DEPENDENCIES.md). A provider already
+/// The workspace's one rustls provider, ring (with a second provider compiled in, rustls
+/// cannot pick a process default and panics at first use). A provider already
 /// installed (by another sink or the host application) is kept.
 fn install_ring_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -1,6 +1,6 @@
 //! The store seam: where messages live, and the operations the relay needs.
 //!
-//! Every implementation keeps the row lifecycle of the design notes:
+//! Every implementation keeps this row lifecycle (ARCHITECTURE.md, "How a message flows"):
 //!
 //! ```text
 //! pending(0) --claim--> claimed(1) --confirmed, mark--> dispatched(2)

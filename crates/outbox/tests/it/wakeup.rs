@@ -1,5 +1,5 @@
-//! The relay loop wakes on the store's signal (PostgreSQL `NOTIFY`, SQLite
-//! `data_version`), not only on its poll: with a poll interval far longer than the test, a
+//! The relay loop wakes on the store's signal (PostgreSQL `NOTIFY`, SQLite's watcher of
+//! the database and WAL files, MySQL's `MAX(id)` probe), not only on its poll: with a poll interval far longer than the test, a
 //! commit still gets delivered at once.
 
 #![allow(clippy::unwrap_used)]

@@ -8,8 +8,8 @@
 //! store-specific things a case needs (the SQL entry point for other languages, a bulk
 //! insert, the claim's query plan, a lock held from outside).
 //!
-//! Each case asserts what the store contract promises (the design notes' guarantees and row
-//! lifecycle); where stores legitimately differ (SQLite has one writer, so a purge is never
+//! Each case asserts what the store contract promises (the guarantees and the row lifecycle
+//! of ARCHITECTURE.md); where stores legitimately differ (SQLite has one writer, so a purge is never
 //! locked out), the case asserts each store's own behaviour by [`Kind`].
 
 // Each test binary instantiates one backend: the other stores' variants are unused there.
