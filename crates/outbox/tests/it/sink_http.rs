@@ -707,36 +707,3 @@ async fn relay_quarantines_a_400_after_one_attempt() {
     }
     assert_eq!(server.requests().len(), N, "one attempt per message");
 }
-
-/// Throughput of the sink alone (not a correctness test; ignored by default): 5,000
-/// messages of 100 bytes in batches of 1,000 to a local server answering 200. Run with
-/// `cargo nextest run --release -p outbox --test sink_http --run-ignored only --no-capture`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "measurement; prints messages/s"]
-async fn measure_throughput() {
-    let server = TestServer::start_with(false, |_, _| Reply::status(200)).await;
-    let sink = webhook(&server.url).await;
-    let batches: Vec<Vec<OutgoingMessage>> = (0..5)
-        .map(|_| {
-            (0..1000)
-                .map(|_| outgoing("bench.v1", vec![b'x'; 100]))
-                .collect()
-        })
-        .collect();
-    // Warm the connection pool.
-    assert!(
-        sink.publish_all(&batches[0][..64])
-            .await
-            .iter()
-            .all(Result::is_ok)
-    );
-    let start = Instant::now();
-    for b in &batches {
-        assert!(sink.publish_all(b).await.iter().all(Result::is_ok));
-    }
-    let secs = start.elapsed().as_secs_f64();
-    println!(
-        "webhook sink: 5000 messages of 100 B, batch 1000, 32 in flight: {secs:.3} s, {:.0} messages/s",
-        5000.0 / secs
-    );
-}

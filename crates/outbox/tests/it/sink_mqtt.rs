@@ -501,33 +501,3 @@ async fn a_message_that_breaks_the_connection_is_quarantined_not_retried_forever
         }
     }
 }
-
-/// Throughput of the sink alone (not a correctness test; ignored by default): 5,000
-/// messages of 100 bytes in batches of 1,000 to Mosquitto, QoS 1 then QoS 2. Run with
-/// `cargo nextest run --release -p outbox --test sink_mqtt --run-ignored only --no-capture`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "measurement; prints messages/s"]
-async fn measure_throughput() {
-    let url = require_broker().await;
-    for query in ["qos=1", "qos=2"] {
-        let sink = MqttSink::connect(&url_with(&url, query)).await.unwrap();
-        let topic = test_topic("bench");
-        let batches: Vec<Vec<OutgoingMessage>> = (0..5)
-            .map(|_| {
-                (0..1000)
-                    .map(|_| outgoing(&topic, vec![b'x'; 100]))
-                    .collect()
-            })
-            .collect();
-        let start = Instant::now();
-        for b in &batches {
-            assert!(sink.publish_all(b).await.iter().all(Result::is_ok));
-        }
-        let secs = start.elapsed().as_secs_f64();
-        println!(
-            "mqtt sink ({query}): 5000 messages of 100 B, batch 1000: {secs:.3} s, {:.0} messages/s",
-            5000.0 / secs
-        );
-        sink.close().await;
-    }
-}

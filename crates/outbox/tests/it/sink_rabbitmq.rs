@@ -624,39 +624,6 @@ async fn unroutable_then_bound_then_replayed_is_delivered() {
     );
 }
 
-/// Throughput of the sink alone: 20,000 messages of 100 bytes in batches of 1,000.
-/// Prints messages/s; asserts only that everything was confirmed. Run with
-/// `cargo nextest run -p outbox --test sink_rabbitmq --run-ignored ignored-only --no-capture`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement, not a test"]
-async fn measure_rabbitmq_throughput() {
-    const TOTAL: usize = 20_000;
-    const BATCH: usize = 1_000;
-    let (_conn, ch) = admin().await;
-    let mut cleanup = Cleanup::default();
-    let queue = format!("outbox.test.{}", unique());
-    cleanup.queue(&ch, &queue).await;
-    let sink = RabbitMqSink::connect(&amqp_url()).await.unwrap();
-    let batches: Vec<Vec<OutgoingMessage>> = (0..TOTAL / BATCH)
-        .map(|b| {
-            (0..BATCH)
-                .map(|i| outgoing((b * BATCH + i) as i64, &queue, vec![b'x'; 100]))
-                .collect()
-        })
-        .collect();
-    let start = Instant::now();
-    for batch in &batches {
-        let results = sink.publish_all(batch).await;
-        assert!(results.iter().all(Result::is_ok));
-    }
-    let elapsed = start.elapsed();
-    println!(
-        "rabbitmq: {TOTAL} messages of 100 bytes, batch {BATCH}: {elapsed:?}, {:.0} messages/s",
-        TOTAL as f64 / elapsed.as_secs_f64()
-    );
-    assert_eq!(queue_len(&ch, &queue).await, TOTAL as u32);
-}
-
 /// A quorum queue adds `x-delivery-count` (a number) and dead-lettering adds `x-death` (a
 /// list) and `x-first-death-*`: the decoder reads those deliveries like the first one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

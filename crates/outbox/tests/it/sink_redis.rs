@@ -336,36 +336,3 @@ async fn relay_delivers_200_messages_through_redis() {
         assert!(text(f, "headers").contains("req-"));
     }
 }
-
-/// Throughput of the sink alone: 20,000 messages of 100 bytes in batches of 1,000.
-/// Prints messages/s; asserts only that everything was confirmed. Run with
-/// `cargo nextest run -p outbox --test sink_redis --run-ignored ignored-only --no-capture`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement, not a test"]
-async fn measure_redis_throughput() {
-    const TOTAL: usize = 20_000;
-    const BATCH: usize = 1_000;
-    let mut admin = admin().await;
-    let keys = Keys::new();
-    let stream = keys.key("bench");
-    let sink = RedisStreamsSink::connect(&redis_url()).await.unwrap();
-    let batches: Vec<Vec<OutgoingMessage>> = (0..TOTAL / BATCH)
-        .map(|b| {
-            (0..BATCH)
-                .map(|i| outgoing((b * BATCH + i) as i64, &stream, vec![b'x'; 100]))
-                .collect()
-        })
-        .collect();
-    let start = Instant::now();
-    for batch in &batches {
-        let results = sink.publish_all(batch).await;
-        assert!(results.iter().all(Result::is_ok));
-    }
-    let elapsed = start.elapsed();
-    println!(
-        "redis: {TOTAL} messages of 100 bytes, batch {BATCH}: {elapsed:?}, {:.0} messages/s",
-        TOTAL as f64 / elapsed.as_secs_f64()
-    );
-    let len: usize = admin.xlen(&stream).await.unwrap();
-    assert_eq!(len, TOTAL);
-}
