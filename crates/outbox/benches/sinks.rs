@@ -160,7 +160,11 @@ async fn main() {
                 outbox::sink::mqtt::MqttSink::connect(&format!("mqtt://127.0.0.1:1883?qos={qos}"))
                     .await
                     .unwrap();
-            let took = run(&sink, &batches(&format!("outbox/bench/{}", unique()), TOTAL)).await;
+            let took = run(
+                &sink,
+                &batches(&format!("outbox/bench/{}", unique()), TOTAL),
+            )
+            .await;
             report(&format!("mqtt qos {qos}"), TOTAL, took, reference);
             sink.close().await;
         }

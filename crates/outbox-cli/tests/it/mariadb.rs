@@ -3,6 +3,7 @@
 //! racing three relays without a deadlock or lock-wait error.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use crate::common::{MYSQL, NATS, outbox, run_ok, unique};
 use outbox::mysql::MySqlStore;
 use outbox::{Ident, Message, StoreConfig};
 use std::collections::{HashMap, HashSet};
@@ -12,36 +13,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-const MYSQL: &str = "mysql://root@127.0.0.1:3306/test";
-const NATS: &str = "nats://127.0.0.1:4222";
 const START_MARIADB: &str =
     "start it with: start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd";
-
-fn outbox() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_outbox"));
-    c.env_remove("OUTBOX_DATABASE_URL")
-        .env_remove("OUTBOX_SINK")
-        .env("OUTBOX_LOG", "warn");
-    c
-}
-
-fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..10]
-    )
-}
-
-fn run_ok(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 fn mariadb(sql: &str) -> String {
     let mut child = Command::new("mariadb")

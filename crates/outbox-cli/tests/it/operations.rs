@@ -4,44 +4,11 @@
 //! MariaDB.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use crate::common::{MYSQL, PG, free_port, outbox, run, run_ok, unique};
 use std::collections::BTreeSet;
 use std::io::{BufRead, Read, Write};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-const PG: &str = "postgres://postgres@127.0.0.1:5432/test";
-const MARIADB: &str = "mysql://root@127.0.0.1:3306/test";
-
-fn outbox() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_outbox"));
-    c.env_remove("OUTBOX_DATABASE_URL")
-        .env_remove("OUTBOX_SINK")
-        .env("OUTBOX_LOG", "warn");
-    c
-}
-
-fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}_{}",
-        uuid::Uuid::new_v4().simple().to_string()[..10].to_owned()
-    )
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.output().unwrap()
-}
-
-fn run_ok(cmd: &mut Command) -> String {
-    let out = run(cmd);
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({:?}): {}{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 /// One outbox to drive: a database URL and the schema (PostgreSQL) or table prefix.
 struct Db {
@@ -70,7 +37,7 @@ impl Db {
 
     fn mariadb() -> Self {
         Db {
-            url: MARIADB.into(),
+            url: MYSQL.into(),
             schema: unique("ops"),
             _dir: None,
         }
@@ -387,15 +354,6 @@ fn replay_refuses_broad_or_bad_selections() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
     }
-}
-
-/// A free loopback port.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A plain HTTP GET of `path` on 127.0.0.1:`port`: (status code, body).

@@ -5,6 +5,7 @@
 //! paths; neither marker may appear on stderr, nor on stdout.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use crate::common::free_port;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use std::process::{Command, Output};
@@ -41,9 +42,8 @@ fn test_log() -> String {
 }
 
 fn outbox(db: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_outbox"));
-    c.env_remove("OUTBOX_SINK")
-        .env_remove("OUTBOX_ROUTE")
+    let mut c = crate::common::outbox();
+    c.env_remove("OUTBOX_ROUTE")
         .env("OUTBOX_DATABASE_URL", db)
         .env("OUTBOX_LOG", test_log());
     c
@@ -134,14 +134,6 @@ impl Drop for PrivateNats {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 async fn private_nats() -> PrivateNats {

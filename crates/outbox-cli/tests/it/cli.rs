@@ -2,28 +2,11 @@
 //! machine (see the README for how to start them).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use crate::common::{NATS, PG, outbox, run_ok, unique};
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-const PG: &str = "postgres://postgres@127.0.0.1:5432/test";
-const NATS: &str = "nats://127.0.0.1:4222";
-
-fn outbox() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_outbox"));
-    c.env_remove("OUTBOX_DATABASE_URL")
-        .env_remove("OUTBOX_SINK")
-        .env("OUTBOX_LOG", "warn");
-    c
-}
-
-fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}_{}",
-        uuid::Uuid::new_v4().simple().to_string()[..10].to_owned()
-    )
-}
 
 fn psql(sql: &str) -> String {
     let mut child = Command::new("psql")
@@ -38,17 +21,6 @@ fn psql(sql: &str) -> String {
     assert!(
         out.status.success(),
         "psql failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn run_ok(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()

@@ -21,11 +21,8 @@ const S: &str = "00f067aa0ba902b7";
 const TOPIC: &str = "orders.order-placed.v1";
 
 fn outbox() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_outbox"));
-    c.env_remove("OUTBOX_DATABASE_URL")
-        .env_remove("OUTBOX_SINK")
-        .env_remove("OUTBOX_OTLP_ENDPOINT")
-        .env("OUTBOX_LOG", "warn");
+    let mut c = crate::common::outbox();
+    c.env_remove("OUTBOX_OTLP_ENDPOINT");
     // The exporter reads the standard OpenTelemetry variables; none may change this run.
     for (k, _) in std::env::vars() {
         if k.starts_with("OTEL_") {

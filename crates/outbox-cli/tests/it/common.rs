@@ -1,0 +1,53 @@
+//! What the binary's tests share: the services' URLs, the `outbox` command with a clean
+//! environment, names of their own, and running a command that must succeed.
+
+use std::process::{Command, Output};
+
+pub(crate) const PG: &str = "postgres://postgres@127.0.0.1:5432/test";
+pub(crate) const MYSQL: &str = "mysql://root@127.0.0.1:3306/test";
+pub(crate) const NATS: &str = "nats://127.0.0.1:4222";
+
+/// The binary under test, with none of the caller's `OUTBOX_DATABASE_URL` / `OUTBOX_SINK`
+/// and warnings only.
+pub(crate) fn outbox() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_outbox"));
+    c.env_remove("OUTBOX_DATABASE_URL")
+        .env_remove("OUTBOX_SINK")
+        .env("OUTBOX_LOG", "warn");
+    c
+}
+
+/// `{prefix}_` and 10 random hex digits: a schema, table prefix or stream of one test.
+pub(crate) fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    )
+}
+
+/// Runs `cmd` to its end.
+pub(crate) fn run(cmd: &mut Command) -> Output {
+    cmd.output().unwrap()
+}
+
+/// Runs `cmd`, which must succeed; its stdout.
+pub(crate) fn run_ok(cmd: &mut Command) -> String {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({:?}): {}{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A free loopback port.
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

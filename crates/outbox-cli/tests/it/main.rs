@@ -1,0 +1,12 @@
+//! The `outbox` binary end to end, in one test binary: the CLI against PostgreSQL and NATS
+//! (`cli`), MariaDB producers and relays (`mariadb`), operations (`operations`), traces
+//! (`traces`) and logs without secrets (`no_secrets_in_logs`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod cli;
+mod common;
+mod mariadb;
+mod no_secrets_in_logs;
+mod operations;
+mod traces;
