@@ -43,8 +43,8 @@ use std::collections::BTreeMap;
 use uuid::Uuid;
 
 /// One delivered message as its consumer sees it: the row's fields, its stored headers and
-/// the payload.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// the payload. Its `Debug` shows the payload's length, never its bytes.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Envelope {
     /// The stable message id: the consumer's deduplication key.
     pub message_id: Uuid,
@@ -61,6 +61,19 @@ pub struct Envelope {
     pub headers: BTreeMap<String, String>,
     /// The payload, unchanged.
     pub payload: Bytes,
+}
+
+impl std::fmt::Debug for Envelope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Envelope")
+            .field("message_id", &self.message_id)
+            .field("topic", &self.topic)
+            .field("key", &self.key)
+            .field("occurred_at", &self.occurred_at)
+            .field("headers", &self.headers)
+            .field("payload", &format_args!("<{} bytes>", self.payload.len()))
+            .finish()
+    }
 }
 
 impl Envelope {

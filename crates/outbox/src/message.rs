@@ -37,7 +37,8 @@ pub mod header {
 /// Longest topic accepted, in bytes.
 pub const MAX_TOPIC_BYTES: usize = 255;
 
-/// One publication intent: envelope + opaque payload bytes.
+/// One publication intent: envelope + opaque payload bytes. Its `Debug` shows the
+/// payload's length, never its bytes, so a message in a log line or a panic leaks nothing.
 ///
 /// Build it with [`Message::new`] (bytes) or [`Message::json`] (serde), then enqueue it with
 /// the store's `enqueue` inside your own transaction.
@@ -50,7 +51,7 @@ pub const MAX_TOPIC_BYTES: usize = 255;
 ///     .correlation_id("req-7");
 /// assert_eq!(msg.topic(), "orders.order-placed.v1");
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Message {
     pub(crate) message_id: Uuid,
     pub(crate) topic: String,
@@ -276,7 +277,8 @@ pub struct Enqueued {
 }
 
 /// A claimed message as the relay hands it to a sink: the envelope and the payload.
-#[derive(Debug, Clone)]
+/// Its `Debug` shows the payload's length, never its bytes.
+#[derive(Clone)]
 pub struct OutgoingMessage {
     /// Primary key of the row.
     pub id: i64,
@@ -391,5 +393,72 @@ mod tests {
         let b = Message::new("t", vec![]);
         assert_ne!(a.id(), b.id());
         assert_eq!(a.id().get_version_num(), 7);
+    }
+}
+
+/// Stands in for a payload in `Debug` output: its length only.
+struct Redacted(usize);
+
+impl std::fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<{} bytes>", self.0)
+    }
+}
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Message")
+            .field("message_id", &self.message_id)
+            .field("topic", &self.topic)
+            .field("key", &self.key)
+            .field("payload", &Redacted(self.payload.len()))
+            .field("headers", &self.headers)
+            .field("available_at", &self.available_at)
+            .field("delay", &self.delay)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for OutgoingMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutgoingMessage")
+            .field("id", &self.id)
+            .field("message_id", &self.message_id)
+            .field("topic", &self.topic)
+            .field("key", &self.key)
+            .field("payload", &Redacted(self.payload.len()))
+            .field("headers", &self.headers)
+            .field("occurred_at", &self.occurred_at)
+            .field("attempts", &self.attempts)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod debug_tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_never_holds_the_payload() {
+        let m = Message::new("t", b"SECRET-PAYLOAD".to_vec()).header("h", "v");
+        let shown = format!("{m:?}");
+        assert!(!shown.contains("SECRET"), "{shown}");
+        assert!(shown.contains("<14 bytes>"), "{shown}");
+        let o = OutgoingMessage {
+            id: 1,
+            message_id: m.id(),
+            topic: "t".into(),
+            key: None,
+            payload: Bytes::from_static(b"SECRET-PAYLOAD"),
+            headers: BTreeMap::new(),
+            occurred_at: Utc::now(),
+            attempts: 1,
+        };
+        let shown = format!("{o:?} {o:#?}");
+        assert!(!shown.contains("SECRET"), "{shown}");
+        let line = crate::sink::file::to_json_line(&o);
+        let e = crate::envelope::from_json_line(&line).unwrap();
+        assert!(!format!("{e:?}").contains("SECRET"));
     }
 }

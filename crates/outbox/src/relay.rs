@@ -129,6 +129,11 @@ pub enum RelayError {
     /// The relay's configuration cannot work.
     #[error("invalid relay configuration: {0}")]
     Config(String),
+    /// The relay's task panicked (a bug) or was cancelled from outside its handle. What it
+    /// had claimed comes back by lease expiry; nothing it confirmed was lost (confirmed
+    /// rows it could not mark are published again: at least once).
+    #[error("the relay task {0}")]
+    Task(String),
 }
 
 /// Counters of one relay, since it started.
@@ -318,7 +323,16 @@ impl RelayHandle {
     pub async fn wait(self) -> Result<RelayStats, RelayError> {
         match self.task.await {
             Ok(r) => r,
-            Err(e) => Err(RelayError::Config(format!("relay task failed: {e}"))),
+            Err(e) if e.is_panic() => {
+                let panic = e.into_panic();
+                let text = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a non-text payload".into());
+                Err(RelayError::Task(format!("panicked: {text}")))
+            }
+            Err(_) => Err(RelayError::Task("was cancelled".into())),
         }
     }
 

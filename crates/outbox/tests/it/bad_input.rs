@@ -149,3 +149,46 @@ async fn nats_subject_without_stream_is_quarantined_at_once() {
 
     assert_eq!(stream.message_count(&client).await, 2);
 }
+
+/// A sink that panics (a bug in it): the relay ends with `RelayError::Task` naming the
+/// panic, and the rows it held come back to a healthy relay after the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_panicking_sink_ends_the_relay_with_the_panic_and_loses_nothing() {
+    struct Panics;
+    #[async_trait::async_trait]
+    impl outbox::Sink for Panics {
+        async fn publish(
+            &self,
+            _batch: &[outbox::OutgoingMessage],
+            _confirm: &outbox::sink::Confirmations,
+        ) {
+            panic!("sink bug");
+        }
+        fn describe(&self) -> String {
+            "panics".into()
+        }
+    }
+    let db = crate::common::TestDb::sqlite().await;
+    let enq = db.enqueue_all(&crate::common::messages("t.panic", 5)).await;
+    let mut cfg = relay_config("relay-panics");
+    cfg.lease = Duration::from_millis(500);
+    let r = Relay::new(db.store(), Arc::new(Panics), cfg)
+        .spawn()
+        .wait()
+        .await;
+    match r {
+        Err(RelayError::Task(text)) => assert!(text.contains("sink bug"), "{text}"),
+        other => panic!("expected RelayError::Task, got {other:?}"),
+    }
+    let (sink, seen) = crate::common::RecordingSink::new();
+    let second = Relay::new(db.store(), sink, relay_config("relay-after")).spawn();
+    crate::common::wait_dispatched(
+        "all dispatched after the panic",
+        &db.store(),
+        enq.len(),
+        Duration::from_secs(10),
+    )
+    .await;
+    second.shutdown().await.unwrap();
+    assert_eq!(seen.lock().unwrap().len(), enq.len());
+}
