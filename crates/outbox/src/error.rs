@@ -84,46 +84,12 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Timeout(_) => true,
-            Error::Database(e) => match e {
-                sqlx::Error::Io(_)
-                | sqlx::Error::PoolTimedOut
-                | sqlx::Error::PoolClosed
-                | sqlx::Error::WorkerCrashed
-                | sqlx::Error::Protocol(_)
-                | sqlx::Error::Tls(_) => true,
-                #[cfg(feature = "mysql")]
-                sqlx::Error::Database(_)
-                    if crate::store::mysql::error_number(e).is_some_and(|n| {
-                        // lock wait timeout, deadlock, too many connections, shutdown,
-                        // interrupted, connection killed (MariaDB)
-                        matches!(n, 1205 | 1213 | 1040 | 1053 | 1317 | 1927)
-                    }) =>
-                {
-                    true
-                }
-                sqlx::Error::Database(db) => {
-                    let code = db.code().unwrap_or_default();
-                    // PostgreSQL: 40001 serialization, 40P01 deadlock, 57P01..03 shutdown,
-                    // 08xxx connection; SQLite: 5 BUSY, 6 LOCKED (extended codes end in them).
-                    code.starts_with("08")
-                        || code.starts_with("57P")
-                        || code == "40001"
-                        || code == "40P01"
-                        || code == "55P03"
-                        || is_sqlite_busy(&code)
-                }
-                _ => false,
-            },
+            Error::Database(e) => crate::store::classify(e) != crate::store::Failure::Other,
             _ => false,
         }
     }
 }
 
-/// SQLite result codes are numbers (extended codes keep the primary code in the low byte);
-/// PostgreSQL's SQLSTATEs are five characters, so the two cannot be confused.
-fn is_sqlite_busy(code: &str) -> bool {
-    code.len() <= 4 && code.parse::<u32>().is_ok_and(|n| matches!(n & 0xff, 5 | 6))
-}
 
 /// A database error as a user reads it: the server's message and code, not "error returned
 /// from database: … at line 948" (sqlx appends the line of PostgreSQL's own C source).

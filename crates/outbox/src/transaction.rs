@@ -182,21 +182,8 @@ pub fn lost_a_conflict(err: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// Serialization failure, deadlock, lock wait timeout or busy, per store.
+/// Serialization failure, deadlock, lock wait timeout or busy: each store's own codes
+/// (`store::classify`).
 fn is_conflict(e: &sqlx::Error) -> bool {
-    let sqlx::Error::Database(db) = e else {
-        return false;
-    };
-    #[cfg(feature = "mysql")]
-    if let Some(n) = crate::store::mysql::error_number(e) {
-        // 1213 deadlock (SQLSTATE 40001), 1205 lock wait timeout.
-        return matches!(n, 1213 | 1205);
-    }
-    let code = db.code().unwrap_or_default();
-    // PostgreSQL: 40001 serialization failure, 40P01 deadlock detected.
-    if code == "40001" || code == "40P01" {
-        return true;
-    }
-    // SQLite: 5 BUSY, 6 LOCKED (extended codes keep the primary code in the low byte).
-    code.len() <= 4 && code.parse::<u32>().is_ok_and(|n| matches!(n & 0xff, 5 | 6))
+    crate::store::classify(e) == crate::store::Failure::Conflict
 }

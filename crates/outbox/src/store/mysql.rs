@@ -500,6 +500,19 @@ pub(crate) fn error_number(e: &sqlx::Error) -> Option<u16> {
     }
 }
 
+/// MySQL/MariaDB error numbers
+/// (<https://dev.mysql.com/doc/mysql-errors/8.0/en/server-error-reference.html>,
+/// <https://mariadb.com/kb/en/mariadb-error-code-reference/>): 1205 lock wait timeout and
+/// 1213 deadlock are a lost conflict; 1040 too many connections, 1053 server shutdown, 1317
+/// query interrupted and 1927 connection killed (MariaDB) are the server being unavailable.
+pub(crate) fn classify(number: u16) -> super::Failure {
+    match number {
+        1205 | 1213 => super::Failure::Conflict,
+        1040 | 1053 | 1317 | 1927 => super::Failure::Unavailable,
+        _ => super::Failure::Other,
+    }
+}
+
 /// How many times a statement chosen as an InnoDB deadlock victim is run again before the
 /// error is returned (the relay then retries on its own backoff).
 const DEADLOCK_ATTEMPTS: u32 = 4;
@@ -660,7 +673,9 @@ impl MySqlStore {
                 message_id: msg.message_id,
                 inserted: true,
             }),
-            Err(e) if error_number(&e) == Some(1062) && e.to_string().contains("message_id") => {
+            // The only unique key an insert can hit is `message_id` (the primary key is
+            // AUTO_INCREMENT): a duplicate is the idempotent case.
+            Err(sqlx::Error::Database(db)) if db.is_unique_violation() => {
                 let id: i64 = sqlx::query_scalar(self.inner.sql.existing_id.clone())
                     .bind(&mid)
                     .fetch_one(&mut **tx)
