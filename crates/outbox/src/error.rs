@@ -90,7 +90,6 @@ impl Error {
     }
 }
 
-
 /// A database error as a user reads it: the server's message and code, not "error returned
 /// from database: … at line 948" (sqlx appends the line of PostgreSQL's own C source).
 struct DbDisplay<'a>(&'a sqlx::Error);

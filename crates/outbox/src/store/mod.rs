@@ -104,10 +104,7 @@ pub(crate) fn classify(e: &sqlx::Error) -> Failure {
                 return mysql::classify(my.number());
             }
             #[cfg(feature = "sqlite")]
-            if db
-                .try_downcast_ref::<sqlx::sqlite::SqliteError>()
-                .is_some()
-            {
+            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
                 return sqlite::classify(db.code().as_deref().unwrap_or_default());
             }
             Failure::Other

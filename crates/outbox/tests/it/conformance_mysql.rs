@@ -12,7 +12,7 @@ use crate::conformance::{Backend, End, Held, Kind, Row, SqlCall, TxOpts, assert_
 use async_trait::async_trait;
 use outbox::message::{Enqueued, Message};
 use outbox::mysql::MySqlStore;
-use outbox::{Store, StoreConfig};
+use outbox::{Ident, Store, StoreConfig};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Connection, MySql, Row as _, Transaction};
 use std::str::FromStr;
@@ -98,6 +98,17 @@ fn to_row(r: &MySqlRow) -> Row {
 #[async_trait]
 impl Backend for MySqlBackend {
     const KIND: Kind = Kind::MySql;
+    const SCHEMA_VERSION: i64 = outbox::mysql::SCHEMA_VERSION;
+
+    async fn unmigrated(&self) -> (Arc<dyn Store>, String) {
+        let name = format!("{}_none", self.prefix.name);
+        let config = StoreConfig {
+            schema: Ident::new(&name).unwrap(),
+            ..StoreConfig::default()
+        };
+        let store = MySqlStore::connect(&mysql_url(), config).await.unwrap();
+        (Arc::new(store), name)
+    }
 
     async fn create(label: &str, max_message_bytes: usize) -> Self {
         drop(mysql_connect().await); // the loud failure when MariaDB is down

@@ -8,7 +8,7 @@ use crate::conformance::{Backend, End, Held, Kind, Row, SqlCall, TxOpts, assert_
 use async_trait::async_trait;
 use outbox::message::{Enqueued, Message};
 use outbox::postgres::PgStore;
-use outbox::{Store, StoreConfig};
+use outbox::{Ident, Store, StoreConfig};
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Connection, Postgres, Row as _, Transaction};
 use std::sync::Arc;
@@ -84,6 +84,17 @@ fn to_row(r: &PgRow) -> Row {
 #[async_trait]
 impl Backend for PgBackend {
     const KIND: Kind = Kind::Postgres;
+    const SCHEMA_VERSION: i64 = outbox::postgres::SCHEMA_VERSION;
+
+    async fn unmigrated(&self) -> (Arc<dyn Store>, String) {
+        let name = format!("{}_none", self.schema.name);
+        let config = StoreConfig {
+            schema: Ident::new(&name).unwrap(),
+            ..StoreConfig::default()
+        };
+        let store = PgStore::connect(&pg_url(), config).await.unwrap();
+        (Arc::new(store), name)
+    }
 
     async fn create(label: &str, max_message_bytes: usize) -> Self {
         drop(pg_connect().await); // the loud failure when PostgreSQL is down

@@ -94,6 +94,17 @@ fn to_row(r: &SqliteRow) -> Row {
 #[async_trait]
 impl Backend for SqliteBackend {
     const KIND: Kind = Kind::Sqlite;
+    const SCHEMA_VERSION: i64 = outbox::sqlite::SCHEMA_VERSION;
+
+    async fn unmigrated(&self) -> (Arc<dyn Store>, String) {
+        let url = format!("sqlite://{}", self._dir.path().join("outbox.db").display());
+        let config = StoreConfig {
+            schema: Ident::new("none").unwrap(),
+            ..StoreConfig::default()
+        };
+        let store = SqliteStore::connect(&url, config).await.unwrap();
+        (Arc::new(store), "none".to_owned())
+    }
 
     async fn create(_label: &str, max_message_bytes: usize) -> Self {
         let dir = tempfile::tempdir().unwrap();
