@@ -20,18 +20,24 @@
 //! `max_deliver` bounds the redeliveries of anything else.
 //!
 //! Run it (PostgreSQL and NATS with JetStream on their standard ports, the outbox schema
-//! migrated with `outbox migrate`):
+//! migrated with `outbox migrate`; the README's quick start walks through it):
 //!
 //! ```text
-//! OUTBOX_DATABASE_URL=postgres://postgres@127.0.0.1/postgres \
-//! NATS_URL=nats://127.0.0.1:4222 \
+//! OUTBOX_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
 //! cargo run -p outbox --example nats_consumer
 //! ```
 //!
-//! Settings (environment): `OUTBOX_DATABASE_URL`, `OUTBOX_SCHEMA` (default `outbox`),
-//! `NATS_URL`, `STREAM` (default `ORDERS`, created over `SUBJECTS` when missing),
+//! It expects order messages whose payload is `{"order_id": "<text>", "amount_cents":
+//! <integer>}` ([`OrderPlaced`]) and prints one line per message it handles.
+//!
+//! Settings (environment): `OUTBOX_DATABASE_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/test`), `OUTBOX_SCHEMA` (default `outbox`),
+//! `NATS_URL` (default `nats://127.0.0.1:4222`), `STREAM` (default `ORDERS`) over
 //! `SUBJECTS` (default `orders.>`), `DURABLE` (default `billing`, also the inbox consumer
-//! name), `FOLLOW_UP_TOPIC` (default `billing.invoice-requested.v1`). Stop it with Ctrl-C: the message in hand is finished first.
+//! name), `FOLLOW_UP_TOPIC` (default `billing.invoice-requested.v1`) and the stream for it,
+//! `FOLLOW_UP_STREAM` (default `BILLING`) over `FOLLOW_UP_SUBJECTS` (default `billing.>`).
+//! Both streams are created when missing, so the relay can deliver the orders and the
+//! follow-ups without any other tool. Stop it with Ctrl-C: the message in hand is finished first.
 
 use async_nats::jetstream::{self, AckKind, consumer::pull, stream};
 use futures::StreamExt as _;
@@ -59,6 +65,10 @@ pub struct Config {
     pub durable: String,
     /// The topic of the follow-up message.
     pub follow_up_topic: String,
+    /// The stream the relay publishes follow-ups to (created when missing) …
+    pub follow_up_stream: String,
+    /// … over these subjects (they must cover `follow_up_topic`).
+    pub follow_up_subjects: String,
 }
 
 impl Config {
@@ -69,7 +79,7 @@ impl Config {
         Config {
             database_url: var(
                 "OUTBOX_DATABASE_URL",
-                "postgres://postgres@127.0.0.1/postgres",
+                "postgres://postgres@127.0.0.1:5432/test",
             ),
             schema: var("OUTBOX_SCHEMA", "outbox"),
             nats_url: var("NATS_URL", "nats://127.0.0.1:4222"),
@@ -77,6 +87,8 @@ impl Config {
             subjects: var("SUBJECTS", "orders.>"),
             durable: var("DURABLE", "billing"),
             follow_up_topic: var("FOLLOW_UP_TOPIC", INVOICE_REQUESTED),
+            follow_up_stream: var("FOLLOW_UP_STREAM", "BILLING"),
+            follow_up_subjects: var("FOLLOW_UP_SUBJECTS", "billing.>"),
         }
     }
 }
@@ -200,6 +212,12 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<u64,
     create_invoices(&store, &cfg.schema).await?;
     let client = async_nats::connect(&cfg.nats_url).await?;
     let js = jetstream::new(client);
+    js.get_or_create_stream(stream::Config {
+        name: cfg.follow_up_stream.clone(),
+        subjects: vec![cfg.follow_up_subjects.clone()],
+        ..Default::default()
+    })
+    .await?;
     let stream = js
         .get_or_create_stream(stream::Config {
             name: cfg.stream.clone(),
@@ -207,6 +225,10 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<u64,
             ..Default::default()
         })
         .await?;
+    eprintln!(
+        "nats_consumer: reading {} ({}) as {}; follow-ups on {}",
+        cfg.stream, cfg.subjects, cfg.durable, cfg.follow_up_topic
+    );
     let consumer = stream
         .get_or_create_consumer(
             &cfg.durable,
@@ -275,8 +297,20 @@ pub async fn handle_one(store: &PgStore, cfg: &Config, msg: &jetstream::Message)
         return Handled::Poison;
     };
     match handle(store, cfg, &envelope, &order).await {
-        Ok(Accepted::Fresh) => Handled::Fresh,
-        Ok(Accepted::Duplicate) => Handled::Duplicate,
+        Ok(Accepted::Fresh) => {
+            eprintln!(
+                "nats_consumer: order {} (message {}): invoiced, follow-up enqueued",
+                order.order_id, envelope.message_id
+            );
+            Handled::Fresh
+        }
+        Ok(Accepted::Duplicate) => {
+            eprintln!(
+                "nats_consumer: order {} (message {}): a duplicate, skipped",
+                order.order_id, envelope.message_id
+            );
+            Handled::Duplicate
+        }
         // The database is down or busy, or the commit's outcome is unknown: a redelivery
         // is safe (the inbox answers Duplicate when it had committed).
         Err(TransactionError::Exhausted { .. } | TransactionError::CommitUnknown(_)) => {
@@ -303,12 +337,22 @@ pub async fn handle_one(store: &PgStore, cfg: &Config, msg: &jetstream::Message)
 
 #[allow(dead_code)]
 #[tokio::main]
-async fn main() -> Result<(), BoxError> {
+async fn main() -> std::process::ExitCode {
     let cfg = Config::from_env();
-    let fresh = run(cfg, async {
+    match run(cfg, async {
         let _ = tokio::signal::ctrl_c().await;
     })
-    .await?;
-    eprintln!("nats_consumer: stopped after {fresh} fresh messages");
-    Ok(())
+    .await
+    {
+        Ok(fresh) => {
+            eprintln!("nats_consumer: stopped after {fresh} fresh messages");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!(
+                "nats_consumer: {e} (is the outbox migrated in this database and schema? `outbox migrate` with the same OUTBOX_DATABASE_URL and OUTBOX_SCHEMA)"
+            );
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

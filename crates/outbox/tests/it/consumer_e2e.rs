@@ -121,6 +121,8 @@ async fn orders_to_invoices_once_each_through_a_relay_crash_and_redeliveries() {
         subjects: format!("{}.>", orders.prefix),
         durable: durable.clone(),
         follow_up_topic: invoices.subject("invoice-requested"),
+        follow_up_stream: invoices.name.clone(),
+        follow_up_subjects: format!("{}.>", invoices.prefix),
     };
     // Two copies on one durable, as a scaled-out consumer runs: the two stored copies of an
     // order can be in flight at both at once.
