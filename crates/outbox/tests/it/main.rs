@@ -26,6 +26,7 @@ mod conformance_postgres;
 mod conformance_sqlite;
 mod consumer_e2e;
 mod inbox;
+mod publisher_conformance_file;
 mod publisher_conformance_http;
 mod publisher_conformance_kafka;
 mod publisher_conformance_mqtt;

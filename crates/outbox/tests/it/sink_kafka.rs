@@ -5,14 +5,12 @@
 #![cfg(feature = "kafka")]
 #![allow(clippy::unwrap_used)]
 
-use crate::common::{TestDb, relay_config, wait_until};
 use crate::publisher_conformance::kafka::{BROKER, consume, create_topic, unique_topic};
 use outbox::sink::kafka::KafkaSink;
 use outbox::sink::{ErrorKind, Sink};
-use outbox::{Message, OutgoingMessage, Relay};
+use outbox::{Message, OutgoingMessage};
 use rdkafka::message::{Headers, Message as _};
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 fn outgoing(topic: &str, key: Option<&str>, payload: Vec<u8>) -> OutgoingMessage {
@@ -132,31 +130,4 @@ async fn oversize_unknown_topic_and_down_brokers_are_classified() {
         ErrorKind::TimedOut,
         "{r:?}"
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn relay_to_kafka_delivers_every_message() {
-    let topic = unique_topic("relay");
-    create_topic(&topic);
-    let db = TestDb::sqlite().await;
-    db.enqueue_all(&crate::common::messages(&topic, 200)).await;
-    let sink = KafkaSink::connect(&format!("kafka://{BROKER}"))
-        .await
-        .unwrap();
-    let handle = Relay::new(db.store(), Arc::new(sink), relay_config("kafka")).spawn();
-    let store = db.store();
-    wait_until("200 dispatched", Duration::from_secs(30), || {
-        let store = store.clone();
-        async move {
-            let c = store.counts().await.unwrap();
-            if c.dispatched == 200 {
-                Ok(())
-            } else {
-                Err(format!("{c:?}"))
-            }
-        }
-    })
-    .await;
-    handle.shutdown().await.unwrap();
-    assert_eq!(consume(&topic, 200, Duration::ZERO).len(), 200);
 }

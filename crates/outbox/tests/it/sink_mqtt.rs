@@ -406,45 +406,6 @@ async fn a_broker_restart_is_unavailable_then_delivers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn relay_delivers_200_messages_over_mqtt() {
-    const N: usize = 200;
-    let url = require_broker().await;
-    let topic = test_topic("orders.e2e");
-    let mut sub = Subscriber::start(&url, &topic, QoS::AtLeastOnce).await;
-    let db = TestDb::sqlite().await;
-    let msgs: Vec<Message> = (0..N)
-        .map(|i| Message::new(topic.as_str(), format!("payload-{i}").into_bytes()))
-        .collect();
-    db.enqueue_all(&msgs).await;
-    let mut cfg = relay_config("relay-mqtt-e2e");
-    cfg.drain = true;
-    cfg.batch_size = 64;
-    let sink = MqttSink::connect(&url).await.unwrap();
-    let stats = Relay::new(db.store(), Arc::new(sink), cfg)
-        .spawn()
-        .wait()
-        .await
-        .unwrap();
-    assert_eq!(stats.dispatched, N as u64, "{stats:?}");
-
-    let got = sub.take(N, Duration::from_secs(20)).await;
-    let by_id: HashMap<String, &Publish> = got
-        .iter()
-        .map(|p| (props(p)["message-id"].clone(), p))
-        .collect();
-    assert_eq!(by_id.len(), N, "distinct message ids received");
-    for m in &msgs {
-        assert_eq!(by_id[&m.id().to_string()].payload.as_ref(), m.payload());
-    }
-    assert!(
-        db.rows()
-            .await
-            .iter()
-            .all(|r| r.status == 2 && r.attempts == 1)
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_message_that_breaks_the_connection_is_quarantined_not_retried_forever() {
     // Mosquitto answers a payload over `message_size_limit` with PUBACK reason 0x95, which
     // MQTT v5 does not define for PUBACK: rumqttc drops the connection. The message must

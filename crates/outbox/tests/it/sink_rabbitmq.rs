@@ -22,7 +22,7 @@ use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use outbox::sink::rabbitmq::RabbitMqSink;
 use outbox::sink::{ErrorKind, Sink};
 use outbox::{Message, OutgoingMessage, Relay};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -449,78 +449,6 @@ async fn oversized_messages_are_permanent_without_being_sent() {
     assert!(e.message.contains("frame_max"), "{e}");
     assert!(results[1].is_ok(), "{results:?}");
     assert_eq!(queue_len(&ch, &queue).await, 3);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn relay_delivers_200_messages_through_rabbitmq() {
-    const N: usize = 200;
-    let (_conn, ch) = admin().await;
-    let mut cleanup = Cleanup::default();
-    let u = unique();
-    let exchange = format!("outbox.test.x.{u}");
-    let queue = format!("outbox.test.q.{u}");
-    let topic = format!("orders.order-placed.v1.{u}");
-    cleanup.exchange(&ch, &exchange).await;
-    cleanup.queue(&ch, &queue).await;
-    ch.queue_bind(
-        queue.as_str().into(),
-        exchange.as_str().into(),
-        topic.as_str().into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
-
-    let db = TestDb::sqlite().await;
-    let msgs: Vec<Message> = (0..N)
-        .map(|i| {
-            Message::new(topic.as_str(), format!("payload-{i}").into_bytes())
-                .key(format!("k{}", i % 5))
-                .correlation_id(format!("req-{i}"))
-        })
-        .collect();
-    db.enqueue_all(&msgs).await;
-
-    let sink = RabbitMqSink::connect(&format!("{}?exchange={exchange}", amqp_url()))
-        .await
-        .unwrap();
-    let mut cfg = relay_config("relay-rabbitmq");
-    cfg.drain = true;
-    cfg.batch_size = 50;
-    let stats = Relay::new(db.store(), Arc::new(sink), cfg)
-        .spawn()
-        .wait()
-        .await
-        .unwrap();
-    assert_eq!(stats.dispatched, N as u64, "{stats:?}");
-    let c = db.store().counts().await.unwrap();
-    assert_eq!(
-        (c.pending, c.claimed, c.dispatched, c.dead),
-        (0, 0, N as i64, 0)
-    );
-
-    assert_eq!(queue_len(&ch, &queue).await, N as u32);
-    let expected: HashSet<String> = msgs.iter().map(|m| m.id().to_string()).collect();
-    let mut seen = HashSet::new();
-    while let Some(got) = ch
-        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
-        .await
-        .unwrap()
-    {
-        let id = got
-            .delivery
-            .properties
-            .message_id()
-            .as_ref()
-            .unwrap()
-            .as_str()
-            .to_owned();
-        let payload = String::from_utf8(got.delivery.data.clone()).unwrap();
-        assert!(payload.starts_with("payload-"), "{payload}");
-        assert!(seen.insert(id), "each message once");
-    }
-    assert_eq!(seen, expected);
 }
 
 /// An unroutable message is quarantined at once (no queue is bound); once the operator

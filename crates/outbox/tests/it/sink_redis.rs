@@ -9,16 +9,15 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
-use crate::common::{TestDb, relay_config, unique};
+use crate::common::unique;
 use crate::publisher_conformance::redis::{admin, entries, redis_url, text};
 use chrono::Utc;
+use outbox::OutgoingMessage;
 use outbox::sink::redis_streams::RedisStreamsSink;
 use outbox::sink::{ErrorKind, Sink};
-use outbox::{Message, OutgoingMessage, Relay};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
@@ -291,48 +290,4 @@ async fn maxlen_trims_and_oversized_messages_are_permanent() {
         "{e}"
     );
     assert!(results[1].is_ok(), "{results:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn relay_delivers_200_messages_through_redis() {
-    const N: usize = 200;
-    let mut admin = admin().await;
-    let keys = Keys::new();
-    let stream = keys.key("orders.order-placed.v1");
-
-    let db = TestDb::sqlite().await;
-    let msgs: Vec<Message> = (0..N)
-        .map(|i| {
-            Message::new(stream.as_str(), format!("payload-{i}").into_bytes())
-                .key(format!("k{}", i % 5))
-                .correlation_id(format!("req-{i}"))
-        })
-        .collect();
-    db.enqueue_all(&msgs).await;
-
-    let sink = RedisStreamsSink::connect(&redis_url()).await.unwrap();
-    let mut cfg = relay_config("relay-redis");
-    cfg.drain = true;
-    cfg.batch_size = 50;
-    let stats = Relay::new(db.store(), Arc::new(sink), cfg)
-        .spawn()
-        .wait()
-        .await
-        .unwrap();
-    assert_eq!(stats.dispatched, N as u64, "{stats:?}");
-    let c = db.store().counts().await.unwrap();
-    assert_eq!(
-        (c.pending, c.claimed, c.dispatched, c.dead),
-        (0, 0, N as i64, 0)
-    );
-
-    let got = entries(&mut admin, &stream).await;
-    assert_eq!(got.len(), N);
-    let ids: HashSet<String> = got.iter().map(|(_, f)| text(f, "message_id")).collect();
-    let expected: HashSet<String> = msgs.iter().map(|m| m.id().to_string()).collect();
-    assert_eq!(ids, expected, "each message once");
-    for (_, f) in &got {
-        assert!(text(f, "payload").starts_with("payload-"));
-        assert!(text(f, "headers").contains("req-"));
-    }
 }

@@ -11,7 +11,8 @@
 //! 2. broker down: `connect` succeeds, every message is `Unavailable`;
 //! 3. a permanent error is `Permanent` and the rest of the batch still succeeds;
 //! 4. a duplicate publish of one message id is `Ok` twice; deduplicating brokers store one
-//!    copy, the others two copies with the same message id.
+//!    copy, the others two copies with the same message id;
+//! 5. a relay (SQLite store) delivers 200 messages through the sink, each once, unchanged.
 
 #![allow(clippy::unwrap_used)]
 
@@ -23,6 +24,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
+pub(crate) mod file;
 #[cfg(feature = "http")]
 pub(crate) mod http;
 #[cfg(feature = "kafka")]
@@ -87,12 +89,17 @@ pub(crate) trait Harness: Send + Sized + 'static {
     /// arrived (panics after a timeout), then briefly for any extra.
     async fn read(&mut self, expected: usize) -> Vec<Received>;
 
-    /// A sink of this kind pointed at a port nothing listens on.
-    async fn down_sink() -> Result<Box<dyn Sink>, SinkError>;
+    /// A sink of this kind pointed at a port nothing listens on (a broker sink; a local one
+    /// instantiates the suite with `local` and never gets here).
+    async fn down_sink() -> Result<Box<dyn Sink>, SinkError> {
+        unreachable!("a local sink has no broker to be down")
+    }
 
     /// A topic whose messages the sink must fail as permanent (no stream, unknown topic,
     /// unroutable, wrong key type, invalid topic, a 400 answer).
-    async fn permanent_topic(&mut self) -> String;
+    async fn permanent_topic(&mut self) -> String {
+        unreachable!("a local sink refuses no topic")
+    }
 
     /// Deletes what `setup` made (best effort; guards also clean up on panic).
     async fn cleanup(self);
@@ -308,6 +315,53 @@ pub(crate) async fn permanent_error_spares_the_batch<H: Harness>() {
     h.cleanup().await;
 }
 
+/// Case 5: a relay (SQLite store, drain mode, batches of 64) delivers 200 messages with
+/// keys and correlation ids through the sink: every one arrives once, unchanged, and every
+/// row is dispatched at its first attempt.
+pub(crate) async fn relay_delivers_200_messages_end_to_end<H: Harness>() {
+    const N: usize = 200;
+    let mut h = H::setup().await;
+    let topic = h.topic("e2e");
+    let db = crate::common::TestDb::sqlite().await;
+    let msgs: Vec<outbox::Message> = (0..N)
+        .map(|i| {
+            outbox::Message::new(topic.as_str(), format!("payload-{i}").into_bytes())
+                .key(format!("k{}", i % 5))
+                .correlation_id(format!("req-{i}"))
+        })
+        .collect();
+    db.enqueue_all(&msgs).await;
+    let mut cfg = crate::common::relay_config("relay-e2e");
+    cfg.drain = true;
+    cfg.batch_size = 64;
+    let stats = outbox::Relay::new(db.store(), h.sink().await.into(), cfg)
+        .spawn()
+        .wait()
+        .await
+        .unwrap();
+    assert_eq!(stats.dispatched, N as u64, "{stats:?}");
+    let got = h.read(N).await;
+    let map = by_id(&got);
+    assert_eq!(map.len(), N, "distinct message ids received");
+    for (i, m) in msgs.iter().enumerate() {
+        let copies = map
+            .get(&m.id())
+            .unwrap_or_else(|| panic!("message {} was not delivered", m.id()));
+        assert_eq!(copies.len(), 1, "message {} delivered twice", m.id());
+        let r = copies[0];
+        assert_eq!(&r.payload[..], m.payload());
+        assert_eq!(r.key, Some(format!("k{}", i % 5)));
+        assert_eq!(r.headers.get("correlation-id"), Some(&format!("req-{i}")));
+    }
+    assert!(
+        db.rows()
+            .await
+            .iter()
+            .all(|r| r.status == 2 && r.attempts == 1)
+    );
+    h.cleanup().await;
+}
+
 /// Case 4: the relay crashed between confirmation and mark, so it publishes again.
 pub(crate) async fn duplicate_publish_keeps_the_message_id<H: Harness>() {
     let mut h = H::setup().await;
@@ -345,14 +399,12 @@ pub(crate) async fn duplicate_publish_keeps_the_message_id<H: Harness>() {
     h.cleanup().await;
 }
 
-/// One `#[tokio::test]` per case for the harness type `$h`.
+/// One `#[tokio::test]` per case for the harness type `$h`; `$h, local` for a sink with no
+/// broker (the file sink): without the broker-down and permanent-topic cases.
 #[macro_export]
 macro_rules! publisher_conformance_tests {
     ($h:ty) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn confirmation_then_fidelity() {
-            $crate::publisher_conformance::confirmation_then_fidelity::<$h>().await;
-        }
+        $crate::publisher_conformance_tests!($h, local);
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn broker_down_is_unavailable() {
@@ -362,6 +414,17 @@ macro_rules! publisher_conformance_tests {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn permanent_error_spares_the_batch() {
             $crate::publisher_conformance::permanent_error_spares_the_batch::<$h>().await;
+        }
+    };
+    ($h:ty, local) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn confirmation_then_fidelity() {
+            $crate::publisher_conformance::confirmation_then_fidelity::<$h>().await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn relay_delivers_200_messages_end_to_end() {
+            $crate::publisher_conformance::relay_delivers_200_messages_end_to_end::<$h>().await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
