@@ -9,7 +9,7 @@
 //! | sink | function | reads |
 //! | --- | --- | --- |
 //! | NATS JetStream (`nats`) | [`from_nats`], [`from_nats_headers`] | message headers |
-//! | Kafka (`kafka`) | [`from_kafka`] | record headers |
+//! | Kafka (`kafka`) | `from_kafka` | record headers |
 //! | RabbitMQ (`rabbitmq`) | [`from_amqp`] | the `headers` table |
 //! | Redis Streams (`redis`) | [`from_redis`] | the entry's fields |
 //! | MQTT v5 (`mqtt`) | [`from_mqtt`] | user properties |
