@@ -33,6 +33,22 @@ pub trait Enqueue: Send + Sync {
         tx: &mut sqlx::Transaction<'_, Self::Database>,
         msg: &Message,
     ) -> Result<Enqueued>;
+
+    /// The store's pool.
+    fn pool(&self) -> &sqlx::Pool<Self::Database>;
+
+    /// Enqueues `msg` in a transaction of its own: for tools and scripts (the CLI's
+    /// `enqueue`). A service enqueues inside the transaction of its business change
+    /// ([`Enqueue::enqueue_in`]), which is the point of an outbox.
+    ///
+    /// # Errors
+    /// As [`Enqueue::enqueue_in`], plus database errors from begin and commit.
+    async fn enqueue_alone(&self, msg: &Message) -> Result<Enqueued> {
+        let mut tx = self.pool().begin().await?;
+        let e = self.enqueue_in(&mut tx, msg).await?;
+        tx.commit().await?;
+        Ok(e)
+    }
 }
 
 #[cfg(feature = "postgres")]
@@ -45,6 +61,10 @@ impl Enqueue for crate::postgres::PgStore {
         msg: &Message,
     ) -> Result<Enqueued> {
         self.enqueue(tx, msg).await
+    }
+
+    fn pool(&self) -> &sqlx::Pool<sqlx::Postgres> {
+        crate::postgres::PgStore::pool(self)
     }
 }
 
@@ -59,6 +79,10 @@ impl Enqueue for crate::mysql::MySqlStore {
     ) -> Result<Enqueued> {
         self.enqueue(tx, msg).await
     }
+
+    fn pool(&self) -> &sqlx::Pool<sqlx::MySql> {
+        crate::mysql::MySqlStore::pool(self)
+    }
 }
 
 #[cfg(feature = "sqlite")]
@@ -71,6 +95,10 @@ impl Enqueue for crate::sqlite::SqliteStore {
         msg: &Message,
     ) -> Result<Enqueued> {
         self.enqueue(tx, msg).await
+    }
+
+    fn pool(&self) -> &sqlx::Pool<sqlx::Sqlite> {
+        crate::sqlite::SqliteStore::pool(self)
     }
 }
 

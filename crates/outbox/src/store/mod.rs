@@ -522,28 +522,14 @@ impl AnyStore {
     /// # Errors
     /// As the concrete store's `enqueue`, plus database errors from begin and commit.
     pub async fn enqueue_alone(&self, msg: &crate::Message) -> Result<crate::Enqueued> {
+        use crate::events::Enqueue as _;
         match self {
             #[cfg(feature = "postgres")]
-            AnyStore::Postgres(s) => {
-                let mut tx = s.pool().begin().await?;
-                let e = s.enqueue(&mut tx, msg).await?;
-                tx.commit().await?;
-                Ok(e)
-            }
+            AnyStore::Postgres(s) => s.enqueue_alone(msg).await,
             #[cfg(feature = "sqlite")]
-            AnyStore::Sqlite(s) => {
-                let mut tx = s.pool().begin().await?;
-                let e = s.enqueue(&mut tx, msg).await?;
-                tx.commit().await?;
-                Ok(e)
-            }
+            AnyStore::Sqlite(s) => s.enqueue_alone(msg).await,
             #[cfg(feature = "mysql")]
-            AnyStore::MySql(s) => {
-                let mut tx = s.pool().begin().await?;
-                let e = s.enqueue(&mut tx, msg).await?;
-                tx.commit().await?;
-                Ok(e)
-            }
+            AnyStore::MySql(s) => s.enqueue_alone(msg).await,
         }
     }
 

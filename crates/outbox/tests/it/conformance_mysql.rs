@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{MySqlPrefix, mysql_connect, mysql_url};
-use crate::conformance::{Backend, End, Held, Kind, Row, SqlCall, TxOpts, assert_in_source};
+use crate::conformance::{Backend, Held, Kind, Row, SqlCall, TxOpts, assert_in_source};
 use async_trait::async_trait;
 use outbox::message::{Enqueued, Message};
 use outbox::mysql::MySqlStore;
@@ -60,16 +60,7 @@ impl MySqlBackend {
             .await
             .map_err(|e| e.to_string())?;
         }
-        let mut out = Vec::with_capacity(msgs.len());
-        for m in msgs {
-            out.push(self.store.enqueue(&mut tx, m).await);
-        }
-        match opts.end {
-            End::Commit => tx.commit().await.map_err(|e| e.to_string())?,
-            End::Rollback => tx.rollback().await.map_err(|e| e.to_string())?,
-            End::Drop => drop(tx),
-        }
-        Ok(out)
+        crate::conformance::enqueue_and_end(&self.store, tx, msgs, opts.end).await
     }
 }
 

@@ -407,6 +407,20 @@ fn to_row(r: RawRow) -> Row {
     }
 }
 
+/// Enqueues `msgs` in one transaction of `store`'s own and commits.
+pub(crate) async fn enqueue_committed<S: outbox::events::Enqueue>(
+    store: &S,
+    msgs: &[Message],
+) -> Vec<Enqueued> {
+    let mut tx = store.pool().begin().await.unwrap();
+    let mut out = Vec::with_capacity(msgs.len());
+    for m in msgs {
+        out.push(store.enqueue_in(&mut tx, m).await.unwrap());
+    }
+    tx.commit().await.unwrap();
+    out
+}
+
 /// A migrated store of either kind, with what the tests need to look inside it.
 pub(crate) enum TestDb {
     Pg(PgStore, PgSchema),
@@ -441,24 +455,10 @@ impl TestDb {
 
     /// Enqueues `msgs` in one committed transaction.
     pub(crate) async fn enqueue_all(&self, msgs: &[Message]) -> Vec<Enqueued> {
-        let mut out = Vec::with_capacity(msgs.len());
         match self {
-            TestDb::Pg(s, _) => {
-                let mut tx = s.pool().begin().await.unwrap();
-                for m in msgs {
-                    out.push(s.enqueue(&mut tx, m).await.unwrap());
-                }
-                tx.commit().await.unwrap();
-            }
-            TestDb::Sqlite(s, _) => {
-                let mut tx = s.pool().begin().await.unwrap();
-                for m in msgs {
-                    out.push(s.enqueue(&mut tx, m).await.unwrap());
-                }
-                tx.commit().await.unwrap();
-            }
+            TestDb::Pg(s, _) => enqueue_committed(s, msgs).await,
+            TestDb::Sqlite(s, _) => enqueue_committed(s, msgs).await,
         }
-        out
     }
 
     /// Every row, by id.

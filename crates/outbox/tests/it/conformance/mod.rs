@@ -75,6 +75,26 @@ pub(crate) enum End {
     Drop,
 }
 
+/// The producer's transaction after its business row, for every store alike: each
+/// message enqueued through the store's [`outbox::events::Enqueue`], then the ending.
+pub(crate) async fn enqueue_and_end<S: outbox::events::Enqueue>(
+    store: &S,
+    mut tx: sqlx::Transaction<'_, S::Database>,
+    msgs: &[Message],
+    end: End,
+) -> Result<Vec<outbox::Result<Enqueued>>, String> {
+    let mut out = Vec::with_capacity(msgs.len());
+    for m in msgs {
+        out.push(store.enqueue_in(&mut tx, m).await);
+    }
+    match end {
+        End::Commit => tx.commit().await.map_err(|e| e.to_string())?,
+        End::Rollback => tx.rollback().await.map_err(|e| e.to_string())?,
+        End::Drop => drop(tx),
+    }
+    Ok(out)
+}
+
 /// How [`Backend::try_produce`] runs one producer transaction.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TxOpts {
