@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{MySqlPrefix, mysql_connect, mysql_url};
-use crate::conformance::{Backend, Held, Kind, Row, SqlCall, TxOpts, assert_in_source};
+use crate::conformance::{Backend, Kind, Row, SqlCall, TxOpts, assert_in_source};
 use async_trait::async_trait;
 use outbox::message::{Enqueued, Message};
 use outbox::mysql::MySqlStore;
@@ -90,6 +90,10 @@ fn to_row(r: &MySqlRow) -> Row {
 impl Backend for MySqlBackend {
     const KIND: Kind = Kind::MySql;
     const SCHEMA_VERSION: i64 = outbox::mysql::SCHEMA_VERSION;
+    const SINGLE_WRITER: bool = false;
+    const SQL_ENTRY_CHECKS: bool = true;
+    const PLAN_ROWS: u64 = 200_000;
+    type Database = sqlx::MySql;
 
     async fn unmigrated(&self) -> (Arc<dyn Store>, String) {
         let name = format!("{}_none", self.prefix.name);
@@ -302,7 +306,7 @@ impl Backend for MySqlBackend {
         );
     }
 
-    async fn hold_write_lock(&self) -> Held {
+    async fn hold_write_lock(&self) -> sqlx::Transaction<'static, Self::Database> {
         // A row lock on the first dispatched row: a purge, deleting by id order, waits on it.
         let mut tx = self.app.begin().await.unwrap();
         sqlx::query(AssertSqlSafe(format!(
@@ -312,7 +316,7 @@ impl Backend for MySqlBackend {
         .fetch_all(&mut *tx)
         .await
         .unwrap();
-        Held::MySql(tx)
+        tx
     }
 
     async fn sql_enqueue(&self, calls: &[SqlCall]) -> Result<Vec<i64>, String> {

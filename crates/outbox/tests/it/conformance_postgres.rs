@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{PgSchema, pg_connect, pg_url};
-use crate::conformance::{Backend, Held, Kind, Row, SqlCall, TxOpts, assert_in_source};
+use crate::conformance::{Backend, Kind, Row, SqlCall, TxOpts, assert_in_source};
 use async_trait::async_trait;
 use outbox::message::{Enqueued, Message};
 use outbox::postgres::PgStore;
@@ -76,6 +76,10 @@ fn to_row(r: &PgRow) -> Row {
 impl Backend for PgBackend {
     const KIND: Kind = Kind::Postgres;
     const SCHEMA_VERSION: i64 = outbox::postgres::SCHEMA_VERSION;
+    const SINGLE_WRITER: bool = false;
+    const SQL_ENTRY_CHECKS: bool = true;
+    const PLAN_ROWS: u64 = 1_000_000;
+    type Database = sqlx::Postgres;
 
     async fn unmigrated(&self) -> (Arc<dyn Store>, String) {
         let name = format!("{}_none", self.schema.name);
@@ -257,7 +261,7 @@ impl Backend for PgBackend {
         );
     }
 
-    async fn hold_write_lock(&self) -> Held {
+    async fn hold_write_lock(&self) -> sqlx::Transaction<'static, Self::Database> {
         let mut tx = self.app.begin().await.unwrap();
         sqlx::query(AssertSqlSafe(format!(
             "LOCK TABLE {}.messages IN SHARE MODE",
@@ -266,7 +270,7 @@ impl Backend for PgBackend {
         .execute(&mut *tx)
         .await
         .unwrap();
-        Held::Pg(tx)
+        tx
     }
 
     async fn sql_enqueue(&self, calls: &[SqlCall]) -> Result<Vec<i64>, String> {

@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{RecordingSink, relay_config, wait_until};
-use crate::conformance::{Backend, Held, Kind, Row, SqlCall, TxOpts, assert_in_source};
+use crate::conformance::{Backend, Kind, Row, SqlCall, TxOpts, assert_in_source};
 use async_trait::async_trait;
 use outbox::message::{Enqueued, Message};
 use outbox::sqlite::SqliteStore;
@@ -86,6 +86,10 @@ fn to_row(r: &SqliteRow) -> Row {
 impl Backend for SqliteBackend {
     const KIND: Kind = Kind::Sqlite;
     const SCHEMA_VERSION: i64 = outbox::sqlite::SCHEMA_VERSION;
+    const SINGLE_WRITER: bool = true;
+    const SQL_ENTRY_CHECKS: bool = false;
+    const PLAN_ROWS: u64 = 1_000_000;
+    type Database = sqlx::Sqlite;
 
     async fn unmigrated(&self) -> (Arc<dyn Store>, String) {
         let url = format!("sqlite://{}", self._dir.path().join("outbox.db").display());
@@ -254,8 +258,8 @@ impl Backend for SqliteBackend {
         assert!(!plan.contains("TEMP B-TREE"), "the claim sorts:\n{plan}");
     }
 
-    async fn hold_write_lock(&self) -> Held {
-        Held::Sqlite(self.app.begin_with("BEGIN IMMEDIATE").await.unwrap())
+    async fn hold_write_lock(&self) -> sqlx::Transaction<'static, Self::Database> {
+        self.app.begin_with("BEGIN IMMEDIATE").await.unwrap()
     }
 
     async fn sql_enqueue(&self, calls: &[SqlCall]) -> Result<Vec<i64>, String> {

@@ -139,7 +139,7 @@ pub(crate) async fn enqueue_is_idempotent_and_delays_hold<B: Backend>() {
         .unwrap();
 
     // Without a message id, the SQL entry point makes a fresh UUIDv7 per call.
-    if B::KIND != Kind::Sqlite {
+    if B::SQL_ENTRY_CHECKS {
         let call = SqlCall {
             topic: "t.sql.v1".into(),
             payload: vec![0],

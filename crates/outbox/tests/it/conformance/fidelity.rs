@@ -135,7 +135,7 @@ pub(crate) async fn payloads_and_headers_survive_byte_for_byte<B: Backend>() {
     }
 
     // The SQL entry point applies the limit too (SQLite's is a plain INSERT: no check).
-    if B::KIND != Kind::Sqlite {
+    if B::SQL_ENTRY_CHECKS {
         let call = SqlCall {
             topic: "t.bytes.v1".into(),
             payload: vec![0u8; LIMIT + 1],

@@ -10,7 +10,8 @@
 //!
 //! Each case asserts what the store contract promises (the guarantees and the row lifecycle
 //! of ARCHITECTURE.md); where stores legitimately differ (SQLite has one writer, so a purge is never
-//! locked out), the case asserts each store's own behaviour by [`Kind`].
+//! locked out), the case asserts each behaviour by a capability constant of the [`Backend`]
+//! (`SINGLE_WRITER`, `SQL_ENTRY_CHECKS`, …), never by naming a store.
 
 // Each test binary instantiates one backend: the other stores' variants are unused there.
 
@@ -149,31 +150,25 @@ pub(crate) struct Row {
     pub(crate) last_error: Option<String>,
 }
 
-/// A lock held from outside the store until [`Held::release`].
-pub(crate) enum Held {
-    Pg(sqlx::Transaction<'static, sqlx::Postgres>),
-    MySql(sqlx::Transaction<'static, sqlx::MySql>),
-    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
-}
-
-impl Held {
-    pub(crate) async fn release(self) {
-        match self {
-            Held::Pg(tx) => tx.rollback().await.unwrap(),
-            Held::MySql(tx) => tx.rollback().await.unwrap(),
-            Held::Sqlite(tx) => tx.rollback().await.unwrap(),
-        }
-    }
-}
-
 /// What a case needs from one store. Each implementation owns an isolated store (its own
 /// PostgreSQL schema, MariaDB table prefix or SQLite file), migrated, with a business table
 /// `orders (id, note)` beside it, and cleans it up when dropped.
 #[async_trait]
 pub(crate) trait Backend: Send + Sync + Sized + 'static {
+    /// For messages only: cases decide by the capabilities below, never by the store.
     const KIND: Kind;
     /// The schema version this build's store migrates to.
     const SCHEMA_VERSION: i64;
+    /// One writer at a time (SQLite): a second purge waits for the write lock instead of
+    /// being locked out by the purge lock.
+    const SINGLE_WRITER: bool;
+    /// The SQL entry point checks what `enqueue` checks (size, a fresh id per call);
+    /// SQLite's is a plain `INSERT` with no checks of its own.
+    const SQL_ENTRY_CHECKS: bool;
+    /// Dispatched rows the plan case inserts (MySQL's bulk insert is slower per row).
+    const PLAN_ROWS: u64;
+    /// The database whose transactions the backend hands out (a held write lock).
+    type Database: sqlx::Database;
 
     /// A fresh migrated store whose `StoreConfig.max_message_bytes` is `max_message_bytes`.
     async fn create(label: &str, max_message_bytes: usize) -> Self;
@@ -222,7 +217,7 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
     async fn assert_claim_uses_live_index(&self);
 
     /// Holds, from another connection, a lock that makes a purge's delete wait.
-    async fn hold_write_lock(&self) -> Held;
+    async fn hold_write_lock(&self) -> sqlx::Transaction<'static, Self::Database>;
 
     /// Calls the store's SQL entry point once per call, all in one transaction, and
     /// returns each call's row id; `Err` (the transaction rolled back) on a database error.

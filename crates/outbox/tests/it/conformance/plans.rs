@@ -7,10 +7,7 @@ use super::*;
 pub(crate) async fn claim_uses_the_live_row_index<B: Backend>() {
     let b = B::create("plan", DEFAULT_MAX).await;
     let store = b.store();
-    let n: u64 = match B::KIND {
-        Kind::Postgres | Kind::Sqlite => 1_000_000,
-        Kind::MySql => 200_000,
-    };
+    let n = B::PLAN_ROWS;
     let start = Instant::now();
     b.bulk_insert_dispatched(n, Duration::from_secs(60)).await;
     eprintln!(
