@@ -6,9 +6,10 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{
-    RecordingWrapper, Seen, TestStream, nats_connect, nats_url, pg_store_unmigrated, pg_store_with,
-    relay_config, sqlite_store_unmigrated, wait_until,
+    RecordingWrapper, Seen, TestStream, nats_connect, nats_url, pg_store_unmigrated, relay_config,
+    sqlite_store_unmigrated, wait_until,
 };
+use crate::conformance::Backend as _;
 use outbox::sink::SinkError;
 use outbox::sink::nats::{NatsOptions, NatsSink};
 use outbox::{Error, Message, Relay, RelayError};
@@ -68,8 +69,11 @@ async fn unknown_sink_url_is_invalid() {
 async fn nats_subject_without_stream_is_quarantined_at_once() {
     let client = nats_connect().await;
     let stream = TestStream::shared(&client).await;
-    let (store, schema) = pg_store_with("nostream", outbox::store::DEFAULT_MAX_MESSAGE_BYTES).await;
-    let db = crate::common::TestDb::Pg(store, schema);
+    let db = crate::conformance_postgres::PgBackend::create(
+        "nostream",
+        outbox::store::DEFAULT_MAX_MESSAGE_BYTES,
+    )
+    .await;
     // A subject next to the stream's, but outside it.
     let uncovered = format!("{}x.orders", stream.prefix);
     let msgs = vec![
@@ -81,18 +85,15 @@ async fn nats_subject_without_stream_is_quarantined_at_once() {
     ];
     let enq = db.enqueue_all(&msgs).await;
     // A row written by hand with headers that are not a JSON object of strings.
-    let malformed_id: i64 = match &db {
-        crate::common::TestDb::Pg(s, g) => sqlx::query_scalar(AssertSqlSafe(format!(
-            "INSERT INTO {}.messages (message_id, topic, payload, headers)
-             VALUES (gen_random_uuid(), $1, '\\x00', '{{\"n\": 1}}') RETURNING id",
-            g.name
-        )))
-        .bind(stream.subject("malformed"))
-        .fetch_one(s.pool())
-        .await
-        .unwrap(),
-        crate::common::TestDb::Sqlite(..) => unreachable!(),
-    };
+    let malformed_id: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "INSERT INTO {}.messages (message_id, topic, payload, headers)
+         VALUES (gen_random_uuid(), $1, '\\x00', '{{\"n\": 1}}') RETURNING id",
+        db.schema.name
+    )))
+    .bind(stream.subject("malformed"))
+    .fetch_one(&db.app)
+    .await
+    .unwrap();
 
     let sink = NatsSink::connect(
         &nats_url(),
@@ -168,7 +169,9 @@ async fn a_panicking_sink_ends_the_relay_with_the_panic_and_loses_nothing() {
             "panics".into()
         }
     }
-    let db = crate::common::TestDb::sqlite().await;
+    let db =
+        crate::conformance_sqlite::SqliteBackend::create("sqlite", crate::conformance::DEFAULT_MAX)
+            .await;
     let enq = db.enqueue_all(&crate::common::messages("t.panic", 5)).await;
     let mut cfg = relay_config("relay-panics");
     cfg.lease = Duration::from_millis(500);

@@ -6,9 +6,10 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{
-    NatsServer, TestDb, TestStream, assert_outage_spent_nothing, messages, outage_length,
-    produce_for, relay_config, wait_dispatched, wait_until,
+    NatsServer, TestStream, assert_outage_spent_nothing, messages, outage_length, produce_for,
+    relay_config, wait_dispatched, wait_until,
 };
+use crate::conformance::Backend as _;
 use async_nats::jetstream::stream::StorageType;
 use outbox::Relay;
 use outbox::sink::nats::{NatsOptions, NatsSink};
@@ -27,7 +28,9 @@ async fn nats_outage_keeps_rows_pending_then_delivers_all() {
     drop(admin);
     server.stop();
 
-    let db = TestDb::pg("outage").await;
+    let db =
+        crate::conformance_postgres::PgBackend::create("outage", crate::conformance::DEFAULT_MAX)
+            .await;
     let store = db.store();
     let enq = db
         .enqueue_all(&messages(&stream.subject("orders"), N))
@@ -78,14 +81,14 @@ async fn nats_outage_keeps_rows_pending_then_delivers_all() {
     let rows = db.rows().await;
     let mut pending = 0;
     for r in &rows {
-        assert!(r.status == i32::from(status::PENDING) || r.status == i32::from(status::CLAIMED));
-        pending += usize::from(r.status == i32::from(status::PENDING));
+        assert!(r.status == status::PENDING || r.status == status::CLAIMED);
+        pending += usize::from(r.status == status::PENDING);
         let e = r.last_error.as_deref().unwrap();
         assert!(e.starts_with("unavailable"), "{e}");
         assert_eq!(r.dispatched_at, None);
         // Given back after every outage retry: 0 while pending, 1 while claimed.
         assert!(
-            r.attempts <= i32::from(r.status == i32::from(status::CLAIMED)),
+            r.attempts <= i32::from(r.status == status::CLAIMED),
             "the outage used up attempts: {r:?}"
         );
     }
@@ -150,7 +153,9 @@ async fn nats_killed_mid_run_then_restarted_loses_nothing() {
     let stream = TestStream::create(&admin, &server.url(), StorageType::File).await;
     drop(admin);
 
-    let db = TestDb::pg("midrun").await;
+    let db =
+        crate::conformance_postgres::PgBackend::create("midrun", crate::conformance::DEFAULT_MAX)
+            .await;
     let store = db.store();
     let sink = NatsSink::connect(
         &server.url(),
@@ -241,7 +246,13 @@ async fn a_long_nats_outage_recovers_within_seconds() {
     let stream = TestStream::create(&admin, &server.url(), StorageType::File).await;
     drop(admin);
 
-    let db = std::sync::Arc::new(TestDb::pg("long_outage").await);
+    let db = std::sync::Arc::new(
+        crate::conformance_postgres::PgBackend::create(
+            "long_outage",
+            crate::conformance::DEFAULT_MAX,
+        )
+        .await,
+    );
     let store = db.store();
     let sink = NatsSink::connect(&server.url(), NatsOptions::default())
         .await
@@ -259,7 +270,7 @@ async fn a_long_nats_outage_recovers_within_seconds() {
     server.stop();
     enq.extend(produce_for(db.clone(), stream.subject("during"), outage).await);
     let n = enq.len();
-    assert_outage_spent_nothing(&db).await;
+    assert_outage_spent_nothing(&*db).await;
 
     server.restart().await;
     let back = std::time::Instant::now();

@@ -4,7 +4,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-use crate::common::{RecordingSink, TestDb, messages, relay_config, total, wait_until};
+use crate::common::{RecordingSink, messages, relay_config, total, wait_until};
+use crate::conformance::Backend as _;
 use async_trait::async_trait;
 use outbox::sink::Confirmations;
 use outbox::sink::{PublishError, Sink};
@@ -14,7 +15,11 @@ use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn four_relays_over_ten_thousand_messages_publish_each_once() {
-    let db = TestDb::pg("four_relays").await;
+    let db = crate::conformance_postgres::PgBackend::create(
+        "four_relays",
+        crate::conformance::DEFAULT_MAX,
+    )
+    .await;
     let (sink, seen) = RecordingSink::new();
     let handles: Vec<_> = (0..4)
         .map(|i| {
@@ -83,13 +88,15 @@ async fn backends(conn: &mut sqlx::PgConnection, name: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_crashed_relays_claims_are_delivered_after_the_lease() {
-    let db = TestDb::pg("crashed_relay").await;
+    let db = crate::conformance_postgres::PgBackend::create(
+        "crashed_relay",
+        crate::conformance::DEFAULT_MAX,
+    )
+    .await;
     let enq = db.enqueue_all(&messages("crash.t", 200)).await;
     // The doomed relay has a store (a pool) of its own, with its own application_name, so
     // that its crash can include its connections.
-    let TestDb::Pg(_, schema) = &db else {
-        unreachable!()
-    };
+    let schema = &db.schema;
     let app = format!("doomed_{}", crate::common::unique());
     let doomed_store = outbox::postgres::PgStore::connect(
         &format!("{}?application_name={app}", crate::common::pg_url()),

@@ -5,9 +5,10 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{
-    ConfirmThenHang, RecordingWrapper, Seen, TestDb, TestStream, messages, nats_connect, nats_url,
+    ConfirmThenHang, RecordingWrapper, Seen, TestStream, messages, nats_connect, nats_url,
 };
 use crate::common::{relay_config, wait_until};
+use crate::conformance::Backend as _;
 use outbox::Relay;
 use outbox::sink::nats::{NatsOptions, NatsSink};
 use outbox::store::status;
@@ -33,7 +34,9 @@ async fn nats_sink() -> NatsSink {
 async fn crash_after_confirmation_republishes_same_id_and_stream_dedups() {
     let client = nats_connect().await;
     let stream = TestStream::shared(&client).await;
-    let db = TestDb::pg("crash").await;
+    let db =
+        crate::conformance_postgres::PgBackend::create("crash", crate::conformance::DEFAULT_MAX)
+            .await;
     let store = db.store();
     let enq = db
         .enqueue_all(&messages(&stream.subject("orders"), N))
@@ -66,7 +69,7 @@ async fn crash_after_confirmation_republishes_same_id_and_stream_dedups() {
     // The broker has every message; the store still has every row claimed.
     assert_eq!(stream.message_count(&client).await, N as u64);
     for r in db.rows().await {
-        assert_eq!(r.status, i32::from(status::CLAIMED), "{r:?}");
+        assert_eq!(r.status, status::CLAIMED, "{r:?}");
         assert_eq!(r.attempts, 1);
         assert_eq!(r.claimed_by.as_deref(), Some("relay-crashing"));
     }
@@ -108,7 +111,7 @@ async fn crash_after_confirmation_republishes_same_id_and_stream_dedups() {
         assert!(seen.values().all(|&n| n == 1), "{seen:?}");
     }
     for r in db.rows().await {
-        assert_eq!(r.status, i32::from(status::DISPATCHED));
+        assert_eq!(r.status, status::DISPATCHED);
         assert_eq!(r.attempts, 2, "one attempt per claim");
         assert_eq!(r.claimed_by.as_deref(), Some("relay-recovering"));
     }

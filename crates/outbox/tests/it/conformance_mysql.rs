@@ -22,8 +22,8 @@ use uuid::Uuid;
 
 const STORE_SOURCE: &str = include_str!("../../src/store/mysql.rs");
 
-struct MySqlBackend {
-    store: MySqlStore,
+pub(crate) struct MySqlBackend {
+    pub(crate) store: MySqlStore,
     /// The application's own pool (producers, inspection), server-default isolation.
     app: MySqlPool,
     prefix: MySqlPrefix,

@@ -16,11 +16,11 @@ use std::time::Duration;
 
 const STORE_SOURCE: &str = include_str!("../../src/store/postgres.rs");
 
-struct PgBackend {
-    store: PgStore,
+pub(crate) struct PgBackend {
+    pub(crate) store: PgStore,
     /// The application's own pool (producers, inspection).
-    app: PgPool,
-    schema: PgSchema,
+    pub(crate) app: PgPool,
+    pub(crate) schema: PgSchema,
 }
 
 fn ms(d: Duration) -> i64 {

@@ -28,10 +28,10 @@ const NOW_MS: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS
 
 const P: &str = "outbox";
 
-struct SqliteBackend {
-    store: SqliteStore,
+pub(crate) struct SqliteBackend {
+    pub(crate) store: SqliteStore,
     /// The application's own pool (producers, inspection).
-    app: SqlitePool,
+    pub(crate) app: SqlitePool,
     _dir: TempDir,
 }
 

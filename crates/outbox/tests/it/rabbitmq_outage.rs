@@ -7,9 +7,9 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{
-    TestDb, assert_outage_spent_nothing, free_port, messages, outage_length, produce_for,
-    wait_dispatched,
+    assert_outage_spent_nothing, free_port, messages, outage_length, produce_for, wait_dispatched,
 };
+use crate::conformance::Backend as _;
 use lapin::options::{BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
@@ -150,7 +150,13 @@ async fn a_long_rabbitmq_outage_recovers_within_seconds() {
         let _ = conn.close(200, "ok".into()).await;
     }
 
-    let db = Arc::new(TestDb::pg("rmq_outage").await);
+    let db = Arc::new(
+        crate::conformance_postgres::PgBackend::create(
+            "rmq_outage",
+            crate::conformance::DEFAULT_MAX,
+        )
+        .await,
+    );
     let store = db.store();
     let sink = RabbitMqSink::connect(&node.url()).await.unwrap();
     let cfg = RelayConfig {
@@ -164,7 +170,7 @@ async fn a_long_rabbitmq_outage_recovers_within_seconds() {
     node.stop();
     enq.extend(produce_for(db.clone(), queue.to_owned(), outage).await);
     let n = enq.len();
-    assert_outage_spent_nothing(&db).await;
+    assert_outage_spent_nothing(&*db).await;
 
     node.run().await;
     let back = Instant::now();

@@ -10,7 +10,8 @@
 #![cfg(feature = "rabbitmq")]
 #![allow(clippy::unwrap_used)]
 
-use crate::common::{TestDb, relay_config, unique};
+use crate::common::{relay_config, unique};
+use crate::conformance::Backend as _;
 use crate::publisher_conformance::rabbitmq::{admin, amqp_url, header_text};
 use chrono::Utc;
 use lapin::options::{
@@ -465,7 +466,9 @@ async fn unroutable_then_bound_then_replayed_is_delivered() {
     cleanup.exchange(&ch, &exchange).await;
     cleanup.queue(&ch, &queue).await;
 
-    let db = TestDb::sqlite().await;
+    let db =
+        crate::conformance_sqlite::SqliteBackend::create("sqlite", crate::conformance::DEFAULT_MAX)
+            .await;
     let store = db.store();
     let enq = db
         .enqueue_all(&[Message::new(topic.as_str(), b"invoice-1".to_vec())])

@@ -5,7 +5,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-use crate::common::{TestDb, messages, relay_config, wait_until};
+use crate::common::{messages, relay_config, wait_until};
+use crate::conformance::Backend as _;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -84,7 +85,10 @@ async fn a_slow_message_times_out_alone() {
         (body != b"payload-2").then_some(Duration::from_millis(10))
     }))
     .await;
-    let db = Arc::new(TestDb::pg("slow_one").await);
+    let db = Arc::new(
+        crate::conformance_postgres::PgBackend::create("slow_one", crate::conformance::DEFAULT_MAX)
+            .await,
+    );
     let enq = db.enqueue_all(&messages("hooks.slow.v1", 5)).await;
     let mut cfg = relay_config("relay-slow-one");
     cfg.publish_timeout = Duration::from_millis(800);
@@ -127,13 +131,13 @@ async fn a_slow_message_times_out_alone() {
         let r = db.row(e.id).await;
         let sent = count(&deliveries, &e.message_id.to_string());
         if i == 2 {
-            assert_eq!(r.status, i32::from(status::DEAD), "{r:?}");
+            assert_eq!(r.status, status::DEAD, "{r:?}");
             assert_eq!(r.attempts, 2, "{r:?}");
             let error = r.last_error.unwrap();
             assert!(error.contains("timed out"), "{error}");
             assert_eq!(sent, 2, "one delivery per attempt");
         } else {
-            assert_eq!(r.status, i32::from(status::DISPATCHED), "{r:?}");
+            assert_eq!(r.status, status::DISPATCHED, "{r:?}");
             assert_eq!(sent, 1, "a confirmed message is never re-sent: {r:?}");
         }
     }
@@ -156,7 +160,9 @@ async fn the_shutdown_grace_keeps_confirmations() {
         fast(body).then_some(Duration::from_millis(10))
     }))
     .await;
-    let db = TestDb::pg("grace").await;
+    let db =
+        crate::conformance_postgres::PgBackend::create("grace", crate::conformance::DEFAULT_MAX)
+            .await;
     let enq = db.enqueue_all(&messages("hooks.grace.v1", 10)).await;
     let mut cfg = relay_config("relay-grace");
     cfg.shutdown_grace = Duration::from_millis(500);
@@ -185,13 +191,9 @@ async fn the_shutdown_grace_keeps_confirmations() {
     for (i, e) in enq.iter().enumerate() {
         let r = db.row(e.id).await;
         if i < 4 {
-            assert_eq!(r.status, i32::from(status::DISPATCHED), "{r:?}");
+            assert_eq!(r.status, status::DISPATCHED, "{r:?}");
         } else {
-            assert_eq!(
-                (r.status, r.attempts),
-                (i32::from(status::PENDING), 0),
-                "{r:?}"
-            );
+            assert_eq!((r.status, r.attempts), (status::PENDING, 0), "{r:?}");
         }
     }
 
@@ -223,7 +225,9 @@ async fn the_shutdown_grace_keeps_confirmations() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_but_live_publish_keeps_its_lease() {
     let (url, deliveries) = endpoint(Arc::new(|_: &[u8]| Some(Duration::from_millis(2_500)))).await;
-    let db = TestDb::pg("renew").await;
+    let db =
+        crate::conformance_postgres::PgBackend::create("renew", crate::conformance::DEFAULT_MAX)
+            .await;
     let enq = db.enqueue_all(&messages("hooks.renew.v1", 3)).await;
     let mut cfg = relay_config("relay-renew-a");
     cfg.lease = Duration::from_millis(900);
@@ -291,7 +295,11 @@ async fn a_blackholed_endpoint_quarantines_nothing() {
             .then_some(Duration::ZERO)
     }))
     .await;
-    let db = TestDb::pg("blackhole").await;
+    let db = crate::conformance_postgres::PgBackend::create(
+        "blackhole",
+        crate::conformance::DEFAULT_MAX,
+    )
+    .await;
     let enq = db.enqueue_all(&messages("hooks.blackhole.v1", 5)).await;
     let mut cfg = relay_config("relay-blackhole");
     cfg.publish_timeout = Duration::from_millis(300);

@@ -3,7 +3,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-use crate::common::{TestDb, relay_config};
+use crate::common::relay_config;
+use crate::conformance::Backend as _;
 use outbox::sink::file::{FileSink, payload_from_json_line};
 use outbox::{Message, Relay};
 use std::collections::HashMap;
@@ -14,7 +15,9 @@ const N: usize = 500;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_drain_to_file_delivers_every_message_once() {
-    let db = TestDb::sqlite().await;
+    let db =
+        crate::conformance_sqlite::SqliteBackend::create("sqlite", crate::conformance::DEFAULT_MAX)
+            .await;
     let store = db.store();
     store.migrate().await.unwrap(); // idempotent: a second migrate changes nothing
     store.check_schema().await.unwrap();

@@ -4,12 +4,16 @@
 
 #![allow(clippy::unwrap_used)]
 
-use crate::common::{RecordingSink, TestDb, messages, relay_config, wait_until};
+use crate::common::{RecordingSink, messages, relay_config, wait_until};
+use crate::conformance::{Backend, DEFAULT_MAX};
+use crate::conformance_mysql::MySqlBackend;
+use crate::conformance_postgres::PgBackend;
+use crate::conformance_sqlite::SqliteBackend;
 use outbox::Relay;
 use std::time::{Duration, Instant};
 
-async fn commit_wakes_an_idle_relay(db: TestDb) {
-    let name = db.name();
+async fn commit_wakes_an_idle_relay<B: Backend>(db: B) {
+    let name = format!("{:?}", B::KIND);
     let store = db.store();
     let (sink, _seen) = RecordingSink::new();
     let mut cfg = relay_config("relay-idle");
@@ -48,12 +52,17 @@ async fn commit_wakes_an_idle_relay(db: TestDb) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pg_commit_wakes_an_idle_relay() {
-    commit_wakes_an_idle_relay(TestDb::pg("wake").await).await;
+    commit_wakes_an_idle_relay(PgBackend::create("wake", DEFAULT_MAX).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_commit_wakes_an_idle_relay() {
-    commit_wakes_an_idle_relay(TestDb::sqlite().await).await;
+    commit_wakes_an_idle_relay(SqliteBackend::create("wake", DEFAULT_MAX).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_commit_wakes_an_idle_relay() {
+    commit_wakes_an_idle_relay(MySqlBackend::create("wake", DEFAULT_MAX).await).await;
 }
 
 /// Counts the claims and pause reads an idle relay makes, over a real store.
@@ -170,7 +179,11 @@ impl outbox::Store for Counting {
 /// worker) and reads the pause switch at most about once a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_idle_relay_claims_once_per_poll_interval() {
-    let db = TestDb::pg("idle_claims").await;
+    let db = crate::conformance_postgres::PgBackend::create(
+        "idle_claims",
+        crate::conformance::DEFAULT_MAX,
+    )
+    .await;
     let store = std::sync::Arc::new(Counting {
         inner: db.store(),
         claims: Default::default(),

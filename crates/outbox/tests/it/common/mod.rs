@@ -106,7 +106,11 @@ pub(crate) fn outage_length() -> Duration {
 }
 
 /// A producer writing one message on `topic` every 100 ms for `length`; returns them.
-pub(crate) async fn produce_for(db: Arc<TestDb>, topic: String, length: Duration) -> Vec<Enqueued> {
+pub(crate) async fn produce_for<B: crate::conformance::Backend>(
+    db: Arc<B>,
+    topic: String,
+    length: Duration,
+) -> Vec<Enqueued> {
     let mut all = Vec::new();
     let end = Instant::now() + length;
     while Instant::now() < end {
@@ -117,7 +121,7 @@ pub(crate) async fn produce_for(db: Arc<TestDb>, topic: String, length: Duration
 }
 
 /// After an outage: nothing quarantined, and no pending row has spent an attempt.
-pub(crate) async fn assert_outage_spent_nothing(db: &TestDb) {
+pub(crate) async fn assert_outage_spent_nothing<B: crate::conformance::Backend>(db: &B) {
     let rows = db.rows().await;
     assert_eq!(rows.iter().filter(|r| r.status >= 3).count(), 0);
     for r in rows.iter().filter(|r| r.status == 0) {
@@ -358,144 +362,6 @@ pub(crate) async fn sqlite_store_unmigrated(max_message_bytes: usize) -> (Sqlite
     };
     let store = SqliteStore::connect(&url, config).await.unwrap();
     (store, dir)
-}
-
-// ---------------------------------------------------------------------------------------
-// Either store, for tests that run against both
-// ---------------------------------------------------------------------------------------
-
-/// One row of the messages table, every column as the test compares it (times as text).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Row {
-    pub(crate) id: i64,
-    pub(crate) message_id: Uuid,
-    pub(crate) status: i32,
-    pub(crate) attempts: i32,
-    pub(crate) claimed_by: Option<String>,
-    pub(crate) claim_token: Option<String>,
-    pub(crate) locked_until: Option<String>,
-    pub(crate) available_at: String,
-    pub(crate) dispatched_at: Option<String>,
-    pub(crate) last_error: Option<String>,
-}
-
-type RawRow = (
-    i64,
-    String,
-    i32,
-    i32,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    String,
-    Option<String>,
-    Option<String>,
-);
-
-fn to_row(r: RawRow) -> Row {
-    Row {
-        id: r.0,
-        message_id: Uuid::parse_str(&r.1).unwrap(),
-        status: r.2,
-        attempts: r.3,
-        claimed_by: r.4,
-        claim_token: r.5,
-        locked_until: r.6,
-        available_at: r.7,
-        dispatched_at: r.8,
-        last_error: r.9,
-    }
-}
-
-/// Enqueues `msgs` in one transaction of `store`'s own and commits.
-pub(crate) async fn enqueue_committed<S: outbox::events::Enqueue>(
-    store: &S,
-    msgs: &[Message],
-) -> Vec<Enqueued> {
-    let mut tx = store.pool().begin().await.unwrap();
-    let mut out = Vec::with_capacity(msgs.len());
-    for m in msgs {
-        out.push(store.enqueue_in(&mut tx, m).await.unwrap());
-    }
-    tx.commit().await.unwrap();
-    out
-}
-
-/// A migrated store of either kind, with what the tests need to look inside it.
-pub(crate) enum TestDb {
-    Pg(PgStore, PgSchema),
-    // The directory lives as long as the store that uses it.
-    Sqlite(SqliteStore, #[allow(dead_code)] TempDir),
-}
-
-impl TestDb {
-    pub(crate) async fn pg(label: &str) -> Self {
-        let (s, g) = pg_store(label).await;
-        TestDb::Pg(s, g)
-    }
-
-    pub(crate) async fn sqlite() -> Self {
-        let (s, d) = sqlite_store().await;
-        TestDb::Sqlite(s, d)
-    }
-
-    pub(crate) fn name(&self) -> &'static str {
-        match self {
-            TestDb::Pg(..) => "postgres",
-            TestDb::Sqlite(..) => "sqlite",
-        }
-    }
-
-    pub(crate) fn store(&self) -> Arc<dyn Store> {
-        match self {
-            TestDb::Pg(s, _) => Arc::new(s.clone()),
-            TestDb::Sqlite(s, _) => Arc::new(s.clone()),
-        }
-    }
-
-    /// Enqueues `msgs` in one committed transaction.
-    pub(crate) async fn enqueue_all(&self, msgs: &[Message]) -> Vec<Enqueued> {
-        match self {
-            TestDb::Pg(s, _) => enqueue_committed(s, msgs).await,
-            TestDb::Sqlite(s, _) => enqueue_committed(s, msgs).await,
-        }
-    }
-
-    /// Every row, by id.
-    pub(crate) async fn rows(&self) -> Vec<Row> {
-        let raw: Vec<RawRow> = match self {
-            TestDb::Pg(s, g) => sqlx::query_as(AssertSqlSafe(format!(
-                "SELECT id, message_id::text, status::int4, attempts, claimed_by,
-                        claim_token::text, locked_until::text, available_at::text,
-                        dispatched_at::text, last_error
-                 FROM {}.messages ORDER BY id",
-                g.name
-            )))
-            .fetch_all(s.pool())
-            .await
-            .unwrap(),
-            TestDb::Sqlite(s, _) => sqlx::query_as(AssertSqlSafe(format!(
-                "SELECT id, message_id, status, attempts, claimed_by, claim_token,
-                        CAST(locked_until AS TEXT), CAST(available_at AS TEXT),
-                        CAST(dispatched_at AS TEXT), last_error
-                 FROM {}_messages ORDER BY id",
-                s.config().schema
-            )))
-            .fetch_all(s.pool())
-            .await
-            .unwrap(),
-        };
-        raw.into_iter().map(to_row).collect()
-    }
-
-    /// The row with primary key `id`.
-    pub(crate) async fn row(&self, id: i64) -> Row {
-        self.rows()
-            .await
-            .into_iter()
-            .find(|r| r.id == id)
-            .unwrap_or_else(|| panic!("no row {id}"))
-    }
 }
 
 // ---------------------------------------------------------------------------------------

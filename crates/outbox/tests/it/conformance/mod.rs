@@ -246,6 +246,11 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
             .collect()
     }
 
+    /// Every row, by id.
+    async fn rows(&self) -> Vec<Row> {
+        self.select_rows("1 = 1").await
+    }
+
     async fn rows_of(&self, ids: &[i64]) -> Vec<Row> {
         if ids.is_empty() {
             return Vec::new();
