@@ -14,10 +14,7 @@
 #[allow(dead_code, unreachable_pub, missing_docs)]
 mod consumer;
 
-use crate::common::{
-    ConfirmThenHang, TestStream, nats_connect, nats_url, pg_store, relay_config, unique,
-};
-use outbox::sink::nats::{NatsOptions, NatsSink};
+use crate::common::{TestStream, nats_connect, nats_url, pg_store, relay_config, unique};
 use outbox::{Message, Relay, Store};
 use sqlx::AssertSqlSafe;
 use std::collections::{BTreeMap, HashSet};
@@ -27,17 +24,6 @@ use uuid::Uuid;
 
 const ORDERS: usize = 40;
 const ROLLED_BACK: usize = 10;
-
-async fn nats_sink() -> NatsSink {
-    NatsSink::connect(
-        &nats_url(),
-        NatsOptions {
-            ack_timeout: Duration::from_secs(2),
-        },
-    )
-    .await
-    .unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn orders_to_invoices_once_each_through_a_relay_crash_and_redeliveries() {
@@ -90,26 +76,11 @@ async fn orders_to_invoices_once_each_through_a_relay_crash_and_redeliveries() {
     let store: Arc<dyn Store> = Arc::new(store);
 
     // Relay 1 publishes every order, gets every PubAck, and is killed before marking.
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut cfg = relay_config("relay-killed");
     cfg.lease = Duration::from_secs(2);
     cfg.publish_timeout = Duration::from_millis(1500);
-    let first = Relay::new(
-        store.clone(),
-        Arc::new(ConfirmThenHang {
-            inner: nats_sink().await,
-            confirmed: tx,
-        }),
-        cfg,
-    )
-    .spawn();
-    let results = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-        .await
-        .expect("relay 1 never published")
-        .unwrap();
-    first.abort();
+    let results = crate::common::relay_killed_after_confirmation(&store, cfg).await;
     assert_eq!(results.len(), ORDERS);
-    assert!(results.iter().all(Result::is_ok), "{results:?}");
 
     // The consumer, as users run it.
     let durable = format!("billing{}", unique());
@@ -152,7 +123,7 @@ async fn orders_to_invoices_once_each_through_a_relay_crash_and_redeliveries() {
     tokio::time::sleep(Duration::from_millis(2200)).await;
     let second = Relay::new(
         store.clone(),
-        Arc::new(nats_sink().await),
+        Arc::new(crate::common::nats_sink().await),
         relay_config("relay-2"),
     )
     .spawn();

@@ -665,6 +665,44 @@ impl Sink for RecordingSink {
     }
 }
 
+/// The machine's NATS through the real sink, waiting at most 2 s for each PubAck.
+pub(crate) async fn nats_sink() -> outbox::sink::nats::NatsSink {
+    outbox::sink::nats::NatsSink::connect(
+        &nats_url(),
+        outbox::sink::nats::NatsOptions {
+            ack_timeout: Duration::from_secs(2),
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Runs a relay with `cfg` over `store` until it has published one batch through NATS
+/// and every message is confirmed, then kills it before it can mark (the crash between
+/// confirmation and mark); returns that batch's outcomes, all checked `Ok`.
+pub(crate) async fn relay_killed_after_confirmation(
+    store: &Arc<dyn Store>,
+    cfg: RelayConfig,
+) -> Vec<Result<(), PublishError>> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let relay = outbox::Relay::new(
+        store.clone(),
+        Arc::new(ConfirmThenHang {
+            inner: nats_sink().await,
+            confirmed: tx,
+        }),
+        cfg,
+    )
+    .spawn();
+    let results = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("the relay never published")
+        .unwrap();
+    relay.abort();
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    results
+}
+
 /// Publishes through the real NATS sink, reports the confirmations, then hangs forever:
 /// the relay never gets to mark, as if it crashed right after the PubAcks arrived.
 pub(crate) struct ConfirmThenHang {
