@@ -34,6 +34,7 @@ mod publisher_conformance_nats;
 mod publisher_conformance_rabbitmq;
 mod publisher_conformance_redis;
 mod rabbitmq_outage;
+mod relay_suite;
 mod routing;
 mod sink_classification;
 mod sink_http;
