@@ -33,6 +33,7 @@ mod publisher_conformance_mqtt;
 mod publisher_conformance_nats;
 mod publisher_conformance_rabbitmq;
 mod publisher_conformance_redis;
+mod publisher_conformance_router;
 mod rabbitmq_outage;
 mod relay_suite;
 mod routing;

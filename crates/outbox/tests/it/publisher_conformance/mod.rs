@@ -38,6 +38,8 @@ pub(crate) mod nats;
 pub(crate) mod rabbitmq;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+#[cfg(feature = "nats")]
+pub(crate) mod router;
 
 /// One message as a consumer of the destination reads it back: through the library's
 /// decoder for that sink (`outbox::envelope::from_*`), so case 1 is also the round trip of
