@@ -22,7 +22,6 @@ use chrono::Utc;
 use outbox::message::OutgoingMessage;
 use outbox::sink::nats::{NatsOptions, NatsSink};
 use outbox::sink::{ErrorKind, PublishError, Sink};
-use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -35,16 +34,7 @@ async fn publish_all(sink: &dyn Sink, batch: &[OutgoingMessage]) -> Vec<Result<(
 }
 
 fn outgoing(topic: &str, payload: Vec<u8>) -> OutgoingMessage {
-    OutgoingMessage {
-        id: 1,
-        message_id: Uuid::now_v7(),
-        topic: topic.to_owned(),
-        key: None,
-        payload: payload.into(),
-        headers: BTreeMap::new(),
-        occurred_at: Utc::now(),
-        attempts: 1,
-    }
+    crate::publisher_conformance::outgoing(1, topic, None, payload)
 }
 
 fn unique() -> String {

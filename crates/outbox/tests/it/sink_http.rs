@@ -25,10 +25,9 @@ use outbox::Relay;
 use outbox::message::OutgoingMessage;
 use outbox::sink::http::{WebhookOptions, WebhookSecret, WebhookSink};
 use outbox::sink::{ErrorKind, Sink};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use uuid::Uuid;
 
 // ---------------------------------------------------------------------------------------
 // A recording HTTP server
@@ -201,16 +200,7 @@ async fn handle(
 // ---------------------------------------------------------------------------------------
 
 fn outgoing(topic: &str, payload: Vec<u8>) -> OutgoingMessage {
-    OutgoingMessage {
-        id: 1,
-        message_id: Uuid::now_v7(),
-        topic: topic.to_owned(),
-        key: None,
-        payload: payload.into(),
-        headers: BTreeMap::new(),
-        occurred_at: Utc::now(),
-        attempts: 1,
-    }
+    crate::publisher_conformance::outgoing(1, topic, None, payload)
 }
 
 fn with_header(mut m: OutgoingMessage, name: &str, value: &str) -> OutgoingMessage {

@@ -20,13 +20,12 @@ use outbox::sink::{ErrorKind, Sink};
 use outbox::{Message, Relay};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::Publish;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
-use uuid::Uuid;
 
 // ---------------------------------------------------------------------------------------
 // Brokers and subscribers
@@ -137,16 +136,7 @@ impl Drop for PrivateBroker {
 // ---------------------------------------------------------------------------------------
 
 fn outgoing(topic: &str, payload: Vec<u8>) -> OutgoingMessage {
-    OutgoingMessage {
-        id: 1,
-        message_id: Uuid::now_v7(),
-        topic: topic.to_owned(),
-        key: None,
-        payload: payload.into(),
-        headers: BTreeMap::new(),
-        occurred_at: chrono::Utc::now(),
-        attempts: 1,
-    }
+    crate::publisher_conformance::outgoing(1, topic, None, payload)
 }
 
 fn with_header(mut m: OutgoingMessage, name: &str, value: &str) -> OutgoingMessage {

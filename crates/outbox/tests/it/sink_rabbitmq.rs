@@ -13,7 +13,6 @@
 use crate::common::{relay_config, unique};
 use crate::conformance::Backend as _;
 use crate::publisher_conformance::rabbitmq::{admin, amqp_url, header_text};
-use chrono::Utc;
 use lapin::options::{
     BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
     QueueDeclareOptions, QueueDeleteOptions,
@@ -23,10 +22,8 @@ use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use outbox::sink::rabbitmq::RabbitMqSink;
 use outbox::sink::{ErrorKind, Sink};
 use outbox::{Message, OutgoingMessage, Relay};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uuid::Uuid;
 
 /// Queues and exchanges of one test, deleted (best effort) when dropped.
 #[derive(Default)]
@@ -126,16 +123,7 @@ async fn queue_len(ch: &Channel, queue: &str) -> u32 {
 }
 
 fn outgoing(id: i64, topic: &str, payload: Vec<u8>) -> OutgoingMessage {
-    OutgoingMessage {
-        id,
-        message_id: Uuid::now_v7(),
-        topic: topic.to_owned(),
-        key: None,
-        payload: payload.into(),
-        headers: BTreeMap::new(),
-        occurred_at: Utc::now(),
-        attempts: 1,
-    }
+    crate::publisher_conformance::outgoing(id, topic, None, payload)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

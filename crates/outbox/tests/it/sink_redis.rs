@@ -11,7 +11,6 @@
 
 use crate::common::unique;
 use crate::publisher_conformance::redis::{admin, entries, redis_url, text};
-use chrono::Utc;
 use outbox::OutgoingMessage;
 use outbox::sink::redis_streams::RedisStreamsSink;
 use outbox::sink::{ErrorKind, Sink};
@@ -19,7 +18,6 @@ use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
-use uuid::Uuid;
 
 /// Keys of one test, deleted (best effort) when dropped.
 struct Keys {
@@ -62,16 +60,7 @@ impl Drop for Keys {
 }
 
 fn outgoing(id: i64, topic: &str, payload: Vec<u8>) -> OutgoingMessage {
-    OutgoingMessage {
-        id,
-        message_id: Uuid::now_v7(),
-        topic: topic.to_owned(),
-        key: None,
-        payload: payload.into(),
-        headers: BTreeMap::new(),
-        occurred_at: Utc::now(),
-        attempts: 1,
-    }
+    crate::publisher_conformance::outgoing(id, topic, None, payload)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

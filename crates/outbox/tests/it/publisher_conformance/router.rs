@@ -61,7 +61,11 @@ impl Harness for RouterHarness {
 
     /// Labels of even length go to route a, the others to route b.
     fn topic(&self, label: &str) -> String {
-        let r = if label.len().is_multiple_of(2) { "a" } else { "b" };
+        let r = if label.len().is_multiple_of(2) {
+            "a"
+        } else {
+            "b"
+        };
         format!("router.{r}.{label}")
     }
 
