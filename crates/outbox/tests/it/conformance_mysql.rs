@@ -94,6 +94,7 @@ impl Backend for MySqlBackend {
     const SQL_ENTRY_CHECKS: bool = true;
     const PLAN_ROWS: u64 = 200_000;
     type Database = sqlx::MySql;
+    type Enqueuer = MySqlStore;
 
     async fn unmigrated(&self) -> (Arc<dyn Store>, String) {
         let name = format!("{}_none", self.prefix.name);
@@ -346,16 +347,12 @@ impl Backend for MySqlBackend {
         Ok(out)
     }
 
-    async fn produce_held(
-        &self,
-        msg: &Message,
-        gate: tokio::sync::oneshot::Receiver<()>,
-    ) -> Enqueued {
-        let mut tx = self.app.begin().await.unwrap();
-        let e = self.store.enqueue(&mut tx, msg).await.unwrap();
-        gate.await.unwrap();
-        tx.commit().await.unwrap();
-        e
+    fn enqueuer(&self) -> &MySqlStore {
+        &self.store
+    }
+
+    fn app(&self) -> &sqlx::Pool<Self::Database> {
+        &self.app
     }
 }
 

@@ -80,6 +80,7 @@ impl Backend for PgBackend {
     const SQL_ENTRY_CHECKS: bool = true;
     const PLAN_ROWS: u64 = 1_000_000;
     type Database = sqlx::Postgres;
+    type Enqueuer = PgStore;
 
     async fn unmigrated(&self) -> (Arc<dyn Store>, String) {
         let name = format!("{}_none", self.schema.name);
@@ -295,16 +296,12 @@ impl Backend for PgBackend {
         Ok(out)
     }
 
-    async fn produce_held(
-        &self,
-        msg: &Message,
-        gate: tokio::sync::oneshot::Receiver<()>,
-    ) -> Enqueued {
-        let mut tx = self.app.begin().await.unwrap();
-        let e = self.store.enqueue(&mut tx, msg).await.unwrap();
-        gate.await.unwrap();
-        tx.commit().await.unwrap();
-        e
+    fn enqueuer(&self) -> &PgStore {
+        &self.store
+    }
+
+    fn app(&self) -> &sqlx::Pool<Self::Database> {
+        &self.app
     }
 }
 

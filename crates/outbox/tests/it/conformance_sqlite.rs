@@ -90,6 +90,7 @@ impl Backend for SqliteBackend {
     const SQL_ENTRY_CHECKS: bool = false;
     const PLAN_ROWS: u64 = 1_000_000;
     type Database = sqlx::Sqlite;
+    type Enqueuer = SqliteStore;
 
     async fn unmigrated(&self) -> (Arc<dyn Store>, String) {
         let url = format!("sqlite://{}", self._dir.path().join("outbox.db").display());
@@ -293,16 +294,12 @@ impl Backend for SqliteBackend {
         Ok(out)
     }
 
-    async fn produce_held(
-        &self,
-        msg: &Message,
-        gate: tokio::sync::oneshot::Receiver<()>,
-    ) -> Enqueued {
-        let mut tx = self.app.begin().await.unwrap();
-        let e = self.store.enqueue(&mut tx, msg).await.unwrap();
-        gate.await.unwrap();
-        tx.commit().await.unwrap();
-        e
+    fn enqueuer(&self) -> &SqliteStore {
+        &self.store
+    }
+
+    fn app(&self) -> &sqlx::Pool<Self::Database> {
+        &self.app
     }
 }
 

@@ -165,6 +165,8 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
     const PLAN_ROWS: u64;
     /// The database whose transactions the backend hands out (a held write lock).
     type Database: sqlx::Database;
+    /// The typed store producers enqueue through.
+    type Enqueuer: outbox::events::Enqueue<Database = Self::Database>;
 
     /// A fresh migrated store whose `StoreConfig.max_message_bytes` is `max_message_bytes`.
     async fn create(label: &str, max_message_bytes: usize) -> Self;
@@ -225,7 +227,21 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
         &self,
         msg: &Message,
         gate: tokio::sync::oneshot::Receiver<()>,
-    ) -> Enqueued;
+    ) -> Enqueued {
+        let mut tx = self.app().begin().await.unwrap();
+        let e = outbox::events::Enqueue::enqueue_in(self.enqueuer(), &mut tx, msg)
+            .await
+            .unwrap();
+        gate.await.unwrap();
+        tx.commit().await.unwrap();
+        e
+    }
+
+    /// The store, typed: what a producer enqueues through.
+    fn enqueuer(&self) -> &Self::Enqueuer;
+
+    /// The application's own pool (producers, inspection).
+    fn app(&self) -> &sqlx::Pool<Self::Database>;
 
     // -------------------------------------------------------------------- provided
 
