@@ -36,41 +36,32 @@ impl Drop for Cleanup {
     fn drop(&mut self) {
         let queues = std::mem::take(&mut self.queues);
         let exchanges = std::mem::take(&mut self.exchanges);
-        let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
+        crate::common::cleanup_blocking(async move {
+            let Ok(Ok(conn)) = tokio::time::timeout(
+                Duration::from_secs(3),
+                Connection::connect(&amqp_url(), ConnectionProperties::default()),
+            )
+            .await
             else {
                 return;
             };
-            rt.block_on(async {
-                let Ok(Ok(conn)) = tokio::time::timeout(
-                    Duration::from_secs(3),
-                    Connection::connect(&amqp_url(), ConnectionProperties::default()),
-                )
-                .await
-                else {
-                    return;
-                };
-                for q in queues {
-                    // A channel each: a failure closes the channel.
-                    if let Ok(ch) = conn.create_channel().await {
-                        let _ = ch
-                            .queue_delete(q.into(), QueueDeleteOptions::default())
-                            .await;
-                    }
+            for q in queues {
+                // A channel each: a failure closes the channel.
+                if let Ok(ch) = conn.create_channel().await {
+                    let _ = ch
+                        .queue_delete(q.into(), QueueDeleteOptions::default())
+                        .await;
                 }
-                for x in exchanges {
-                    if let Ok(ch) = conn.create_channel().await {
-                        let _ = ch
-                            .exchange_delete(x.into(), ExchangeDeleteOptions::default())
-                            .await;
-                    }
+            }
+            for x in exchanges {
+                if let Ok(ch) = conn.create_channel().await {
+                    let _ = ch
+                        .exchange_delete(x.into(), ExchangeDeleteOptions::default())
+                        .await;
                 }
-                let _ = conn.close(200, "done".into()).await;
-            });
-        })
-        .join();
+            }
+            let _ = conn.close(200, "done".into()).await;
+        });
     }
 }
 

@@ -173,6 +173,24 @@ pub(crate) async fn pg_connect() -> sqlx::PgConnection {
     }
 }
 
+/// Runs `cleanup` to its end on a runtime of its own, on a thread of its own: a guard's
+/// `Drop` cannot await, and may run while the test's runtime is unwinding. Best effort:
+/// the cleanup's errors are its own to ignore.
+pub(crate) fn cleanup_blocking<F>(cleanup: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let _ = std::thread::spawn(move || {
+        if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            rt.block_on(cleanup);
+        }
+    })
+    .join();
+}
+
 /// A schema of its own for one test; dropped (best effort) when the guard drops, even when
 /// the test panicked.
 pub(crate) struct PgSchema {
@@ -194,28 +212,17 @@ impl PgSchema {
 impl Drop for PgSchema {
     fn drop(&mut self) {
         let name = self.name.clone();
-        // A runtime of its own on a thread of its own: Drop cannot await, and this may run
-        // while the test's runtime is unwinding.
-        let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
+        cleanup_blocking(async move {
+            let Ok(mut c) = sqlx::PgConnection::connect(&pg_url()).await else {
                 return;
             };
-            rt.block_on(async {
-                let Ok(mut c) = sqlx::PgConnection::connect(&pg_url()).await else {
-                    return;
-                };
-                let _ = sqlx::query("SET lock_timeout = '5s'").execute(&mut c).await;
-                let _ = sqlx::query(AssertSqlSafe(format!(
-                    "DROP SCHEMA IF EXISTS {name} CASCADE"
-                )))
-                .execute(&mut c)
-                .await;
-            });
-        })
-        .join();
+            let _ = sqlx::query("SET lock_timeout = '5s'").execute(&mut c).await;
+            let _ = sqlx::query(AssertSqlSafe(format!(
+                "DROP SCHEMA IF EXISTS {name} CASCADE"
+            )))
+            .execute(&mut c)
+            .await;
+        });
     }
 }
 
@@ -296,43 +303,34 @@ impl MySqlPrefix {
 impl Drop for MySqlPrefix {
     fn drop(&mut self) {
         let name = self.name.clone();
-        let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
+        cleanup_blocking(async move {
+            let Ok(mut c) = sqlx::MySqlConnection::connect(&mysql_url()).await else {
                 return;
             };
-            rt.block_on(async {
-                let Ok(mut c) = sqlx::MySqlConnection::connect(&mysql_url()).await else {
-                    return;
-                };
-                let _ = sqlx::query("SET SESSION lock_wait_timeout = 5")
+            let _ = sqlx::query("SET SESSION lock_wait_timeout = 5")
+                .execute(&mut c)
+                .await;
+            let tables: Vec<String> = sqlx::query_scalar(
+                "SELECT CAST(table_name AS CHAR) FROM information_schema.tables
+             WHERE table_schema = DATABASE() AND table_name LIKE CONCAT(?, '\\_%')",
+            )
+            .bind(&name)
+            .fetch_all(&mut c)
+            .await
+            .unwrap_or_default();
+            for t in tables {
+                let _ = sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS `{t}`")))
                     .execute(&mut c)
                     .await;
-                let tables: Vec<String> = sqlx::query_scalar(
-                    "SELECT CAST(table_name AS CHAR) FROM information_schema.tables
-                     WHERE table_schema = DATABASE() AND table_name LIKE CONCAT(?, '\\_%')",
-                )
-                .bind(&name)
-                .fetch_all(&mut c)
-                .await
-                .unwrap_or_default();
-                for t in tables {
-                    let _ = sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS `{t}`")))
-                        .execute(&mut c)
-                        .await;
-                }
-                for procedure in ["enqueue", "inbox_accept"] {
-                    let _ = sqlx::query(AssertSqlSafe(format!(
-                        "DROP PROCEDURE IF EXISTS {name}_{procedure}"
-                    )))
-                    .execute(&mut c)
-                    .await;
-                }
-            });
-        })
-        .join();
+            }
+            for procedure in ["enqueue", "inbox_accept"] {
+                let _ = sqlx::query(AssertSqlSafe(format!(
+                    "DROP PROCEDURE IF EXISTS {name}_{procedure}"
+                )))
+                .execute(&mut c)
+                .await;
+            }
+        });
     }
 }
 
@@ -491,29 +489,20 @@ impl Drop for TestStream {
     fn drop(&mut self) {
         let name = self.name.clone();
         let url = self.url.clone();
-        let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
+        cleanup_blocking(async move {
+            let Ok(Ok(client)) = tokio::time::timeout(
+                Duration::from_secs(3),
+                async_nats::ConnectOptions::new()
+                    .connection_timeout(Duration::from_secs(2))
+                    .connect(&url),
+            )
+            .await
             else {
                 return;
             };
-            rt.block_on(async {
-                let Ok(Ok(client)) = tokio::time::timeout(
-                    Duration::from_secs(3),
-                    async_nats::ConnectOptions::new()
-                        .connection_timeout(Duration::from_secs(2))
-                        .connect(&url),
-                )
-                .await
-                else {
-                    return;
-                };
-                let js = async_nats::jetstream::new(client);
-                let _ = tokio::time::timeout(Duration::from_secs(3), js.delete_stream(&name)).await;
-            });
-        })
-        .join();
+            let js = async_nats::jetstream::new(client);
+            let _ = tokio::time::timeout(Duration::from_secs(3), js.delete_stream(&name)).await;
+        });
     }
 }
 
