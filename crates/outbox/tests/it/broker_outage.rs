@@ -106,20 +106,11 @@ async fn nats_outage_keeps_rows_pending_then_delivers_all() {
     server.restart().await;
     let back = std::time::Instant::now();
     let s = store.clone();
-    wait_until(
+    crate::common::wait_dispatched(
         "all delivered after the restart",
+        &s,
+        N,
         Duration::from_secs(20),
-        || {
-            let s = s.clone();
-            async move {
-                let c = s.counts().await.unwrap();
-                if c.dispatched == N as i64 {
-                    Ok(())
-                } else {
-                    Err(format!("{c:?}"))
-                }
-            }
-        },
     )
     .await;
     eprintln!("delivered {:?} after the restart", back.elapsed());

@@ -34,17 +34,12 @@ async fn four_relays_over_ten_thousand_messages_publish_each_once() {
             .await;
     }
     let store = db.store();
-    wait_until("10,000 dispatched", Duration::from_secs(60), || {
-        let store = store.clone();
-        async move {
-            let c = store.counts().await.unwrap();
-            if c.dispatched == 10_000 {
-                Ok(())
-            } else {
-                Err(format!("{c:?}"))
-            }
-        }
-    })
+    crate::common::wait_dispatched(
+        "10,000 dispatched",
+        &store,
+        usize::try_from(10_000).unwrap(),
+        Duration::from_secs(60),
+    )
     .await;
     let mut per_relay = Vec::new();
     for h in handles {
@@ -168,17 +163,12 @@ async fn a_crashed_relays_claims_are_delivered_after_the_lease() {
     let (sink, seen) = RecordingSink::new();
     let rescuer = Relay::new(db.store(), sink, relay_config("rescuer")).spawn();
     let store = db.store();
-    wait_until("all 200 dispatched", Duration::from_secs(15), || {
-        let store = store.clone();
-        async move {
-            let c = store.counts().await.unwrap();
-            if c.dispatched == 200 {
-                Ok(())
-            } else {
-                Err(format!("{c:?}"))
-            }
-        }
-    })
+    crate::common::wait_dispatched(
+        "all 200 dispatched",
+        &store,
+        usize::try_from(200).unwrap(),
+        Duration::from_secs(15),
+    )
     .await;
     rescuer.shutdown().await.unwrap();
     assert_eq!(

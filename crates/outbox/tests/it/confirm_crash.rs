@@ -4,8 +4,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+use crate::common::relay_config;
 use crate::common::{RecordingWrapper, Seen, TestStream, messages, nats_connect};
-use crate::common::{relay_config, wait_until};
 use crate::conformance::Backend as _;
 use outbox::Relay;
 use outbox::store::status;
@@ -59,18 +59,8 @@ async fn crash_after_confirmation_republishes_same_id_and_stream_dedups() {
     )
     .spawn();
     let s = store.clone();
-    wait_until("all dispatched by relay 2", Duration::from_secs(15), || {
-        let s = s.clone();
-        async move {
-            let c = s.counts().await.unwrap();
-            if c.dispatched == N as i64 {
-                Ok(())
-            } else {
-                Err(format!("{c:?}"))
-            }
-        }
-    })
-    .await;
+    crate::common::wait_dispatched("all dispatched by relay 2", &s, N, Duration::from_secs(15))
+        .await;
     let stats = second.shutdown().await.unwrap();
     assert_eq!(stats.dispatched, N as u64, "{stats:?}");
 

@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use crate::common::{RecordingSink, relay_config, wait_until};
+use crate::common::{RecordingSink, relay_config};
 use crate::conformance::{Backend, Kind, Row, SqlCall, TxOpts, assert_in_source};
 use async_trait::async_trait;
 use outbox::message::{Enqueued, Message};
@@ -376,17 +376,12 @@ async fn app_writes_while_two_relays_drain() {
 
     let s = store.clone();
     let want = produced.len() as i64;
-    wait_until("all delivered", Duration::from_secs(20), || {
-        let s = s.clone();
-        async move {
-            let c = s.counts().await.unwrap();
-            if c.dispatched == want {
-                Ok(())
-            } else {
-                Err(format!("{c:?}"))
-            }
-        }
-    })
+    crate::common::wait_dispatched(
+        "all delivered",
+        &s,
+        usize::try_from(want).unwrap(),
+        Duration::from_secs(20),
+    )
     .await;
     let mut stats = Vec::new();
     for r in relays {

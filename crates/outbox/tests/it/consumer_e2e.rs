@@ -129,20 +129,11 @@ async fn orders_to_invoices_once_each_through_a_relay_crash_and_redeliveries() {
     .spawn();
     let want = (2 * ORDERS) as i64;
     let st = store.clone();
-    crate::common::wait_until(
+    crate::common::wait_dispatched(
         "orders and follow-ups dispatched",
+        &st,
+        usize::try_from(want).unwrap(),
         Duration::from_secs(30),
-        || {
-            let st = st.clone();
-            async move {
-                let c = st.counts().await.unwrap();
-                if c.dispatched == want {
-                    Ok(())
-                } else {
-                    Err(format!("{c:?}"))
-                }
-            }
-        },
     )
     .await;
 

@@ -3,8 +3,9 @@
 //! release, retry, quarantine, attempts counted at the claim) is a store-suite case run
 //! on every store (`conformance::pause`, `conformance::lifecycle`); these run once.
 
+use crate::common::wait_dispatched;
 use crate::common::{RecordingSink, Seen, messages, record, relay_config, total, wait_until};
-use crate::conformance::{Backend, DEFAULT_MAX, claim, wait_dispatched};
+use crate::conformance::{Backend, DEFAULT_MAX, claim};
 use crate::conformance_sqlite::SqliteBackend as B;
 use async_trait::async_trait;
 use outbox::message::{Message, OutgoingMessage};
@@ -27,7 +28,7 @@ async fn pause_stops_relays_not_producers() {
     let (sink, seen) = RecordingSink::new();
     let handle = Relay::new(store.clone(), sink, relay_config("relay-pause")).spawn();
     b.enqueue_all(&messages("t.pause.v1", 5)).await;
-    wait_dispatched(&store, 5, Duration::from_secs(10)).await;
+    wait_dispatched("5 rows dispatched", &store, 5, Duration::from_secs(10)).await;
 
     let t0 = b.db_now_us().await;
     store.set_pause(Some("maintenance window")).await.unwrap();
@@ -63,7 +64,7 @@ async fn pause_stops_relays_not_producers() {
     store.set_pause(None).await.unwrap();
     let p = store.pause_state().await.unwrap();
     assert!(!p.paused && p.reason.is_none(), "{p:?}");
-    wait_dispatched(&store, 15, Duration::from_secs(10)).await;
+    wait_dispatched("15 rows dispatched", &store, 15, Duration::from_secs(10)).await;
     let stats = handle.shutdown().await.unwrap();
     assert_eq!(stats.dispatched, 15);
     let seen = seen.lock().unwrap().clone();

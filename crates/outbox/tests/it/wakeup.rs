@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use crate::common::{RecordingSink, messages, relay_config, wait_until};
+use crate::common::{RecordingSink, messages, relay_config};
 use crate::conformance::{Backend, DEFAULT_MAX};
 use crate::conformance_mysql::MySqlBackend;
 use crate::conformance_postgres::PgBackend;
@@ -27,17 +27,12 @@ async fn commit_wakes_an_idle_relay<B: Backend>(db: B) {
         let start = Instant::now();
         db.enqueue_all(&messages("t.wake.v1", 1)).await;
         let s = store.clone();
-        wait_until("delivery without polling", Duration::from_secs(5), || {
-            let s = s.clone();
-            async move {
-                let c = s.counts().await.unwrap();
-                if c.dispatched == round {
-                    Ok(())
-                } else {
-                    Err(format!("{c:?}"))
-                }
-            }
-        })
+        crate::common::wait_dispatched(
+            "delivery without polling",
+            &s,
+            usize::try_from(round).unwrap(),
+            Duration::from_secs(5),
+        )
         .await;
         let took = start.elapsed();
         assert!(

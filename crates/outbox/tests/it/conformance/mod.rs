@@ -324,22 +324,6 @@ pub(crate) fn claim_ids(c: &Claim) -> Vec<i64> {
     c.messages.iter().map(|m| m.id).collect()
 }
 
-pub(crate) async fn wait_dispatched(store: &Arc<dyn Store>, n: i64, timeout: Duration) {
-    let s = store.clone();
-    wait_until(&format!("{n} rows dispatched"), timeout, || {
-        let s = s.clone();
-        async move {
-            let c = s.counts().await.unwrap();
-            if c.dispatched == n {
-                Ok(())
-            } else {
-                Err(format!("{c:?}"))
-            }
-        }
-    })
-    .await;
-}
-
 pub(crate) const LONG: Duration = Duration::from_secs(60);
 
 // ======================================================================================

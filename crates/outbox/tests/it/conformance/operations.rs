@@ -1,7 +1,8 @@
 //! The operator's side of every store: dead letters and their audited replay and discard,
 //! the relay registry, topic pauses and the overview.
 
-use super::{Backend, DEFAULT_MAX, LONG, claim, claim_ids, wait_dispatched};
+use super::{Backend, DEFAULT_MAX, LONG, claim, claim_ids};
+use crate::common::wait_dispatched;
 use crate::common::{RecordingSink, messages, relay_config, total, wait_until};
 use outbox::sink::router::TopicPattern;
 use outbox::store::{
@@ -470,7 +471,7 @@ pub(crate) async fn topic_pauses_hold_only_matching_topics<B: Backend>() {
     // A relay honours the pause from the store; resuming lets the held topic flow.
     let (sink, seen) = RecordingSink::new();
     let handle = Relay::new(store.clone(), sink, relay_config("relay-topics")).spawn();
-    wait_dispatched(&store, 3, Duration::from_secs(10)).await;
+    wait_dispatched("3 rows dispatched", &store, 3, Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(total(&seen), 3, "only the unpaused topic");
     for e in &held {
@@ -481,7 +482,7 @@ pub(crate) async fn topic_pauses_hold_only_matching_topics<B: Backend>() {
         "exact pattern only"
     );
     assert!(store.resume_topic("t.held.>").await.unwrap());
-    wait_dispatched(&store, 6, Duration::from_secs(10)).await;
+    wait_dispatched("6 rows dispatched", &store, 6, Duration::from_secs(10)).await;
     handle.shutdown().await.unwrap();
     assert_eq!(store.pause_state().await.unwrap().topics.len(), 1);
 }
