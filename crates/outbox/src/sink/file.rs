@@ -121,6 +121,7 @@ impl Sink for FileSink {
                 Target::File { path, .. } => path.display().to_string(),
             };
             PublishError::unavailable(format!("writing to {place} failed: {e}"))
+                .with_code("io_error")
         });
         for i in 0..batch.len() {
             confirm.set(i, outcome.clone());

@@ -215,7 +215,7 @@ impl WebhookSink {
             .ok_or_else(|| {
                 PublishError::permanent(format!(
                     "the content-type header {content_type:?} is not a valid HTTP header value (printable ASCII)"
-                ))
+                )).with_code("invalid_header")
             })?;
         h.insert(CONTENT_TYPE, ct);
         let mut seen = std::collections::HashSet::with_capacity(envelope.len());
@@ -225,7 +225,7 @@ impl WebhookSink {
             if !seen.insert(name.to_ascii_lowercase()) {
                 return Err(PublishError::permanent(format!(
                     "header {name:?} is the same HTTP header as another of the message (HTTP header names are case-insensitive)"
-                )));
+                )).with_code("invalid_header"));
             }
             if name.eq_ignore_ascii_case(header::CONTENT_TYPE) {
                 continue;
@@ -236,14 +236,16 @@ impl WebhookSink {
             {
                 return Err(PublishError::permanent(format!(
                     "header {name:?} cannot be sent as an HTTP header: HTTP, a client, a proxy or the webhook sink sets it"
-                )));
+                )).with_code("invalid_header"));
             }
             let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
                 PublishError::permanent(format!("header name {name:?} is not an HTTP token"))
+                    .with_code("invalid_header")
             })?;
             let encoded = encode_header_value(value);
             let v = HeaderValue::from_str(&encoded).map_err(|_| {
                 PublishError::permanent(format!("header {name:?} has no valid HTTP encoding"))
+                    .with_code("invalid_header")
             })?;
             h.append(n, v);
         }
@@ -293,6 +295,7 @@ impl WebhookSink {
         // never reached the endpoint.
         if text.connect {
             PublishError::unavailable(format!("cannot reach {}: {}", self.describe, text.text))
+                .with_code("not_connected")
         } else if text.timeout {
             // The request was sent and no response came within the timeout: the router
             // judges whether that is the message's fault or the destination's.

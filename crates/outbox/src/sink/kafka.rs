@@ -100,11 +100,11 @@ impl KafkaSink {
             Some(e) if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition => {
                 Some(PublishError::permanent(format!(
                     "Kafka topic {topic:?} does not exist: create it (the relay does not create topics)"
-                )))
+                )).with_code("no_destination"))
             }
             _ if t.partitions().is_empty() => Some(PublishError::permanent(format!(
                 "Kafka topic {topic:?} does not exist (no partitions): create it (the relay does not create topics)"
-            ))),
+            )).with_code("no_destination")),
             _ => None,
         }
     }
@@ -127,17 +127,17 @@ fn classify(e: &KafkaError, topic: &str) -> PublishError {
     match e.rdkafka_error_code() {
         Some(C::MessageSizeTooLarge | C::InvalidMessageSize) => PublishError::permanent(format!(
             "record for {topic:?} is larger than the broker accepts: {e}"
-        )),
+        )).with_code("too_large"),
         Some(C::UnknownTopicOrPartition | C::UnknownTopic) => PublishError::permanent(format!(
             "Kafka topic {topic:?} does not exist: create it (the relay does not create topics): {e}"
-        )),
+        )).with_code("no_destination"),
         Some(C::TopicAuthorizationFailed) => {
-            PublishError::permanent(format!("not authorised to write to {topic:?}: {e}"))
+            PublishError::permanent(format!("not authorised to write to {topic:?}: {e}")).with_code("not_authorized")
         }
         // The broker's record validation or a topic policy refuses this record (Kafka
         // protocol error codes 87 INVALID_RECORD and 44 POLICY_VIOLATION, not retriable).
         Some(C::InvalidRecord | C::PolicyViolation) => {
-            PublishError::permanent(format!("Kafka refused the record for {topic:?}: {e}"))
+            PublishError::permanent(format!("Kafka refused the record for {topic:?}: {e}")).with_code("rejected")
         }
         // No delivery report within message.timeout.ms, or the broker did not answer the
         // produce request in time (7): judged by the router like any timeout.
@@ -157,7 +157,7 @@ fn classify(e: &KafkaError, topic: &str) -> PublishError {
             | C::SaslAuthenticationFailed
             | C::QueueFull
             | C::ThrottlingQuotaExceeded,
-        ) => PublishError::unavailable(format!("Kafka cannot take records now: {e}")),
+        ) => PublishError::unavailable(format!("Kafka cannot take records now: {e}")).with_code("destination_down"),
         _ => PublishError::transient(format!("Kafka publish: {e}")),
     }
 }
@@ -186,7 +186,7 @@ impl Sink for KafkaSink {
                     Ok(delivery) => match delivery.await {
                         Ok(Ok(_)) => Ok(()),
                         Ok(Err((e, _))) => Err(classify(&e, &m.topic)),
-                        Err(_) => Err(PublishError::unavailable("Kafka producer was shut down")),
+                        Err(_) => Err(PublishError::unavailable("Kafka producer was shut down").with_code("not_connected")),
                     },
                 };
                 // Confirmations are recorded as they arrive; a possible missing topic is

@@ -60,9 +60,14 @@ pub struct PublishError {
     pub message: String,
     /// The broker asked for at least this long before a retry (e.g. HTTP `Retry-After`).
     pub retry_after: Option<Duration>,
-    /// A short, bounded reason code for metrics (`outbox_publishes_total{reason}`), e.g.
-    /// `nack`, `unroutable`, `http_5xx`, `breaker_open`, `timeout`; `other` unless a sink
-    /// names one ([`PublishError::with_code`]).
+    /// A short, bounded reason code for metrics (`outbox_publishes_total{reason}`) and
+    /// for code that acts on a failure without reading its text. The sinks use:
+    /// `too_large`, `no_destination` (no stream, topic, exchange), `unroutable`,
+    /// `invalid_topic`, `invalid_header`, `not_authorized`, `rejected` (refused for what it
+    /// is), `nack`, `wrong_type`, `rate_limited`, `http_4xx`, `http_5xx`, `not_connected`,
+    /// `destination_down`, `destination_busy`, `io_error`, `timeout`; the router adds
+    /// `breaker_open`, `no_route`, `no_outcome`. `other` unless a sink names one
+    /// ([`PublishError::with_code`]).
     pub code: &'static str,
 }
 

@@ -237,7 +237,7 @@ impl Shared {
                     w.settle(if failed {
                         Err(PublishError::transient(
                             "the broker completed the QoS 2 exchange with \"packet identifier not found\"",
-                        ))
+                        ).with_code("not_connected"))
                     } else {
                         Ok(())
                     });
@@ -353,13 +353,23 @@ fn ack_failure(reason: AckReason, reason_string: Option<String>) -> Option<Publi
     if let Some(s) = reason_string.filter(|s| !s.is_empty()) {
         text.push_str(&format!(" ({s})"));
     }
-    Some(match (reason, permanent) {
-        // 0x97 Quota exceeded (§3.4.2.1: "An implementation or administrative imposed
-        // limit has been exceeded"): the broker's pressure, not the message.
-        (AckReason::QuotaExceeded, _) => PublishError::unavailable(text),
-        (_, true) => PublishError::permanent(text),
-        (_, false) => PublishError::transient(text),
-    })
+    let code = match reason {
+        AckReason::NotAuthorized => "not_authorized",
+        AckReason::TopicNameInvalid => "invalid_topic",
+        AckReason::QuotaExceeded => "rate_limited",
+        AckReason::PayloadFormatInvalid => "rejected",
+        _ => "nack",
+    };
+    Some(
+        match (reason, permanent) {
+            // 0x97 Quota exceeded (§3.4.2.1: "An implementation or administrative imposed
+            // limit has been exceeded"): the broker's pressure, not the message.
+            (AckReason::QuotaExceeded, _) => PublishError::unavailable(text),
+            (_, true) => PublishError::permanent(text),
+            (_, false) => PublishError::transient(text),
+        }
+        .with_code(code),
+    )
 }
 
 /// What the URL says.
@@ -546,7 +556,8 @@ fn prepare(m: &OutgoingMessage) -> Result<Prepared, PublishError> {
         return Err(PublishError::permanent(format!(
             "topic {:?} is not a valid MQTT topic name: {why}",
             m.topic
-        )));
+        ))
+        .with_code("invalid_topic"));
     }
     let mut user_properties = Vec::new();
     let mut content_type = None;
@@ -555,7 +566,7 @@ fn prepare(m: &OutgoingMessage) -> Result<Prepared, PublishError> {
             if text.len() > MQTT_MAX_STRING || !is_mqtt_string(text) {
                 return Err(PublishError::permanent(format!(
                     "header {name:?}: the {what} cannot be an MQTT string (NUL, control characters, Unicode non-characters, or over 65,535 bytes)"
-                )));
+                )).with_code("invalid_header"));
             }
         }
         if name == header::CONTENT_TYPE {
@@ -688,7 +699,9 @@ impl MqttSink {
             Err(e) => return Slot::Done(Err(e)),
         };
         let Ok(permit) = self.permits.clone().acquire_owned().await else {
-            return Slot::Done(Err(PublishError::unavailable("the MQTT sink is closed")));
+            return Slot::Done(Err(
+                PublishError::unavailable("the MQTT sink is closed").with_code("not_connected")
+            ));
         };
         let mut c = self.shared.lock();
         if !c.connected {
@@ -699,7 +712,8 @@ impl MqttSink {
                 "the broker {} supports at most QoS {}: use ?qos=1",
                 self.describe,
                 c.max_qos.unwrap_or_default()
-            ))));
+            ))
+            .with_code("destination_down")));
         }
         let limit = c.max_packet_size.map_or(MQTT_MAX_PACKET, u64::from);
         // Without an announced limit only a payload near MQTT's own one needs measuring.
@@ -715,7 +729,7 @@ impl MqttSink {
             if size > limit {
                 return Slot::Done(Err(PublishError::permanent(format!(
                     "the MQTT packet would be {size} bytes, over the broker's maximum packet size of {limit} bytes"
-                ))));
+                )).with_code("too_large")));
             }
         }
         match self.client.try_publish_with_properties(

@@ -131,11 +131,13 @@ impl NatsSink {
         for (name, value) in m.envelope_headers() {
             let n = async_nats::HeaderName::from_str(name).map_err(|_| {
                 PublishError::permanent(format!("header name {name:?} is not valid in NATS"))
+                    .with_code("invalid_header")
             })?;
             let v = async_nats::HeaderValue::from_str(&value).map_err(|_| {
                 PublishError::permanent(format!(
                     "header {name:?} has a value NATS cannot carry (CR or LF)"
                 ))
+                .with_code("invalid_header")
             })?;
             h.insert(n, v);
         }
@@ -160,18 +162,22 @@ impl NatsSink {
         match self.js.stream_by_subject(subject).await {
             Err(e) if matches!(e.kind(), K::NotFound) => PublishError::permanent(format!(
                 "no JetStream stream covers subject {subject:?}: create a stream whose subjects include it"
-            )),
+            ))
+            .with_code("no_destination"),
             Err(e) if matches!(e.kind(), K::InvalidSubject) => {
                 PublishError::permanent(format!("{subject:?} is not a valid NATS subject"))
+                    .with_code("invalid_topic")
             }
             Ok(stream) => PublishError::unavailable(format!(
                 "JetStream stream {stream:?} (covering {subject:?}) did not answer the publish"
-            )),
+            ))
+            .with_code("destination_down"),
             Err(e) => match api_failure(&e) {
                 ApiFailure::NotEnabled(why) => PublishError::unavailable(format!(
                     "JetStream is not available on {}: {why} (enable JetStream on the server, or for the account)",
                     self.describe
-                )),
+                ))
+                .with_code("destination_down"),
                 // The JetStream API did not answer within the ack timeout: judged by the
                 // router like any timeout.
                 ApiFailure::TimedOut => {
@@ -187,7 +193,8 @@ impl NatsSink {
 impl Sink for NatsSink {
     async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
         if !self.connected_within(Duration::from_millis(500)).await {
-            let e = PublishError::unavailable(format!("not connected to {}", self.describe));
+            let e = PublishError::unavailable(format!("not connected to {}", self.describe))
+                .with_code("not_connected");
             confirm.fail_unset(&e);
             return;
         }
@@ -195,10 +202,13 @@ impl Sink for NatsSink {
         let mut pending = Vec::with_capacity(batch.len());
         for m in batch {
             if !is_publishable_subject(&m.topic) {
-                pending.push(Err(Err_::Classified(PublishError::permanent(format!(
-                    "topic {:?} is not a valid NATS subject: dot-separated non-empty tokens, no whitespace, no wildcards",
-                    m.topic
-                )))));
+                pending.push(Err(Err_::Classified(
+                    PublishError::permanent(format!(
+                        "topic {:?} is not a valid NATS subject: dot-separated non-empty tokens, no whitespace, no wildcards",
+                        m.topic
+                    ))
+                    .with_code("invalid_topic"),
+                )));
                 continue;
             }
             let sent = match Self::headers(m) {
@@ -394,9 +404,12 @@ fn jetstream_code_kind(code: u64) -> Option<ErrorKind> {
 
 fn classify(kind: PublishErrorKind, text: String, topic: &str) -> Err_ {
     match kind {
-        PublishErrorKind::MaxPayloadExceeded => Err_::Classified(PublishError::permanent(format!(
-            "message on {topic:?} exceeds the NATS server's max_payload: {text}"
-        ))),
+        PublishErrorKind::MaxPayloadExceeded => Err_::Classified(
+            PublishError::permanent(format!(
+                "message on {topic:?} exceeds the NATS server's max_payload: {text}"
+            ))
+            .with_code("too_large"),
+        ),
         PublishErrorKind::StreamNotFound => Err_::NoStream,
         // No PubAck within the ack timeout: the router judges whether the message or the
         // destination is at fault.
@@ -404,23 +417,32 @@ fn classify(kind: PublishErrorKind, text: String, topic: &str) -> Err_ {
             Err_::Classified(PublishError::timed_out(format!("NATS publish: {text}")))
         }
         // The connection went away before the PubAck.
-        PublishErrorKind::BrokenPipe => {
-            Err_::Classified(PublishError::unavailable(format!("NATS publish: {text}")))
-        }
+        PublishErrorKind::BrokenPipe => Err_::Classified(
+            PublishError::unavailable(format!("NATS publish: {text}")).with_code("not_connected"),
+        ),
         // Expectation headers the message carries (10070, 10071): it can never pass.
         PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
-            Err_::Classified(PublishError::permanent(format!(
-                "JetStream refused the message on {topic:?}: {text}"
-            )))
+            Err_::Classified(
+                PublishError::permanent(format!(
+                    "JetStream refused the message on {topic:?}: {text}"
+                ))
+                .with_code("rejected"),
+            )
         }
         _ => Err_::Classified(
             match jetstream_error_code(&text).and_then(jetstream_code_kind) {
                 Some(ErrorKind::Permanent) => PublishError::permanent(format!(
                     "JetStream refused the message on {topic:?}: {text}"
-                )),
+                ))
+                .with_code(if jetstream_error_code(&text) == Some(10054) {
+                    "too_large"
+                } else {
+                    "rejected"
+                }),
                 Some(ErrorKind::Unavailable) => PublishError::unavailable(format!(
                     "JetStream cannot take messages on {topic:?} now: {text}"
-                )),
+                ))
+                .with_code("destination_down"),
                 // Too many acks pending, codes this sink does not know, and anything
                 // unexpected are transient.
                 _ => PublishError::transient(format!("NATS publish: {text}")),

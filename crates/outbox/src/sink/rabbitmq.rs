@@ -263,6 +263,7 @@ impl RabbitMqSink {
                     "connecting to {} timed out after {:?}",
                     self.describe, self.options.connect_timeout
                 ))
+                .with_code("not_connected")
             })??;
         let link = Arc::new(link);
         *slot = Some(link.clone());
@@ -301,6 +302,7 @@ impl RabbitMqSink {
                         "exchange {:?} is not usable on {}: {e}",
                         self.options.exchange, self.describe
                     ))
+                    .with_code("no_destination")
                 })?;
         }
         channel
@@ -347,6 +349,7 @@ impl RabbitMqSink {
                 "topic of {} bytes is longer than an AMQP routing key may be ({MAX_SHORT_STRING})",
                 m.topic.len()
             ))
+            .with_code("invalid_topic")
         })?;
         let mut table = FieldTable::default();
         // Bytes of the content header frame: frame overhead 8, class/weight/body size/flags
@@ -359,6 +362,7 @@ impl RabbitMqSink {
                     "header name of {} bytes is longer than AMQP allows ({MAX_SHORT_STRING})",
                     name.len()
                 ))
+                .with_code("invalid_header")
             })?;
             header_bytes += 1 + name.len() + 1 + 4 + value.len();
             if name == header::CONTENT_TYPE {
@@ -373,7 +377,7 @@ impl RabbitMqSink {
         if header_bytes > frame_max {
             return Err(PublishError::permanent(format!(
                 "the envelope headers need a {header_bytes}-byte AMQP content header, more than the connection's frame_max of {frame_max} bytes"
-            )));
+            )).with_code("too_large"));
         }
         let mut props = BasicProperties::default()
             .with_delivery_mode(2)
@@ -397,9 +401,11 @@ impl RabbitMqSink {
                             "exchange {:?} not found on {}: {text}",
                             self.options.exchange, self.describe
                         ))
+                        .with_code("no_destination")
                     }
                     AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED) => {
                         PublishError::permanent(format!("RabbitMQ refused access: {text}"))
+                            .with_code("not_authorized")
                     }
                     AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED) => {
                         match server_max_from(text) {
@@ -409,7 +415,7 @@ impl RabbitMqSink {
                                     PublishError::permanent(format!(
                                         "payload of {} bytes exceeds the RabbitMQ server's max_message_size of {max} bytes",
                                         m.payload.len()
-                                    ))
+                                    )).with_code("too_large")
                                 } else {
                                     PublishError::unavailable(format!(
                                         "channel closed by RabbitMQ because of another message of the batch: {text}"
@@ -422,11 +428,13 @@ impl RabbitMqSink {
                     // 311 content-too-large (AMQP 0-9-1 §1.9 constants): this message.
                     AMQPErrorKind::Soft(AMQPSoftError::CONTENTTOOLARGE) => {
                         PublishError::permanent(format!("RabbitMQ refused the message: {text}"))
+                            .with_code("rejected")
                     }
                     // 405 resource-locked and the rest: a later try may work.
                     AMQPErrorKind::Soft(_) => PublishError::transient(format!("RabbitMQ: {text}")),
                     AMQPErrorKind::Hard(_) => {
                         PublishError::unavailable(format!("RabbitMQ closed the connection: {text}"))
+                            .with_code("not_connected")
                     }
                 }
             }
@@ -438,6 +446,7 @@ impl RabbitMqSink {
             | ErrorKind::MissingHeartbeatError
             | ErrorKind::ParsingError(_) => {
                 PublishError::unavailable(format!("connection to {} failed: {e}", self.describe))
+                    .with_code("not_connected")
             }
             _ => PublishError::transient(format!("RabbitMQ publish: {e}")),
         }
@@ -469,7 +478,8 @@ impl Sink for RabbitMqSink {
                 let e = PublishError::unavailable(format!(
                     "cannot open a channel on {}: {e}",
                     self.describe
-                ));
+                ))
+                .with_code("not_connected");
                 confirm.fail_unset(&e);
                 return;
             }

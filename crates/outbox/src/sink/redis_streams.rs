@@ -145,6 +145,7 @@ impl RedisStreamsSink {
             .await
             .map_err(|e| {
                 PublishError::unavailable(format!("cannot connect to {}: {e}", self.describe))
+                    .with_code("not_connected")
             })?;
         *slot = Some(c.clone());
         Ok(c)
@@ -202,7 +203,7 @@ impl Sink for RedisStreamsSink {
                 out[i] = Some(Err(PublishError::permanent(format!(
                     "message of {size} bytes (payload, topic, key and headers) exceeds the Redis limit of {} bytes",
                     self.options.max_message_bytes
-                ))));
+                )).with_code("too_large")));
                 continue;
             }
             self.xadd(&mut pipe, m);
@@ -223,7 +224,8 @@ impl Sink for RedisStreamsSink {
                             Ok(Value::BulkString(_) | Value::SimpleString(_)) => Ok(()),
                             Ok(other) => Err(PublishError::transient(format!(
                                 "unexpected XADD reply {other:?}"
-                            ))),
+                            ))
+                            .with_code("other")),
                             Err(e) => Err(classify_reply(&e, &batch[*i].topic)),
                         });
                     }
@@ -233,7 +235,8 @@ impl Sink for RedisStreamsSink {
                         "Redis returned {} replies for {} XADDs",
                         replies.len(),
                         sent.len()
-                    ));
+                    ))
+                    .with_code("other");
                     for i in &sent {
                         out[*i] = Some(Err(e.clone()));
                     }
@@ -245,7 +248,8 @@ impl Sink for RedisStreamsSink {
                     let e = PublishError::unavailable(format!(
                         "Redis pipeline to {} failed: {e}",
                         self.describe
-                    ));
+                    ))
+                    .with_code("not_connected");
                     for i in &sent {
                         out[*i] = Some(Err(e.clone()));
                     }
@@ -271,20 +275,20 @@ fn classify_reply(e: &RedisError, topic: &str) -> PublishError {
     match code {
         "WRONGTYPE" => PublishError::permanent(format!(
             "Redis key {topic:?} exists and is not a stream (WRONGTYPE): rename or delete that key, or use another topic"
-        )),
-        "NOPERM" => PublishError::permanent(format!("Redis refused XADD to {topic:?}: {text}")),
+        )).with_code("wrong_type"),
+        "NOPERM" => PublishError::permanent(format!("Redis refused XADD to {topic:?}: {text}")).with_code("not_authorized"),
         // Not authenticated at all: the sink's credentials, not the message.
         "NOAUTH" => PublishError::unavailable(format!(
             "Redis wants authentication (put the password in the sink URL): {text}"
-        )),
+        )).with_code("not_authorized"),
         "OOM" | "LOADING" | "BUSY" | "MISCONF" | "READONLY" | "MASTERDOWN" | "TRYAGAIN"
         | "CLUSTERDOWN" | "MOVED" | "ASK" => {
-            PublishError::unavailable(format!("Redis cannot take writes now: {text}"))
+            PublishError::unavailable(format!("Redis cannot take writes now: {text}")).with_code("destination_busy")
         }
         // No reply within the response timeout: judged by the router like any timeout.
         _ if e.is_timeout() => PublishError::timed_out(format!("Redis did not reply: {text}")),
         _ if e.is_io_error() || e.is_connection_dropped() => {
-            PublishError::unavailable(format!("Redis connection failed: {text}"))
+            PublishError::unavailable(format!("Redis connection failed: {text}")).with_code("not_connected")
         }
         _ => PublishError::transient(format!("Redis XADD to {topic:?}: {text}")),
     }

@@ -418,10 +418,13 @@ impl Router {
         .await
         .is_ok();
         if finished {
-            confirm.fail_unset(&PublishError::transient(format!(
-                "{} returned without an outcome for this message",
-                sink.describe()
-            )));
+            confirm.fail_unset(
+                &PublishError::transient(format!(
+                    "{} returned without an outcome for this message",
+                    sink.describe()
+                ))
+                .with_code("no_outcome"),
+            );
         } else {
             confirm.fail_unset(&PublishError::timed_out(format!(
                 "no confirmation from {} within {timeout:?}",

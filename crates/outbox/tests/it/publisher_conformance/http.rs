@@ -65,6 +65,7 @@ pub(crate) struct HttpHarness {
 #[async_trait]
 impl Harness for HttpHarness {
     const DEDUPLICATES: bool = false;
+    const PERMANENT_CODE: &'static str = "http_4xx";
 
     async fn setup() -> Self {
         let requests: Requests = Arc::default();

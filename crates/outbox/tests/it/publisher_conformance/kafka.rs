@@ -92,6 +92,7 @@ pub(crate) struct KafkaHarness {
 #[async_trait]
 impl Harness for KafkaHarness {
     const DEDUPLICATES: bool = false;
+    const PERMANENT_CODE: &'static str = "no_destination";
 
     async fn setup() -> Self {
         let topic = unique_topic("conformance");

@@ -74,6 +74,9 @@ pub(crate) trait Harness: Send + Sized + 'static {
     /// Does the broker drop a re-publish of the same message id (one stored copy)?
     const DEDUPLICATES: bool;
 
+    /// The reason code (`PublishError::code`) of the failure on [`Harness::permanent_topic`].
+    const PERMANENT_CODE: &'static str = "none";
+
     /// Makes a fresh destination (stream, topic, queue, key prefix, endpoint).
     async fn setup() -> Self;
 
@@ -250,6 +253,7 @@ pub(crate) async fn confirmation_then_fidelity<H: Harness>() {
             &results[3],
             &format!("1 MiB payload over the limit {limit:?}"),
         );
+        assert_eq!(results[3].as_ref().unwrap_err().code, "too_large");
         // Refused before publishing: quickly, without a broker round trip timing out.
         assert!(took < Duration::from_secs(5), "{took:?}");
     }
@@ -306,6 +310,11 @@ pub(crate) async fn permanent_error_spares_the_batch<H: Harness>() {
     assert_eq!(results.len(), 3);
     assert!(results[0].is_ok(), "{results:?}");
     assert_permanent(&results[1], &format!("topic {bad:?}"));
+    assert_eq!(
+        results[1].as_ref().unwrap_err().code,
+        H::PERMANENT_CODE,
+        "the reason code says why, without reading the text"
+    );
     assert!(results[2].is_ok(), "{results:?}");
     let got = h.read(2).await;
     assert_exactly(&got, &[&batch[0], &batch[2]]);

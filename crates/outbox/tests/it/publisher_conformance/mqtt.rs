@@ -130,6 +130,7 @@ pub(crate) struct MqttHarness {
 #[async_trait]
 impl Harness for MqttHarness {
     const DEDUPLICATES: bool = false;
+    const PERMANENT_CODE: &'static str = "invalid_topic";
 
     async fn setup() -> Self {
         let url = require_broker().await;

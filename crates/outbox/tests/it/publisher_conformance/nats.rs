@@ -46,6 +46,7 @@ impl NatsHarness {
 #[async_trait]
 impl Harness for NatsHarness {
     const DEDUPLICATES: bool = true;
+    const PERMANENT_CODE: &'static str = "no_destination";
 
     async fn setup() -> Self {
         let client = nats_connect().await;

@@ -78,6 +78,7 @@ impl RabbitMqHarness {
 #[async_trait]
 impl Harness for RabbitMqHarness {
     const DEDUPLICATES: bool = false;
+    const PERMANENT_CODE: &'static str = "unroutable";
 
     async fn setup() -> Self {
         let (conn, ch) = admin().await;

@@ -91,6 +91,7 @@ pub(crate) struct RedisHarness {
 #[async_trait]
 impl Harness for RedisHarness {
     const DEDUPLICATES: bool = false;
+    const PERMANENT_CODE: &'static str = "wrong_type";
 
     async fn setup() -> Self {
         RedisHarness {

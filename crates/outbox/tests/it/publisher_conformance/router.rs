@@ -52,6 +52,7 @@ impl RouterHarness {
 #[async_trait]
 impl Harness for RouterHarness {
     const DEDUPLICATES: bool = false;
+    const PERMANENT_CODE: &'static str = "no_route";
 
     async fn setup() -> Self {
         RouterHarness {
