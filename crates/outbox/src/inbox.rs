@@ -37,8 +37,53 @@
 //! and enqueue is idempotent on the message id.
 
 use crate::error::{Error, Result};
+use async_trait::async_trait;
 use std::time::Duration;
 use uuid::Uuid;
+
+/// A store whose inbox accepts inside a transaction of its database type: the typed
+/// `inbox_accept` of [`crate::postgres::PgStore`], [`crate::mysql::MySqlStore`] and
+/// [`crate::sqlite::SqliteStore`] behind one trait, for consumer code written once over
+/// any of them (with [`crate::events::Enqueue`] for its follow-ups).
+#[async_trait]
+pub trait Inbox: Send + Sync {
+    /// The `sqlx` database whose transactions this store accepts in.
+    type Database: sqlx::Database;
+
+    /// Accepts `message` for `consumer` inside `tx` (see the module docs: insert first;
+    /// [`Accepted::Duplicate`] leaves the transaction usable).
+    ///
+    /// # Errors
+    /// As the store's `inbox_accept`.
+    async fn accept_in(
+        &self,
+        tx: &mut sqlx::Transaction<'_, Self::Database>,
+        consumer: &str,
+        message: &(dyn Incoming + Sync),
+    ) -> Result<Accepted>;
+}
+
+macro_rules! inbox_for {
+    ($feature:literal, $store:ty, $db:ty) => {
+        #[cfg(feature = $feature)]
+        #[async_trait]
+        impl Inbox for $store {
+            type Database = $db;
+            async fn accept_in(
+                &self,
+                tx: &mut sqlx::Transaction<'_, $db>,
+                consumer: &str,
+                message: &(dyn Incoming + Sync),
+            ) -> Result<Accepted> {
+                self.inbox_accept(tx, consumer, message.message_id()).await
+            }
+        }
+    };
+}
+
+inbox_for!("postgres", crate::postgres::PgStore, sqlx::Postgres);
+inbox_for!("mysql", crate::mysql::MySqlStore, sqlx::MySql);
+inbox_for!("sqlite", crate::sqlite::SqliteStore, sqlx::Sqlite);
 
 /// What an inbox accepts: anything that names the delivered message's id — an
 /// [`Envelope`](crate::Envelope) read with one of the [`crate::envelope`] functions, or

@@ -40,9 +40,30 @@ trait Harness: Send + Sync + 'static {
 
     fn store(&self) -> Arc<dyn Store>;
 
-    /// One consumer transaction: begin; wait at `gate` (when given, so two transactions
-    /// are open at once); accept `id` for `consumer`; when fresh, insert the business row
-    /// (and, with `follow_up`, enqueue the follow-up under `follow_up_id`); end.
+    /// The store's database.
+    type Db: sqlx::Database;
+    /// The store, typed: what a consumer accepts and enqueues through.
+    type Typed: outbox::inbox::Inbox<Database = Self::Db>
+        + outbox::events::Enqueue<Database = Self::Db>;
+
+    fn typed(&self) -> &Self::Typed;
+
+    /// The pool consumer transactions run on.
+    fn consumer_pool(&self) -> &sqlx::Pool<Self::Db>;
+
+    /// The business change of a fresh message: one `business` row.
+    async fn insert_business(
+        &self,
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
+        id: Uuid,
+        consumer: &str,
+    ) -> outbox::Result<()>;
+
+    /// One consumer transaction, written once for every store (through the library's
+    /// `Inbox` and `Enqueue` traits): begin; wait at `gate` (when given, so two
+    /// transactions are open at once); accept `id` for `consumer`; when fresh, insert the
+    /// business row (and, with `follow_up`, enqueue the follow-up under `follow_up_id`);
+    /// end.
     async fn handle(
         &self,
         consumer: &str,
@@ -50,7 +71,30 @@ trait Harness: Send + Sync + 'static {
         follow_up: bool,
         gate: Option<Arc<Barrier>>,
         end: End,
-    ) -> outbox::Result<Accepted>;
+    ) -> outbox::Result<Accepted> {
+        use outbox::events::Enqueue as _;
+        use outbox::inbox::Inbox as _;
+        let mut tx = self.consumer_pool().begin().await?;
+        let racing = gate.is_some();
+        if let Some(g) = gate {
+            g.wait().await;
+        }
+        let a = self.typed().accept_in(&mut tx, consumer, &id).await?;
+        hold_if_racing(racing, a).await;
+        if a.is_fresh() {
+            self.insert_business(&mut tx, id, consumer).await?;
+            if follow_up {
+                let m = Message::new(FOLLOW_UP_TOPIC, b"{}".to_vec())
+                    .message_id(follow_up_id(id, FOLLOW_UP_TOPIC));
+                self.typed().enqueue_in(&mut tx, &m).await?;
+            }
+        }
+        match end {
+            End::Commit => tx.commit().await?,
+            End::Rollback => tx.rollback().await?,
+        }
+        Ok(a)
+    }
 
     /// PostgreSQL: accept a duplicate, then keep using the transaction (a statement, an
     /// insert) and commit. Other stores: nothing.
@@ -338,41 +382,32 @@ impl Harness for Pg {
         Arc::new(self.store.clone())
     }
 
-    async fn handle(
+    type Db = sqlx::Postgres;
+    type Typed = outbox::postgres::PgStore;
+
+    fn typed(&self) -> &Self::Typed {
+        &self.store
+    }
+
+    fn consumer_pool(&self) -> &sqlx::Pool<Self::Db> {
+        self.store.pool()
+    }
+
+    async fn insert_business(
         &self,
-        consumer: &str,
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
         id: Uuid,
-        follow_up: bool,
-        gate: Option<Arc<Barrier>>,
-        end: End,
-    ) -> outbox::Result<Accepted> {
-        let mut tx = self.store.pool().begin().await?;
-        let racing = gate.is_some();
-        if let Some(g) = gate {
-            g.wait().await;
-        }
-        let a = self.store.inbox_accept(&mut tx, consumer, id).await?;
-        hold_if_racing(racing, a).await;
-        if a.is_fresh() {
-            sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {}.business (message_id, consumer) VALUES ($1, $2)",
-                self.s()
-            )))
-            .bind(id)
-            .bind(consumer)
-            .execute(&mut *tx)
-            .await?;
-            if follow_up {
-                let m = Message::new(FOLLOW_UP_TOPIC, b"{}".to_vec())
-                    .message_id(follow_up_id(id, FOLLOW_UP_TOPIC));
-                self.store.enqueue(&mut tx, &m).await?;
-            }
-        }
-        match end {
-            End::Commit => tx.commit().await?,
-            End::Rollback => tx.rollback().await?,
-        }
-        Ok(a)
+        consumer: &str,
+    ) -> outbox::Result<()> {
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {}.business (message_id, consumer) VALUES ($1, $2)",
+            self.s()
+        )))
+        .bind(id)
+        .bind(consumer)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
     }
 
     async fn use_after_duplicate(&self, consumer: &str, id: Uuid) {
@@ -528,41 +563,33 @@ impl Harness for My {
         Arc::new(self.store.clone())
     }
 
-    async fn handle(
+    type Db = sqlx::MySql;
+    type Typed = MySqlStore;
+
+    fn typed(&self) -> &Self::Typed {
+        &self.store
+    }
+
+    /// The application's pool, at the server's default `REPEATABLE READ`.
+    fn consumer_pool(&self) -> &sqlx::Pool<Self::Db> {
+        &self.app
+    }
+
+    async fn insert_business(
         &self,
-        consumer: &str,
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
         id: Uuid,
-        follow_up: bool,
-        gate: Option<Arc<Barrier>>,
-        end: End,
-    ) -> outbox::Result<Accepted> {
-        let mut tx = self.app.begin().await?;
-        let racing = gate.is_some();
-        if let Some(g) = gate {
-            g.wait().await;
-        }
-        let a = self.store.inbox_accept(&mut tx, consumer, id).await?;
-        hold_if_racing(racing, a).await;
-        if a.is_fresh() {
-            sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {}_business (message_id, consumer) VALUES (?, ?)",
-                self.p()
-            )))
-            .bind(id.hyphenated().to_string())
-            .bind(consumer)
-            .execute(&mut *tx)
-            .await?;
-            if follow_up {
-                let m = Message::new(FOLLOW_UP_TOPIC, b"{}".to_vec())
-                    .message_id(follow_up_id(id, FOLLOW_UP_TOPIC));
-                self.store.enqueue(&mut tx, &m).await?;
-            }
-        }
-        match end {
-            End::Commit => tx.commit().await?,
-            End::Rollback => tx.rollback().await?,
-        }
-        Ok(a)
+        consumer: &str,
+    ) -> outbox::Result<()> {
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {}_business (message_id, consumer) VALUES (?, ?)",
+            self.p()
+        )))
+        .bind(id.hyphenated().to_string())
+        .bind(consumer)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
     }
 
     async fn business(&self) -> (i64, i64) {
@@ -706,40 +733,31 @@ impl Harness for Lite {
         Arc::new(self.store.clone())
     }
 
-    async fn handle(
+    type Db = sqlx::Sqlite;
+    type Typed = SqliteStore;
+
+    fn typed(&self) -> &Self::Typed {
+        &self.store
+    }
+
+    /// Deferred transactions whose first statement is the accept (a write): the second of
+    /// two concurrent ones waits for the write lock under the busy timeout.
+    fn consumer_pool(&self) -> &sqlx::Pool<Self::Db> {
+        self.store.pool()
+    }
+
+    async fn insert_business(
         &self,
-        consumer: &str,
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
         id: Uuid,
-        follow_up: bool,
-        gate: Option<Arc<Barrier>>,
-        end: End,
-    ) -> outbox::Result<Accepted> {
-        // A deferred transaction whose first statement is the accept (a write): the second
-        // of two concurrent ones waits for the write lock under the busy timeout.
-        let mut tx = self.store.pool().begin().await?;
-        let racing = gate.is_some();
-        if let Some(g) = gate {
-            g.wait().await;
-        }
-        let a = self.store.inbox_accept(&mut tx, consumer, id).await?;
-        hold_if_racing(racing, a).await;
-        if a.is_fresh() {
-            sqlx::query("INSERT INTO business (message_id, consumer) VALUES (?1, ?2)")
-                .bind(id.hyphenated().to_string())
-                .bind(consumer)
-                .execute(&mut *tx)
-                .await?;
-            if follow_up {
-                let m = Message::new(FOLLOW_UP_TOPIC, b"{}".to_vec())
-                    .message_id(follow_up_id(id, FOLLOW_UP_TOPIC));
-                self.store.enqueue(&mut tx, &m).await?;
-            }
-        }
-        match end {
-            End::Commit => tx.commit().await?,
-            End::Rollback => tx.rollback().await?,
-        }
-        Ok(a)
+        consumer: &str,
+    ) -> outbox::Result<()> {
+        sqlx::query("INSERT INTO business (message_id, consumer) VALUES (?1, ?2)")
+            .bind(id.hyphenated().to_string())
+            .bind(consumer)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
     }
 
     async fn business(&self) -> (i64, i64) {
