@@ -121,6 +121,11 @@ enum Command {
         /// delivered too. Implies --drain.
         #[arg(long, env = "OUTBOX_DRAIN_WAIT_LEASES")]
         drain_wait_leases: bool,
+        /// What becomes of a confirmed row: `keep` marks it dispatched (history; `outbox
+        /// purge` removes old ones), `delete` deletes it at once (no history of delivered
+        /// messages; dead letters are kept and replayed as always).
+        #[arg(long, env = "OUTBOX_ON_DISPATCH", default_value = "keep", value_parser = ["keep", "delete"])]
+        on_dispatch: String,
         /// Rows per claim.
         #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 100)]
         batch_size: u32,
@@ -592,6 +597,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             routes,
             drain,
             drain_wait_leases,
+            on_dispatch,
             batch_size,
             lease_ms,
             max_attempts,
@@ -627,6 +633,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 in_flight_batches: *in_flight_batches,
                 summary_interval: Duration::from_secs(*summary_interval_s),
                 sample_interval: Duration::from_secs(*sample_interval_s),
+                on_dispatch: if on_dispatch == "delete" {
+                    outbox::OnDispatch::Delete
+                } else {
+                    outbox::OnDispatch::Keep
+                },
                 ..RelayConfig::default()
             };
             if let Some(id) = relay_id {

@@ -55,7 +55,7 @@ pub use error::{Error, Result};
 pub use ident::Ident;
 pub use inbox::{Accepted, follow_up_id};
 pub use message::{Contract, Enqueued, Message, OutgoingMessage};
-pub use relay::{Relay, RelayConfig, RelayError, RelayHandle, RelayStats};
+pub use relay::{OnDispatch, Relay, RelayConfig, RelayError, RelayHandle, RelayStats};
 pub use sink::{PublishError, Sink};
 pub use store::{AnyStore, Counts, Store, StoreConfig};
 

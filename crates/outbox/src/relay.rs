@@ -80,6 +80,22 @@ pub struct RelayConfig {
     pub sample_interval: Duration,
     /// How often the relay logs a summary line (default 60 s; zero: never).
     pub summary_interval: Duration,
+    /// What becomes of a confirmed row: kept as dispatched (the default; `purge` removes
+    /// old ones) or deleted at once ([`OnDispatch::Delete`]).
+    pub on_dispatch: OnDispatch,
+}
+
+/// What the relay does with a row once its broker confirmed it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnDispatch {
+    /// Mark it dispatched (status 2, `dispatched_at`): history for `outbox status`, the
+    /// dispatched gauges and a later look-up; `outbox purge` deletes old ones.
+    #[default]
+    Keep,
+    /// Delete it in the settle: no history of dispatched messages (`status` counts none,
+    /// a message id cannot be looked up once delivered) and nothing to purge; dead letters
+    /// are kept and replayed as always. Fewer writes to retain and vacuum.
+    Delete,
 }
 
 impl Default for RelayConfig {
@@ -95,6 +111,7 @@ impl Default for RelayConfig {
             backoff_max: Duration::from_secs(300),
             shutdown_grace: Duration::from_secs(10),
             drain: false,
+            on_dispatch: OnDispatch::Keep,
             in_flight_batches: 2,
             heartbeat_interval: Duration::from_secs(5),
             sample_interval: Duration::from_secs(15),
@@ -371,6 +388,7 @@ pub(crate) struct Policy {
     pub(crate) max_attempts: i32,
     pub(crate) backoff_base: Duration,
     pub(crate) backoff_max: Duration,
+    pub(crate) delete_dispatched: bool,
 }
 
 impl Policy {
@@ -379,6 +397,7 @@ impl Policy {
             max_attempts: cfg.max_attempts,
             backoff_base: cfg.backoff_base,
             backoff_max: cfg.backoff_max,
+            delete_dispatched: cfg.on_dispatch == OnDispatch::Delete,
         }
     }
 }
@@ -427,7 +446,10 @@ pub(crate) fn decide(
     ending: Ending,
     policy: &Policy,
 ) -> Settlement {
-    let mut s = Settlement::default();
+    let mut s = Settlement {
+        delete_dispatched: policy.delete_dispatched,
+        ..Settlement::default()
+    };
     for (i, m) in messages.iter().enumerate() {
         let outcome = match outcomes.get(i).cloned().flatten() {
             Some(o) => o,
@@ -1264,6 +1286,7 @@ mod tests {
         max_attempts: 3,
         backoff_base: Duration::from_secs(1),
         backoff_max: Duration::from_secs(60),
+        delete_dispatched: false,
     };
 
     #[test]

@@ -752,3 +752,51 @@ fn inbox_purge_keeps_young_rows_and_refuses_short_ages() {
     assert_eq!(count(), "3", "the young rows stay");
     psql(&format!("DROP SCHEMA {schema} CASCADE"));
 }
+
+/// `relay --on-dispatch delete`: everything delivered, no dispatched rows kept.
+#[test]
+fn a_deleting_relay_keeps_no_dispatched_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("o.db").display());
+    let out_file = dir.path().join("out.jsonl");
+    run_ok(outbox().args(["--database-url", &db, "migrate"]));
+    for i in 0..3 {
+        run_ok(outbox().args([
+            "--database-url",
+            &db,
+            "enqueue",
+            "--topic",
+            "t.delete",
+            "--payload",
+            &format!("p{i}"),
+        ]));
+    }
+    run_ok(outbox().args([
+        "--database-url",
+        &db,
+        "relay",
+        "--sink",
+        &format!("file:{}", out_file.display()),
+        "--on-dispatch",
+        "delete",
+        "--drain",
+    ]));
+    let status: serde_json::Value = serde_json::from_str(
+        run_ok(outbox().args(["--database-url", &db, "status", "--json"])).trim(),
+    )
+    .unwrap();
+    assert_eq!(
+        (&status["pending"], &status["dispatched"], &status["dead"]),
+        (&0.into(), &0.into(), &0.into()),
+        "{status}"
+    );
+    let lines = std::fs::read_to_string(&out_file).unwrap();
+    assert_eq!(lines.lines().count(), 3, "{lines}");
+    let bad = outbox()
+        .args(["--database-url", &db, "relay", "--sink", "stdout"])
+        .args(["--on-dispatch", "drop", "--drain"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("keep, delete"));
+}

@@ -211,6 +211,10 @@ pub struct Settlement {
     /// Given back unpublished (shutdown, a lost lease): → pending, due now, attempt given
     /// back.
     pub release: Vec<i64>,
+    /// Delete the `dispatched` rows instead of marking them (the relay's `--on-dispatch
+    /// delete`): no history of dispatched messages, and replay only from dead letters.
+    /// Retries, dead letters and releases are written as always.
+    pub delete_dispatched: bool,
 }
 
 impl Settlement {
@@ -344,6 +348,21 @@ pub trait Store: Send + Sync + 'static {
     /// `last_error` cleared; retries become pending at `now() + delay`; dead rows keep
     /// their error; released rows are due at once with the attempt given back.
     async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled>;
+
+    /// Deletes the rows `ids` still claimed by `token` (the confirmed rows of
+    /// [`Settlement::delete_dispatched`]); returns the ids deleted. A row another claim
+    /// holds now is not touched (it is `lost`, as in [`Store::settle`]). Each store's
+    /// `settle` calls it for a deleting settlement; the default refuses, for stores that
+    /// cannot delete on dispatch.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] by default; database errors.
+    async fn delete_claimed(&self, token: Uuid, ids: &[i64]) -> Result<Vec<i64>> {
+        let _ = (token, ids);
+        Err(crate::Error::InvalidRequest(
+            "this store cannot delete rows on dispatch".into(),
+        ))
+    }
 
     /// Extends the lease of the rows `ids` still held by `token` to `now() + lease`
     /// (database clock). Returns the ids still held (a row missing from the answer was
@@ -562,6 +581,9 @@ impl Store for AnyStore {
     async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
         self.inner().settle(token, settlement).await
     }
+    async fn delete_claimed(&self, token: Uuid, ids: &[i64]) -> Result<Vec<i64>> {
+        self.inner().delete_claimed(token, ids).await
+    }
     async fn renew(&self, token: Uuid, ids: &[i64], lease: Duration) -> Result<Vec<i64>> {
         self.inner().renew(token, ids, lease).await
     }
@@ -725,6 +747,26 @@ pub(crate) fn settle_rows(s: &Settlement) -> Vec<SettleRow> {
 }
 
 /// `Settled` from the settlement and the ids the store reports changed.
+/// A deleting settlement ([`Settlement::delete_dispatched`]), for every store: the
+/// confirmed rows deleted by [`Store::delete_claimed`], the rest settled as always; one
+/// [`Settled`] over both.
+pub(crate) async fn settle_deleting<S: Store + ?Sized>(
+    store: &S,
+    token: Uuid,
+    settlement: &Settlement,
+) -> Result<Settled> {
+    let mut changed = store.delete_claimed(token, &settlement.dispatched).await?;
+    let rest = Settlement {
+        dispatched: Vec::new(),
+        delete_dispatched: false,
+        ..settlement.clone()
+    };
+    if !rest.is_empty() {
+        changed.extend(store.settle(token, &rest).await?.changed);
+    }
+    Ok(settled(settlement, changed))
+}
+
 pub(crate) fn settled(s: &Settlement, mut changed: Vec<i64>) -> Settled {
     changed.sort_unstable();
     let lost = s

@@ -971,6 +971,9 @@ impl Store for MySqlStore {
     }
 
     async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
+        if settlement.delete_dispatched && !settlement.dispatched.is_empty() {
+            return super::settle_deleting(self, token, settlement).await;
+        }
         retry_deadlock(|| async move {
         if settlement.is_empty() {
             return Ok(Settled::default());
@@ -1038,6 +1041,41 @@ impl Store for MySqlStore {
             .take(usize::try_from(n).unwrap_or(usize::MAX))
             .collect();
         Ok(super::settled(settlement, changed))
+        })
+        .await
+    }
+
+    async fn delete_claimed(&self, token: Uuid, ids: &[i64]) -> Result<Vec<i64>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let p = &self.inner.config.schema;
+        let list = &Self::id_list(ids);
+        let token_text = token.hyphenated();
+        // No DELETE … RETURNING in MySQL: the rows this claim still holds are read and
+        // locked first, in the same transaction, and exactly those are deleted.
+        retry_deadlock(|| async move {
+            let mut tx = self.inner.pool.begin().await?;
+            let held: Vec<i64> = sqlx::raw_sql(AssertSqlSafe(format!(
+                "SELECT id FROM {p}_messages
+                 WHERE id IN ({list}) AND claim_token = '{token_text}' AND status = 1
+                 FOR UPDATE"
+            )))
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| r.try_get::<i64, _>("id").unwrap_or(-1))
+            .collect();
+            if !held.is_empty() {
+                let held_list = Self::id_list(&held);
+                sqlx::raw_sql(AssertSqlSafe(format!(
+                    "DELETE FROM {p}_messages WHERE id IN ({held_list}) AND claim_token = '{token_text}'"
+                )))
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
+            Ok(held)
         })
         .await
     }

@@ -821,6 +821,9 @@ impl Store for PgStore {
     }
 
     async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
+        if settlement.delete_dispatched && !settlement.dispatched.is_empty() {
+            return super::settle_deleting(self, token, settlement).await;
+        }
         if settlement.is_empty() {
             return Ok(Settled::default());
         }
@@ -847,6 +850,21 @@ impl Store for PgStore {
             .fetch_all(&self.inner.pool)
             .await?;
         Ok(super::settled(settlement, changed))
+    }
+
+    async fn delete_claimed(&self, token: Uuid, ids: &[i64]) -> Result<Vec<i64>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let s = &self.inner.config.schema;
+        Ok(sqlx::query_scalar(AssertSqlSafe(format!(
+            "DELETE FROM {s}.messages WHERE id = ANY($1) AND claim_token = $2 AND status = 1
+             RETURNING id"
+        )))
+        .bind(ids)
+        .bind(token)
+        .fetch_all(&self.inner.pool)
+        .await?)
     }
 
     async fn renew(&self, token: Uuid, ids: &[i64], lease: Duration) -> Result<Vec<i64>> {

@@ -572,6 +572,9 @@ impl Store for SqliteStore {
     }
 
     async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
+        if settlement.delete_dispatched && !settlement.dispatched.is_empty() {
+            return super::settle_deleting(self, token, settlement).await;
+        }
         if settlement.is_empty() {
             return Ok(Settled::default());
         }
@@ -585,6 +588,22 @@ impl Store for SqliteStore {
             .fetch_all(&self.inner.pool)
             .await?;
         Ok(super::settled(settlement, changed))
+    }
+
+    async fn delete_claimed(&self, token: Uuid, ids: &[i64]) -> Result<Vec<i64>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let p = &self.inner.config.schema;
+        Ok(sqlx::query_scalar(AssertSqlSafe(format!(
+            "DELETE FROM {p}_messages
+             WHERE id IN (SELECT value FROM json_each(?2)) AND claim_token = ?1 AND status = 1
+             RETURNING id"
+        )))
+        .bind(token.hyphenated().to_string())
+        .bind(ids_json(ids))
+        .fetch_all(&self.inner.pool)
+        .await?)
     }
 
     async fn renew(&self, token: Uuid, ids: &[i64], lease: Duration) -> Result<Vec<i64>> {

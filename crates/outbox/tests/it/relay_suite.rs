@@ -316,3 +316,30 @@ async fn crash_looping_claims_are_bounded() {
     let e = r.last_error.unwrap();
     assert!(e.contains("exceeds max_attempts 2"), "{e}");
 }
+
+/// `--on-dispatch delete`: every confirmed row is deleted in its settle, each message is
+/// delivered once, and nothing is left to purge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deleting_relay_delivers_everything_and_keeps_no_rows() {
+    let b = B::create("delete", DEFAULT_MAX).await;
+    let store = b.store();
+    let enq = b.enqueue_all(&messages("t.delete.v1", 30)).await;
+    let (sink, seen) = RecordingSink::new();
+    let mut cfg = relay_config("relay-delete");
+    cfg.drain = true;
+    cfg.batch_size = 8;
+    cfg.on_dispatch = outbox::OnDispatch::Delete;
+    let stats = Relay::new(store.clone(), sink, cfg)
+        .spawn()
+        .wait()
+        .await
+        .unwrap();
+    assert_eq!(stats.dispatched, 30, "{stats:?}");
+    let seen = seen.lock().unwrap().clone();
+    for e in &enq {
+        assert_eq!(seen.get(&e.message_id), Some(&1));
+    }
+    assert_eq!(b.count("1 = 1").await, 0, "no dispatched rows are kept");
+    let c = store.counts().await.unwrap();
+    assert_eq!((c.pending, c.claimed, c.dispatched, c.dead), (0, 0, 0, 0));
+}

@@ -193,3 +193,68 @@ pub(crate) async fn row_lifecycle<B: Backend>() {
     );
     assert_eq!(rd.last_error.as_deref(), Some("again"));
 }
+
+/// A deleting settlement (`--on-dispatch delete`): the confirmed rows are gone, the
+/// retried, dead and released ones are written as always, a stale token deletes nothing,
+/// and settling a deleted row again reports it lost.
+pub(crate) async fn a_deleting_settle_removes_only_confirmed_rows<B: Backend>() {
+    use outbox::store::Settlement;
+    let b = B::create("delete", DEFAULT_MAX).await;
+    let store = b.store();
+    let enq = b.enqueue_all(&messages("t.delete.v1", 5)).await;
+    let ids: Vec<i64> = enq.iter().map(|e| e.id).collect();
+    let c = claim(&store, "relay-delete", 10, LONG).await;
+    assert_eq!(claim_ids(&c), ids);
+    assert!(
+        store
+            .delete_claimed(Uuid::now_v7(), &ids)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a stale token deletes nothing"
+    );
+    let s = Settlement {
+        dispatched: vec![ids[0], ids[1]],
+        retries: vec![Retry {
+            id: ids[2],
+            delay: Duration::from_secs(60),
+            error: "broker busy".into(),
+            refund_attempt: false,
+        }],
+        dead: vec![Dead {
+            id: ids[3],
+            error: "refused".into(),
+        }],
+        release: vec![ids[4]],
+        delete_dispatched: true,
+    };
+    let settled = store.settle(c.token, &s).await.unwrap();
+    let mut changed = settled.changed.clone();
+    changed.sort_unstable();
+    assert_eq!(changed, ids, "{settled:?}");
+    assert!(settled.lost.is_empty(), "{settled:?}");
+    let rows = b.rows_of(&ids).await;
+    assert_eq!(
+        rows.iter().map(|r| r.id).collect::<Vec<_>>(),
+        ids[2..].to_vec(),
+        "only the confirmed rows are deleted"
+    );
+    assert_eq!((rows[0].status, rows[0].attempts), (status::PENDING, 1));
+    assert_eq!(rows[0].last_error.as_deref(), Some("broker busy"));
+    assert_eq!(rows[1].status, status::DEAD);
+    assert_eq!((rows[2].status, rows[2].attempts), (status::PENDING, 0));
+    assert_eq!(store.counts().await.unwrap().dispatched, 0);
+    let again = store
+        .settle(
+            c.token,
+            &Settlement {
+                dispatched: vec![ids[0]],
+                delete_dispatched: true,
+                ..Settlement::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(again.changed.is_empty(), "{again:?}");
+    assert_eq!(again.lost, vec![ids[0]]);
+}

@@ -349,6 +349,7 @@ macro_rules! conformance_cases {
             relay_registry_heartbeats_and_expires,
             topic_pauses_hold_only_matching_topics,
             overview_counts_due_expired_and_topics,
+            a_deleting_settle_removes_only_confirmed_rows,
             an_unmigrated_store_is_named_not_guessed,
             a_commit_moves_the_wakeup_counter,
         );
