@@ -6,10 +6,14 @@
 //! 1. baselines: the store alone (claim + mark, no broker) and JetStream alone (pipelined
 //!    publishes, no database);
 //!    and settling a mixed batch in one store call against one call per outcome kind;
+//!    and the relay over the store alone keeping confirmed rows (`keep`) against deleting
+//!    them (`--on-dispatch delete`), alternating rounds;
 //! 2. relay throughput draining a backlog, batch 100 and 1,000;
 //! 3. relay throughput while producers insert at full speed (the claim-plan trap);
 //! 4. commit-to-confirm latency p50/p99 at a steady producer rate, batch 100 and 1,000;
 //! 5. the producer-side cost of the NOTIFY trigger (single-row transactions, on vs off).
+//!
+//! `cargo bench -p outbox --bench relay -- on-dispatch` runs only the keep/delete rounds.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use async_trait::async_trait;
@@ -253,8 +257,40 @@ async fn main() {
     let nats_rate = n as f64 / t.elapsed().as_secs_f64();
     println!("baseline  JetStream alone (batches of 1,000 pipelined)      {nats_rate:>9.0} msg/s");
 
+    let only_on_dispatch = std::env::args().any(|a| a == "on-dispatch");
     let mut store_rates = HashMap::new();
     for batch in [100u32, 1000] {
+        // 1d. Keep against delete on dispatch: the relay over the store alone (a sink
+        //     that confirms at once), alternating rounds on fresh schemas.
+        let mut kd = [0.0f64; 2];
+        for round in 0..4 {
+            let delete = round % 2 == 1;
+            let store = fresh_store("dispatch").await;
+            prefill(&store, &topic, n).await;
+            let mut cfg = relay_config(batch, 1);
+            if delete {
+                cfg.on_dispatch = outbox::OnDispatch::Delete;
+            }
+            let t = Instant::now();
+            let stats = Relay::new(Arc::new(store.clone()), Arc::new(NullSink), cfg)
+                .run(Default::default())
+                .await
+                .unwrap();
+            assert_eq!(stats.dispatched as usize, n);
+            kd[usize::from(delete)] += n as f64 / t.elapsed().as_secs_f64() / 2.0;
+            let left = store.counts().await.unwrap();
+            assert_eq!(left.dispatched, if delete { 0 } else { n as i64 });
+            drop_store(&store).await;
+        }
+        println!(
+            "store     relay over the store alone, batch {batch:>5}: keep {:>9.0} msg/s, delete {:>9.0} msg/s (delete/keep = {:.2})",
+            kd[0],
+            kd[1],
+            kd[1] / kd[0]
+        );
+        if only_on_dispatch {
+            continue;
+        }
         // 1b. The store alone: claim + mark, confirming at once.
         let store = fresh_store("base").await;
         prefill(&store, &topic, n).await;
@@ -303,6 +339,11 @@ async fn main() {
             );
             drop_store(&store).await;
         }
+    }
+
+    if only_on_dispatch {
+        let _ = js.delete_stream(&stream_name).await;
+        return;
     }
 
     // 3. Draining while two producers insert transactions of 100 at full speed, from an
