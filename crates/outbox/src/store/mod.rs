@@ -356,7 +356,7 @@ pub trait Store: Send + Sync + 'static {
     /// cannot delete on dispatch.
     ///
     /// # Errors
-    /// [`Error::InvalidRequest`] by default; database errors.
+    /// [`crate::Error::InvalidRequest`] by default; database errors.
     async fn delete_claimed(&self, token: Uuid, ids: &[i64]) -> Result<Vec<i64>> {
         let _ = (token, ids);
         Err(crate::Error::InvalidRequest(
