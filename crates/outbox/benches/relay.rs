@@ -13,7 +13,12 @@
 //! 4. commit-to-confirm latency p50/p99 at a steady producer rate, batch 100 and 1,000;
 //! 5. the producer-side cost of the NOTIFY trigger (single-row transactions, on vs off).
 //!
-//! `cargo bench -p outbox --bench relay -- on-dispatch` runs only the keep/delete rounds.
+//! 6. what an enqueue costs a producer: single-row transactions of a business insert
+//!    alone, a plain INSERT of the same outbox row, the Rust `enqueue` and the SQL
+//!    `outbox.enqueue(...)`, each with NOTIFY on and off, in interleaved rounds.
+//!
+//! `cargo bench -p outbox --bench relay -- on-dispatch` runs only the keep/delete rounds;
+//! `-- enqueue` only the enqueue costs.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use async_trait::async_trait;
@@ -258,6 +263,11 @@ async fn main() {
     println!("baseline  JetStream alone (batches of 1,000 pipelined)      {nats_rate:>9.0} msg/s");
 
     let only_on_dispatch = std::env::args().any(|a| a == "on-dispatch");
+    if std::env::args().any(|a| a == "enqueue") {
+        enqueue_costs(&topic).await;
+        let _ = js.delete_stream(&stream_name).await;
+        return;
+    }
     let mut store_rates = HashMap::new();
     for batch in [100u32, 1000] {
         // 1d. Keep against delete on dispatch: the relay over the store alone (a sink
@@ -478,6 +488,88 @@ async fn main() {
         );
         drop_store(&store).await;
     }
+    enqueue_costs(&topic).await;
     let _ = js.delete_stream(&stream_name).await;
     let _ = store_rates;
+}
+
+/// Figure 6: single-row producer transactions, 2,000 per round, three interleaved rounds
+/// of each way of writing, on one schema: transactions/s and the cost against a plain
+/// INSERT of the same outbox row.
+async fn enqueue_costs(topic: &str) {
+    const N: usize = 2_000;
+    let store = fresh_store("enqueue").await;
+    let s = store.config().schema.to_string();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {s}.orders (id bigserial PRIMARY KEY, note text NOT NULL)"
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let ways = [
+        "business INSERT alone",
+        "plain INSERT of the outbox row",
+        "Rust enqueue, NOTIFY on",
+        "Rust enqueue, NOTIFY off",
+        "SQL outbox.enqueue, NOTIFY on",
+        "SQL outbox.enqueue, NOTIFY off",
+    ];
+    let mut rates = vec![0.0f64; ways.len()];
+    let payload = vec![b'x'; 100];
+    for _round in 0..3 {
+        for (w, _) in ways.iter().enumerate() {
+            store.set_notify(matches!(w, 2 | 4)).await.unwrap();
+            let t = Instant::now();
+            for _ in 0..N {
+                let mut tx = store.pool().begin().await.unwrap();
+                match w {
+                    0 => {
+                        sqlx::query(sqlx::AssertSqlSafe(format!(
+                            "INSERT INTO {s}.orders (note) VALUES ('order')"
+                        )))
+                        .execute(&mut *tx)
+                        .await
+                        .unwrap();
+                    }
+                    1 => {
+                        sqlx::query(sqlx::AssertSqlSafe(format!(
+                            "INSERT INTO {s}.messages (message_id, topic, payload, headers)
+                             VALUES ($1, $2, $3, '{{}}')"
+                        )))
+                        .bind(Uuid::now_v7())
+                        .bind(topic)
+                        .bind(&payload)
+                        .execute(&mut *tx)
+                        .await
+                        .unwrap();
+                    }
+                    2 | 3 => {
+                        store
+                            .enqueue(&mut tx, &Message::new(topic, payload.clone()))
+                            .await
+                            .unwrap();
+                    }
+                    _ => {
+                        sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {s}.enqueue($1, $2)")))
+                            .bind(topic)
+                            .bind(&payload)
+                            .execute(&mut *tx)
+                            .await
+                            .unwrap();
+                    }
+                }
+                tx.commit().await.unwrap();
+            }
+            rates[w] += N as f64 / t.elapsed().as_secs_f64() / 3.0;
+        }
+    }
+    for (w, name) in ways.iter().enumerate() {
+        println!(
+            "producer  {name:<32} {:>7.0} tx/s   cost {:.2} x the plain outbox INSERT, {:.2} x the business insert alone",
+            rates[w],
+            rates[1] / rates[w],
+            rates[0] / rates[w]
+        );
+    }
+    drop_store(&store).await;
 }
