@@ -418,6 +418,8 @@ pub fn from_redis(entry: &redis::streams::StreamId) -> Result<Envelope, Envelope
             EnvelopeError::Malformed("stream field headers is not a JSON object of strings".into())
         })?;
         for (name, value) in map {
+            // The Redis sink leaves the row fields out of `headers` (they have fields of
+            // their own), so one here was not written by it.
             if header::RESERVED.contains(&name.as_str()) {
                 return Err(EnvelopeError::Repeated(name));
             }
@@ -572,6 +574,8 @@ pub fn from_json_line(line: &[u8]) -> Result<Envelope, EnvelopeError> {
         let map: BTreeMap<String, String> = serde_json::from_value(h.clone())
             .map_err(|_| EnvelopeError::Malformed("headers is not an object of strings".into()))?;
         for (name, value) in map {
+            // The file sink writes the stored headers as they are, where a row written by
+            // hand may carry a `message-id`; the row's own fields win, as in every sink.
             if header::RESERVED.contains(&name.as_str()) {
                 continue;
             }

@@ -68,6 +68,7 @@ pub enum Error {
     /// The database failed or could not be reached. Shown as the server's message and its
     /// code (`SQLSTATE` on PostgreSQL, the error number on MySQL), without the driver's
     /// wrapping or PostgreSQL's source-line position.
+    ///
     /// The sqlx error is this variant's field, not its `source()`: an error chain printed
     /// with its causes (`anyhow`'s `{:#}`) shows the message once.
     #[error("database error: {}", DbDisplay(.0))]

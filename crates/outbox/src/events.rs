@@ -51,56 +51,31 @@ pub trait Enqueue: Send + Sync {
     }
 }
 
-#[cfg(feature = "postgres")]
-#[async_trait]
-impl Enqueue for crate::postgres::PgStore {
-    type Database = sqlx::Postgres;
-    async fn enqueue_in(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-        msg: &Message,
-    ) -> Result<Enqueued> {
-        self.enqueue(tx, msg).await
-    }
+/// `Enqueue` for one store: its typed `enqueue` and its pool (as `inbox::Inbox` is made).
+macro_rules! enqueue_for {
+    ($feature:literal, $store:ty, $db:ty) => {
+        #[cfg(feature = $feature)]
+        #[async_trait]
+        impl Enqueue for $store {
+            type Database = $db;
+            async fn enqueue_in(
+                &self,
+                tx: &mut sqlx::Transaction<'_, $db>,
+                msg: &Message,
+            ) -> Result<Enqueued> {
+                self.enqueue(tx, msg).await
+            }
 
-    fn pool(&self) -> &sqlx::Pool<sqlx::Postgres> {
-        crate::postgres::PgStore::pool(self)
-    }
+            fn pool(&self) -> &sqlx::Pool<$db> {
+                <$store>::pool(self)
+            }
+        }
+    };
 }
 
-#[cfg(feature = "mysql")]
-#[async_trait]
-impl Enqueue for crate::mysql::MySqlStore {
-    type Database = sqlx::MySql;
-    async fn enqueue_in(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
-        msg: &Message,
-    ) -> Result<Enqueued> {
-        self.enqueue(tx, msg).await
-    }
-
-    fn pool(&self) -> &sqlx::Pool<sqlx::MySql> {
-        crate::mysql::MySqlStore::pool(self)
-    }
-}
-
-#[cfg(feature = "sqlite")]
-#[async_trait]
-impl Enqueue for crate::sqlite::SqliteStore {
-    type Database = sqlx::Sqlite;
-    async fn enqueue_in(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-        msg: &Message,
-    ) -> Result<Enqueued> {
-        self.enqueue(tx, msg).await
-    }
-
-    fn pool(&self) -> &sqlx::Pool<sqlx::Sqlite> {
-        crate::sqlite::SqliteStore::pool(self)
-    }
-}
+enqueue_for!("postgres", crate::postgres::PgStore, sqlx::Postgres);
+enqueue_for!("mysql", crate::mysql::MySqlStore, sqlx::MySql);
+enqueue_for!("sqlite", crate::sqlite::SqliteStore, sqlx::Sqlite);
 
 /// Integration events collected during one business operation, as messages.
 #[derive(Debug, Clone, Default)]

@@ -163,16 +163,23 @@ impl WebhookSecret {
     /// The Standard Webhooks `webhook-signature` value for one delivery:
     /// `v1,` + base64(HMAC-SHA256(key, "{msg_id}.{timestamp}.{body}")).
     pub fn sign(&self, msg_id: &str, timestamp: i64, body: &[u8]) -> String {
-        // HMAC accepts keys of any length; `new_from_slice` cannot fail for it.
-        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&self.0) else {
-            return String::new();
-        };
-        mac.update(msg_id.as_bytes());
+        match self.mac(msg_id, &timestamp.to_string(), body) {
+            Some(mac) => format!("v1,{}", BASE64.encode(mac.finalize().into_bytes())),
+            None => String::new(),
+        }
+    }
+
+    /// HMAC-SHA256 over `"{id}.{timestamp}.{body}"` under this key, the one content both
+    /// [`WebhookSecret::sign`] and [`WebhookSecret::verify`] use. `None` only if `hmac`
+    /// refused the key, which it does for no length.
+    fn mac(&self, id: &str, timestamp: &str, body: &[u8]) -> Option<Hmac<Sha256>> {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).ok()?;
+        mac.update(id.as_bytes());
         mac.update(b".");
-        mac.update(timestamp.to_string().as_bytes());
+        mac.update(timestamp.as_bytes());
         mac.update(b".");
         mac.update(body);
-        format!("v1,{}", BASE64.encode(mac.finalize().into_bytes()))
+        Some(mac)
     }
 }
 
@@ -238,14 +245,9 @@ impl WebhookSecret {
         if self.0.is_empty() {
             return Err(VerifyError::NoMatch);
         }
-        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&self.0) else {
+        let Some(mac) = self.mac(id, timestamp, body) else {
             return Err(VerifyError::NoMatch);
         };
-        mac.update(id.as_bytes());
-        mac.update(b".");
-        mac.update(timestamp.as_bytes());
-        mac.update(b".");
-        mac.update(body);
         for sig in signatures.split(' ') {
             let Some(b64) = sig.strip_prefix("v1,") else {
                 continue;

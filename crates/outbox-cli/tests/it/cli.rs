@@ -31,13 +31,6 @@ fn status(schema: &str) -> serde_json::Value {
     serde_json::from_str(out.trim()).unwrap()
 }
 
-async fn jetstream() -> async_nats::jetstream::Context {
-    let client = async_nats::connect(NATS).await.expect(
-        "NATS with JetStream must listen on 127.0.0.1:4222 (start: start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server)",
-    );
-    async_nats::jetstream::new(client)
-}
-
 /// The acceptance run: 2,000 committed transactions (and 100 rolled back) that insert a
 /// business row and call `outbox.enqueue(...)` from psql; `outbox relay --drain` to
 /// JetStream delivers exactly the committed message ids.
@@ -51,7 +44,7 @@ async fn psql_producers_to_jetstream_exactly_the_committed_ids() {
         "CREATE TABLE {schema}.orders (id bigserial PRIMARY KEY, total_cents bigint NOT NULL);"
     ));
 
-    let js = jetstream().await;
+    let js = crate::common::jetstream().await;
     let stream_name = schema.to_uppercase();
     let mut stream = js
         .create_stream(async_nats::jetstream::stream::Config {

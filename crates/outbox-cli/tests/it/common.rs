@@ -51,3 +51,11 @@ pub(crate) fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// The machine's NATS, as a JetStream context; fails loudly with how to start it.
+pub(crate) async fn jetstream() -> async_nats::jetstream::Context {
+    let client = async_nats::connect(NATS).await.expect(
+        "NATS with JetStream must listen on 127.0.0.1:4222 (start: start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server)",
+    );
+    async_nats::jetstream::new(client)
+}

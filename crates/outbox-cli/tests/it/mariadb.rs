@@ -62,10 +62,7 @@ async fn call_outbox_enqueue_to_jetstream_exactly_the_committed_ids() {
     mariadb(&format!(
         "CREATE TABLE {prefix}_orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, total BIGINT NOT NULL);"
     ));
-    let client = async_nats::connect(NATS)
-        .await
-        .expect("NATS with JetStream must listen on 127.0.0.1:4222");
-    let js = async_nats::jetstream::new(client);
+    let js = crate::common::jetstream().await;
     let subjects = format!("{prefix}.orders");
     let stream_name = prefix.to_uppercase();
     let mut stream = js

@@ -746,7 +746,6 @@ pub(crate) fn settle_rows(s: &Settlement) -> Vec<SettleRow> {
     rows
 }
 
-/// `Settled` from the settlement and the ids the store reports changed.
 /// A deleting settlement ([`Settlement::delete_dispatched`]), for every store: the
 /// confirmed rows deleted by [`Store::delete_claimed`], the rest settled as always; one
 /// [`Settled`] over both.
@@ -767,6 +766,7 @@ pub(crate) async fn settle_deleting<S: Store + ?Sized>(
     Ok(settled(settlement, changed))
 }
 
+/// `Settled` from the settlement and the ids the store reports changed.
 pub(crate) fn settled(s: &Settlement, mut changed: Vec<i64>) -> Settled {
     changed.sort_unstable();
     let lost = s

@@ -801,6 +801,215 @@ impl MySqlStore {
 // which the server never answers, so the connection's next command waited for the
 // server's delayed ACK (Nagle; sqlx sets no `TCP_NODELAY`): 40 ms per statement, ~90 ms
 // per claim.
+impl MySqlStore {
+    /// One claim transaction (see [`Store::claim`]); [`retry_deadlock`] reruns it.
+    async fn claim_once(&self, req: &ClaimRequest) -> Result<Claim> {
+        let token = Uuid::now_v7();
+        let p = &self.inner.config.schema;
+        let mut tx = self.inner.pool.begin().await?;
+        let ids: Vec<i64> = if req.skip_topics.is_empty() {
+            sqlx::query_scalar(self.inner.sql.claim_select.clone())
+                .bind(i64::from(req.batch_size))
+                .fetch_all(&mut *tx)
+                .await?
+        } else {
+            // Topic pauses: the same range of the live index, passing over rows whose topic
+            // matches a paused pattern (the patterns' regexes bound, one per pattern).
+            let skip: String = req
+                .skip_topics
+                .iter()
+                .map(|_| " AND topic NOT REGEXP ?")
+                .collect();
+            let mut query = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT id FROM {p}_messages
+                 WHERE live_at <= {NOW}{skip}
+                 ORDER BY live_at, id
+                 LIMIT ?
+                 FOR UPDATE SKIP LOCKED"
+            )));
+            for t in &req.skip_topics {
+                query = query.bind(t.regex());
+            }
+            query
+                .bind(i64::from(req.batch_size))
+                .fetch_all(&mut *tx)
+                .await?
+        };
+        if ids.is_empty() {
+            tx.commit().await?;
+            return Ok(Claim {
+                token,
+                messages: Vec::new(),
+                malformed: Vec::new(),
+                db_now: None,
+            });
+        }
+        // Text protocol with inlined values: see `update_ids`.
+        let list = Self::id_list(&ids);
+        let relay = Self::text_literal(&req.relay_id);
+        let token_text = token.hyphenated();
+        let lease = millis(req.lease);
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "UPDATE {p}_messages
+             SET status = 1, attempts = LEAST(attempts, 2147483646) + 1, claimed_by = {relay},
+                 claim_token = '{token_text}',
+                 locked_until = TIMESTAMPADD(MICROSECOND, {lease} * 1000, {NOW}),
+                 available_at = TIMESTAMPADD(MICROSECOND, {lease} * 1000, {NOW})
+             WHERE id IN ({list})"
+        )))
+        .execute(&mut *tx)
+        .await?;
+        let rows = sqlx::raw_sql(AssertSqlSafe(format!(
+            "SELECT id, message_id, topic, `key`, payload, headers, occurred_at, attempts,
+                    {NOW} AS db_now
+             FROM {p}_messages WHERE id IN ({list}) ORDER BY id"
+        )))
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let mut claim = super::claim_from_rows(token, &rows, Self::row_to_message, |r| {
+            r.try_get::<i64, _>("id").unwrap_or(-1)
+        });
+        claim.db_now = rows
+            .first()
+            .and_then(|r| r.try_get::<NaiveDateTime, _>("db_now").ok())
+            .map(|t| t.and_utc());
+        Ok(claim)
+    }
+
+    /// One settle statement (see [`Store::settle`]); [`retry_deadlock`] reruns it.
+    async fn settle_once(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
+        if settlement.is_empty() {
+            return Ok(Settled::default());
+        }
+        let p = &self.inner.config.schema;
+        // One multi-table UPDATE over an inlined derived table of outcomes. MySQL has no
+        // UPDATE … RETURNING: when fewer rows changed than were sent, a second query
+        // finds the rows another claim now holds (the lost ones).
+        let mut rows = String::with_capacity(settlement.len() * 64);
+        for (i, (id, st, delay, err, refund)) in
+            super::settle_rows(settlement).into_iter().enumerate()
+        {
+            let err = err.map_or_else(
+                || "CAST(NULL AS CHAR CHARACTER SET utf8mb4)".to_owned(),
+                |e| Self::text_literal(&e),
+            );
+            if i > 0 {
+                rows.push_str(" UNION ALL ");
+            }
+            let _ = write!(
+                rows,
+                "SELECT {id} AS id, {st} AS st, {delay} AS delay_ms, {err} AS err, {} AS refund",
+                i32::from(refund)
+            );
+        }
+        let token_text = token.hyphenated();
+        // Assignments that read the row come before `status` changes (MySQL applies
+        // multi-table assignments in no promised order, but the WHERE was evaluated first).
+        let sql = format!(
+            "UPDATE {p}_messages m JOIN ({rows}) x ON m.id = x.id
+             SET m.available_at = CASE WHEN x.st = 0 THEN TIMESTAMPADD(MICROSECOND, x.delay_ms * 1000, {NOW})
+                                       WHEN x.st = 3 THEN {NOW} ELSE m.available_at END,
+                 m.attempts = CASE WHEN x.refund = 1 THEN GREATEST(m.attempts - 1, 0) ELSE m.attempts END,
+                 m.dispatched_at = CASE WHEN x.st = 2 THEN {NOW} ELSE m.dispatched_at END,
+                 m.last_error = CASE WHEN x.st = 2 THEN NULL ELSE COALESCE(x.err, m.last_error) END,
+                 m.locked_until = NULL, m.claim_token = NULL, m.status = x.st
+             WHERE m.claim_token = '{token_text}' AND m.status = 1"
+        );
+        let n = sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&self.inner.pool)
+            .await?
+            .rows_affected();
+        let ids = settlement.ids();
+        if n >= ids.len() as u64 {
+            return Ok(super::settled(settlement, ids));
+        }
+        if n == 0 {
+            return Ok(super::settled(settlement, Vec::new()));
+        }
+        // Some changed: the rows another claim holds now are certainly lost. A row that
+        // was already settled by its new owner cannot be told from one settled here, so
+        // the rest are attributed by count (this only affects which ids a log names).
+        let held: Vec<i64> = sqlx::raw_sql(AssertSqlSafe(format!(
+            "SELECT id FROM {p}_messages WHERE id IN ({}) AND claim_token IS NOT NULL",
+            Self::id_list(&ids)
+        )))
+        .fetch_all(&self.inner.pool)
+        .await?
+        .iter()
+        .map(|r| r.try_get::<i64, _>(0))
+        .collect::<std::result::Result<_, _>>()?;
+        let changed = ids
+            .into_iter()
+            .filter(|id| !held.contains(id))
+            .take(usize::try_from(n).unwrap_or(usize::MAX))
+            .collect();
+        Ok(super::settled(settlement, changed))
+    }
+
+    /// One deleting transaction (see [`Store::delete_claimed`]); [`retry_deadlock`] reruns it.
+    async fn delete_claimed_once(&self, token: Uuid, ids: &[i64]) -> Result<Vec<i64>> {
+        let p = &self.inner.config.schema;
+        let list = &Self::id_list(ids);
+        let token_text = token.hyphenated();
+        // No DELETE … RETURNING in MySQL: the rows this claim still holds are read and
+        // locked first, in the same transaction, and exactly those are deleted.
+        let mut tx = self.inner.pool.begin().await?;
+        let held: Vec<i64> = sqlx::raw_sql(AssertSqlSafe(format!(
+            "SELECT id FROM {p}_messages
+                 WHERE id IN ({list}) AND claim_token = '{token_text}' AND status = 1
+                 FOR UPDATE"
+        )))
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(|r| r.try_get::<i64, _>("id").unwrap_or(-1))
+        .collect();
+        if !held.is_empty() {
+            let held_list = Self::id_list(&held);
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                    "DELETE FROM {p}_messages WHERE id IN ({held_list}) AND claim_token = '{token_text}'"
+                )))
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(held)
+    }
+
+    /// One purge batch under the purge lock (see [`Store::purge`]); [`retry_deadlock`] reruns it.
+    async fn purge_once(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
+        let p = &self.inner.config.schema;
+        let mut conn = self.inner.pool.acquire().await?;
+        let lock = format!("outbox_purge_{p}");
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+            .bind(&lock)
+            .fetch_one(&mut *conn)
+            .await?;
+        if got != Some(1) {
+            return Ok(PurgeBatch {
+                deleted: 0,
+                locked_out: true,
+            });
+        }
+        let r = sqlx::query(self.inner.sql.purge.clone())
+            .bind(millis(older_than))
+            .bind(i64::from(batch_size))
+            .execute(&mut *conn)
+            .await;
+        let _ = sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(&lock)
+            .execute(&mut *conn)
+            .await;
+        let deleted = r?.rows_affected();
+        crate::metrics::purged(deleted);
+        Ok(PurgeBatch {
+            deleted,
+            locked_out: false,
+        })
+    }
+}
+
 #[async_trait]
 impl Store for MySqlStore {
     fn kind(&self) -> &'static str {
@@ -894,190 +1103,21 @@ impl Store for MySqlStore {
     }
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim> {
-        retry_deadlock(|| async move {
-            let token = Uuid::now_v7();
-            let p = &self.inner.config.schema;
-            let mut tx = self.inner.pool.begin().await?;
-            let ids: Vec<i64> = if req.skip_topics.is_empty() {
-                sqlx::query_scalar(self.inner.sql.claim_select.clone())
-                    .bind(i64::from(req.batch_size))
-                    .fetch_all(&mut *tx)
-                    .await?
-            } else {
-                // Topic pauses: the same range of the live index, passing over rows whose topic
-                // matches a paused pattern (the patterns' regexes bound, one per pattern).
-                let skip: String = req
-                    .skip_topics
-                    .iter()
-                    .map(|_| " AND topic NOT REGEXP ?")
-                    .collect();
-                let mut query = sqlx::query_scalar(AssertSqlSafe(format!(
-                    "SELECT id FROM {p}_messages
-                 WHERE live_at <= {NOW}{skip}
-                 ORDER BY live_at, id
-                 LIMIT ?
-                 FOR UPDATE SKIP LOCKED"
-                )));
-                for t in &req.skip_topics {
-                    query = query.bind(t.regex());
-                }
-                query
-                    .bind(i64::from(req.batch_size))
-                    .fetch_all(&mut *tx)
-                    .await?
-            };
-            if ids.is_empty() {
-                tx.commit().await?;
-                return Ok(Claim {
-                    token,
-                    messages: Vec::new(),
-                    malformed: Vec::new(),
-                    db_now: None,
-                });
-            }
-            // Text protocol with inlined values: see `update_ids`.
-            let list = Self::id_list(&ids);
-            let relay = Self::text_literal(&req.relay_id);
-            let token_text = token.hyphenated();
-            let lease = millis(req.lease);
-            sqlx::raw_sql(AssertSqlSafe(format!(
-                "UPDATE {p}_messages
-             SET status = 1, attempts = LEAST(attempts, 2147483646) + 1, claimed_by = {relay},
-                 claim_token = '{token_text}',
-                 locked_until = TIMESTAMPADD(MICROSECOND, {lease} * 1000, {NOW}),
-                 available_at = TIMESTAMPADD(MICROSECOND, {lease} * 1000, {NOW})
-             WHERE id IN ({list})"
-            )))
-            .execute(&mut *tx)
-            .await?;
-            let rows = sqlx::raw_sql(AssertSqlSafe(format!(
-                "SELECT id, message_id, topic, `key`, payload, headers, occurred_at, attempts,
-                    {NOW} AS db_now
-             FROM {p}_messages WHERE id IN ({list}) ORDER BY id"
-            )))
-            .fetch_all(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            let mut claim = super::claim_from_rows(token, &rows, Self::row_to_message, |r| {
-                r.try_get::<i64, _>("id").unwrap_or(-1)
-            });
-            claim.db_now = rows
-                .first()
-                .and_then(|r| r.try_get::<NaiveDateTime, _>("db_now").ok())
-                .map(|t| t.and_utc());
-            Ok(claim)
-        })
-        .await
+        retry_deadlock(|| self.claim_once(req)).await
     }
 
     async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
         if settlement.delete_dispatched && !settlement.dispatched.is_empty() {
             return super::settle_deleting(self, token, settlement).await;
         }
-        retry_deadlock(|| async move {
-        if settlement.is_empty() {
-            return Ok(Settled::default());
-        }
-        let p = &self.inner.config.schema;
-        // One multi-table UPDATE over an inlined derived table of outcomes. MySQL has no
-        // UPDATE … RETURNING: when fewer rows changed than were sent, a second query
-        // finds the rows another claim now holds (the lost ones).
-        let mut rows = String::with_capacity(settlement.len() * 64);
-        for (i, (id, st, delay, err, refund)) in
-            super::settle_rows(settlement).into_iter().enumerate()
-        {
-            let err = err.map_or_else(
-                || "CAST(NULL AS CHAR CHARACTER SET utf8mb4)".to_owned(),
-                |e| Self::text_literal(&e),
-            );
-            if i > 0 {
-                rows.push_str(" UNION ALL ");
-            }
-            let _ = write!(
-                rows,
-                "SELECT {id} AS id, {st} AS st, {delay} AS delay_ms, {err} AS err, {} AS refund",
-                i32::from(refund)
-            );
-        }
-        let token_text = token.hyphenated();
-        // Assignments that read the row come before `status` changes (MySQL applies
-        // multi-table assignments in no promised order, but the WHERE was evaluated first).
-        let sql = format!(
-            "UPDATE {p}_messages m JOIN ({rows}) x ON m.id = x.id
-             SET m.available_at = CASE WHEN x.st = 0 THEN TIMESTAMPADD(MICROSECOND, x.delay_ms * 1000, {NOW})
-                                       WHEN x.st = 3 THEN {NOW} ELSE m.available_at END,
-                 m.attempts = CASE WHEN x.refund = 1 THEN GREATEST(m.attempts - 1, 0) ELSE m.attempts END,
-                 m.dispatched_at = CASE WHEN x.st = 2 THEN {NOW} ELSE m.dispatched_at END,
-                 m.last_error = CASE WHEN x.st = 2 THEN NULL ELSE COALESCE(x.err, m.last_error) END,
-                 m.locked_until = NULL, m.claim_token = NULL, m.status = x.st
-             WHERE m.claim_token = '{token_text}' AND m.status = 1"
-        );
-        let n = sqlx::raw_sql(AssertSqlSafe(sql))
-            .execute(&self.inner.pool)
-            .await?
-            .rows_affected();
-        let ids = settlement.ids();
-        if n >= ids.len() as u64 {
-            return Ok(super::settled(settlement, ids));
-        }
-        if n == 0 {
-            return Ok(super::settled(settlement, Vec::new()));
-        }
-        // Some changed: the rows another claim holds now are certainly lost. A row that
-        // was already settled by its new owner cannot be told from one settled here, so
-        // the rest are attributed by count (this only affects which ids a log names).
-        let held: Vec<i64> = sqlx::raw_sql(AssertSqlSafe(format!(
-            "SELECT id FROM {p}_messages WHERE id IN ({}) AND claim_token IS NOT NULL",
-            Self::id_list(&ids)
-        )))
-        .fetch_all(&self.inner.pool)
-        .await?
-        .iter()
-        .map(|r| r.try_get::<i64, _>(0))
-        .collect::<std::result::Result<_, _>>()?;
-        let changed = ids
-            .into_iter()
-            .filter(|id| !held.contains(id))
-            .take(usize::try_from(n).unwrap_or(usize::MAX))
-            .collect();
-        Ok(super::settled(settlement, changed))
-        })
-        .await
+        retry_deadlock(|| self.settle_once(token, settlement)).await
     }
 
     async fn delete_claimed(&self, token: Uuid, ids: &[i64]) -> Result<Vec<i64>> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let p = &self.inner.config.schema;
-        let list = &Self::id_list(ids);
-        let token_text = token.hyphenated();
-        // No DELETE … RETURNING in MySQL: the rows this claim still holds are read and
-        // locked first, in the same transaction, and exactly those are deleted.
-        retry_deadlock(|| async move {
-            let mut tx = self.inner.pool.begin().await?;
-            let held: Vec<i64> = sqlx::raw_sql(AssertSqlSafe(format!(
-                "SELECT id FROM {p}_messages
-                 WHERE id IN ({list}) AND claim_token = '{token_text}' AND status = 1
-                 FOR UPDATE"
-            )))
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(|r| r.try_get::<i64, _>("id").unwrap_or(-1))
-            .collect();
-            if !held.is_empty() {
-                let held_list = Self::id_list(&held);
-                sqlx::raw_sql(AssertSqlSafe(format!(
-                    "DELETE FROM {p}_messages WHERE id IN ({held_list}) AND claim_token = '{token_text}'"
-                )))
-                .execute(&mut *tx)
-                .await?;
-            }
-            tx.commit().await?;
-            Ok(held)
-        })
-        .await
+        retry_deadlock(|| self.delete_claimed_once(token, ids)).await
     }
 
     async fn renew(&self, token: Uuid, ids: &[i64], lease: Duration) -> Result<Vec<i64>> {
@@ -1166,37 +1206,7 @@ impl Store for MySqlStore {
     }
 
     async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
-        retry_deadlock(|| async move {
-            let p = &self.inner.config.schema;
-            let mut conn = self.inner.pool.acquire().await?;
-            let lock = format!("outbox_purge_{p}");
-            let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
-                .bind(&lock)
-                .fetch_one(&mut *conn)
-                .await?;
-            if got != Some(1) {
-                return Ok(PurgeBatch {
-                    deleted: 0,
-                    locked_out: true,
-                });
-            }
-            let r = sqlx::query(self.inner.sql.purge.clone())
-                .bind(millis(older_than))
-                .bind(i64::from(batch_size))
-                .execute(&mut *conn)
-                .await;
-            let _ = sqlx::query("SELECT RELEASE_LOCK(?)")
-                .bind(&lock)
-                .execute(&mut *conn)
-                .await;
-            let deleted = r?.rows_affected();
-            crate::metrics::purged(deleted);
-            Ok(PurgeBatch {
-                deleted,
-                locked_out: false,
-            })
-        })
-        .await
+        retry_deadlock(|| self.purge_once(older_than, batch_size)).await
     }
 
     async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64> {

@@ -22,7 +22,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-/// Schema version this build creates and expects (4: the consumer inbox).
+/// Schema version this build creates and expects (4: the consumer inbox; 5: `enqueue(...)`
+/// skips its header checks for a message without headers).
 pub const SCHEMA_VERSION: i64 = 5;
 
 /// SQL text built once per store from the validated schema name.
