@@ -28,7 +28,8 @@
 //! ```
 //!
 //! It expects order messages whose payload is `{"order_id": "<text>", "amount_cents":
-//! <integer>}` ([`OrderPlaced`]) and prints one line per message it handles.
+//! <integer>}` ([`OrderPlaced`]) and prints one line per message it handles (its id and
+//! key, never the payload).
 //!
 //! Settings (environment): `OUTBOX_DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/test`), `OUTBOX_SCHEMA` (default `outbox`),
@@ -299,15 +300,17 @@ pub async fn handle_one(store: &PgStore, cfg: &Config, msg: &jetstream::Message)
     match handle(store, cfg, &envelope, &order).await {
         Ok(Accepted::Fresh) => {
             eprintln!(
-                "nats_consumer: order {} (message {}): invoiced, follow-up enqueued",
-                order.order_id, envelope.message_id
+                "nats_consumer: message {} (key {}): invoiced, follow-up enqueued",
+                envelope.message_id,
+                envelope.key.as_deref().unwrap_or("-")
             );
             Handled::Fresh
         }
         Ok(Accepted::Duplicate) => {
             eprintln!(
-                "nats_consumer: order {} (message {}): a duplicate, skipped",
-                order.order_id, envelope.message_id
+                "nats_consumer: message {} (key {}): a duplicate, skipped",
+                envelope.message_id,
+                envelope.key.as_deref().unwrap_or("-")
             );
             Handled::Duplicate
         }
