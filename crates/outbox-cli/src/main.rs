@@ -126,9 +126,14 @@ enum Command {
         /// messages; dead letters are kept and replayed as always).
         #[arg(long, env = "OUTBOX_ON_DISPATCH", default_value = "keep", value_parser = ["keep", "delete"])]
         on_dispatch: String,
-        /// Rows per claim.
-        #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 100)]
+        /// The most rows per claim. Claims start at --min-batch-size and follow the
+        /// backlog: doubling after a full claim, halving after one less than half full.
+        #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 1000)]
         batch_size: u32,
+        /// The fewest rows a claim asks for (the size while little is due; at most
+        /// --batch-size).
+        #[arg(long, env = "OUTBOX_MIN_BATCH_SIZE", default_value_t = 100)]
+        min_batch_size: u32,
         /// Claim lease, in ms.
         #[arg(long, env = "OUTBOX_LEASE_MS", default_value_t = 30_000)]
         lease_ms: u64,
@@ -155,9 +160,10 @@ enum Command {
         /// Name written to claimed_by (default HOSTNAME:PID:RANDOM).
         #[arg(long, env = "OUTBOX_RELAY_ID")]
         relay_id: Option<String>,
-        /// Batches in flight at once: while one waits for its confirmations, another is
-        /// claimed or marked.
-        #[arg(long, env = "OUTBOX_IN_FLIGHT_BATCHES", default_value_t = 2)]
+        /// The most batches in flight at once: while one waits for its confirmations,
+        /// another is claimed or marked. While little is due one is in flight; more join
+        /// after a claim came back full.
+        #[arg(long, env = "OUTBOX_IN_FLIGHT_BATCHES", default_value_t = 4)]
         in_flight_batches: u32,
         /// Serve /metrics (Prometheus), /healthz and /readyz on HOST:PORT (e.g.
         /// 127.0.0.1:9464). Off by default.
@@ -599,6 +605,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             drain_wait_leases,
             on_dispatch,
             batch_size,
+            min_batch_size,
             lease_ms,
             max_attempts,
             poll_interval_ms,
@@ -622,6 +629,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let open = || open_sink(sink.as_deref(), routes);
             let mut config = RelayConfig {
                 batch_size: *batch_size,
+                min_batch_size: *min_batch_size,
                 lease: Duration::from_millis(*lease_ms),
                 max_attempts: *max_attempts,
                 poll_interval: Duration::from_millis(*poll_interval_ms),

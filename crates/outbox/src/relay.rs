@@ -41,8 +41,14 @@ use tokio_util::sync::CancellationToken;
 pub struct RelayConfig {
     /// Written to `claimed_by` (default `HOSTNAME:PID:RANDOM`).
     pub relay_id: String,
-    /// Rows per claim (default 100).
+    /// The most rows per claim (default 1,000). Claims start at [`Self::min_batch_size`]
+    /// rows and follow the backlog: the size doubles after a claim that came back full
+    /// (up to this bound) and halves after one that came back less than half full (down
+    /// to the minimum). Equal bounds give a fixed size.
     pub batch_size: u32,
+    /// The fewest rows a claim asks for (default 100; at most `batch_size`): the size
+    /// while little is due, so a burst is spread over the batches in flight.
+    pub min_batch_size: u32,
     /// How long a claim holds (default 30 s) before other relays may claim its rows
     /// again. While a batch is in flight the relay renews it every third of the lease, so
     /// a publish may take longer than the lease; only a relay that dies (or cannot reach
@@ -69,8 +75,9 @@ pub struct RelayConfig {
     pub shutdown_grace: Duration,
     /// Exit once a claim finds nothing due, instead of waiting for more.
     pub drain: bool,
-    /// Batches in flight at once (default 2): while one batch waits for its
-    /// confirmations, another is claimed or marked. Each has its own claim token.
+    /// The most batches in flight at once (default 4): while one batch waits for its
+    /// confirmations, another is claimed or marked. Each has its own claim token. While
+    /// little is due one batch is in flight; more join only after a claim came back full.
     pub in_flight_batches: u32,
     /// How often the relay writes its registry row (default 5 s; zero: no registry row).
     /// A row not refreshed for [`crate::store::RELAY_EXPIRY`] counts as gone.
@@ -102,7 +109,8 @@ impl Default for RelayConfig {
     fn default() -> Self {
         RelayConfig {
             relay_id: default_relay_id(),
-            batch_size: 100,
+            batch_size: 1000,
+            min_batch_size: 100,
             lease: Duration::from_secs(30),
             max_attempts: 10,
             poll_interval: Duration::from_secs(1),
@@ -112,13 +120,17 @@ impl Default for RelayConfig {
             shutdown_grace: Duration::from_secs(10),
             drain: false,
             on_dispatch: OnDispatch::Keep,
-            in_flight_batches: 2,
+            in_flight_batches: 4,
             heartbeat_interval: Duration::from_secs(5),
             sample_interval: Duration::from_secs(15),
             summary_interval: Duration::from_secs(60),
         }
     }
 }
+
+/// How often a relay reads the pause switch to log its changes (the claim honours the
+/// switch at once; this only bounds how late the "paused" log line comes).
+const PAUSE_LOG_INTERVAL: Duration = Duration::from_secs(5);
 
 /// `HOSTNAME:PID:XXXX` with four random hex digits.
 pub fn default_relay_id() -> String {
@@ -291,11 +303,17 @@ pub struct Relay {
     router: Arc<Router>,
     config: RelayConfig,
     counters: Arc<Counters>,
-    /// The pause switch as last read, shared by the workers (one read per second per
-    /// relay).
+    /// The pause switch as last read, for the log lines (the claim itself honours the
+    /// switch and the topic pauses; the background reads them every few seconds).
     pause: tokio::sync::Mutex<PauseCache>,
-    /// Wakes idle workers other than the poller when a claim came back full.
+    /// The store's wake-up counter, held by the one idle worker that listens for the
+    /// relay (the others wait for it or for `more`): one claim per wake-up or poll.
+    listener: tokio::sync::Mutex<Option<tokio::sync::watch::Receiver<u64>>>,
+    /// Wakes the idle workers that are not listening when a claim came back full.
     more: tokio::sync::Notify,
+    /// Rows the next claim asks for, between the configured bounds (see
+    /// [`RelayConfig::batch_size`]); shared by the workers.
+    claim_size: std::sync::atomic::AtomicU32,
     /// The store's health as the workers saw it (one outage, one pair of log lines).
     failing: std::sync::Mutex<Failing>,
     /// Progress and in-flight count, shared with whoever watches the relay.
@@ -304,12 +322,8 @@ pub struct Relay {
 
 #[derive(Default)]
 struct PauseCache {
-    checked: Option<Instant>,
-    paused: bool,
     reason: Option<String>,
     logged: bool,
-    /// Topic pauses in force: claims skip these topics.
-    topics: Vec<crate::sink::router::TopicPattern>,
     /// The topic patterns last logged (to log each change once).
     logged_topics: Vec<String>,
 }
@@ -509,7 +523,11 @@ impl Relay {
             router: Arc::new(router),
             counters: Arc::new(Counters::default()),
             pause: tokio::sync::Mutex::new(PauseCache::default()),
+            listener: tokio::sync::Mutex::new(None),
             more: tokio::sync::Notify::new(),
+            claim_size: std::sync::atomic::AtomicU32::new(
+                config.min_batch_size.clamp(1, config.batch_size.max(1)),
+            ),
             failing: std::sync::Mutex::new(Failing::default()),
             health: Arc::new(RelayHealth::new(config.poll_interval)),
             config,
@@ -570,7 +588,7 @@ impl Relay {
             ));
         }
         self.store.check_schema().await?;
-        tracing::info!(relay_id = %cfg.relay_id, sink = %self.router.describe(), batch_size = cfg.batch_size, in_flight_batches = cfg.in_flight_batches, "relay started");
+        tracing::info!(relay_id = %cfg.relay_id, sink = %self.router.describe(), batch_size = cfg.batch_size, min_batch_size = cfg.min_batch_size, in_flight_batches = cfg.in_flight_batches, "relay started");
         // Each worker claims, publishes and settles its own batches; SKIP LOCKED keeps
         // their claims apart, and one worker's publish overlaps another's claim and mark.
         crate::metrics::relay_info(&self.store_kind(), &self.router.describe());
@@ -578,10 +596,9 @@ impl Relay {
         self.health.turned();
         let done = CancellationToken::new();
         let workers = async {
-            let r = futures::future::join_all(
-                (0..cfg.in_flight_batches).map(|w| self.worker(w, &cancel)),
-            )
-            .await;
+            let r =
+                futures::future::join_all((0..cfg.in_flight_batches).map(|_| self.worker(&cancel)))
+                    .await;
             done.cancel();
             r
         };
@@ -656,10 +673,16 @@ impl Relay {
         let mut next_sample =
             every(cfg.sample_interval).map(|_| start + Duration::from_millis(200));
         let mut next_summary = every(cfg.summary_interval).map(|d| start + d);
+        // The pause switch for the log lines (the claim honours it by itself): read every
+        // PAUSE_LOG_INTERVAL, and within a second of a wake-up (a pause or resume moves
+        // the store's counter), so an idle relay reads it rarely.
+        let mut next_pause = start;
+        let mut last_pause = start;
+        let mut wakeups = Some(self.store.wakeups());
         let mut last_summary = (start, self.counters.snapshot());
         let host = host_name();
         loop {
-            let wake = [next_beat, next_sample, next_summary]
+            let wake = [next_beat, next_sample, next_summary, Some(next_pause)]
                 .into_iter()
                 .flatten()
                 .min()
@@ -667,6 +690,14 @@ impl Relay {
                 .min(Instant::now() + Duration::from_secs(5));
             tokio::select! {
                 () = tokio::time::sleep_until(wake) => {}
+                r = async { wakeups.as_mut()?.changed().await.ok() },
+                    if wakeups.is_some() && next_pause > last_pause + Duration::from_secs(1) => {
+                    match r {
+                        Some(()) => next_pause = last_pause + Duration::from_secs(1),
+                        None => wakeups = None, // the store's counter is gone
+                    }
+                    continue;
+                }
                 () = done.cancelled() => break,
             }
             let now = Instant::now();
@@ -693,6 +724,14 @@ impl Relay {
                     tracing::debug!(error = %e, "writing the relay's registry row failed; next try in {interval:?}");
                 }
             }
+            if now >= next_pause {
+                last_pause = now;
+                next_pause = now + PAUSE_LOG_INTERVAL;
+                if let Err(e) = self.note_pause().await {
+                    crate::metrics::store_error("pause");
+                    tracing::debug!(error = %e, "reading the pause switch failed");
+                }
+            }
             if let (Some(at), Some(interval)) = (next_sample, every(cfg.sample_interval))
                 && now >= at
             {
@@ -711,6 +750,8 @@ impl Relay {
                 last_summary = (now, stats);
             }
         }
+        // The last log lines tell the pause state the relay stopped in.
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.note_pause()).await;
         if registry {
             match tokio::time::timeout(Duration::from_secs(2), self.store.deregister(&cfg.relay_id))
                 .await
@@ -773,18 +814,11 @@ impl Relay {
         );
     }
 
-    /// The pause switch, read from the store at most once a second per relay. `Err`
-    /// carries the store error (already counted).
-    async fn paused(&self) -> Result<bool, Error> {
-        let mut p = self.pause.lock().await;
-        if p.checked
-            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
-        {
-            return Ok(p.paused);
-        }
+    /// Reads the pause switch and the topic pauses and logs each change once (the claim
+    /// honours them by itself; this is for the operator). Returns the switch.
+    async fn note_pause(&self) -> Result<bool, Error> {
         let state = self.store.pause_state().await?;
-        p.checked = Some(Instant::now());
-        p.paused = state.paused;
+        let mut p = self.pause.lock().await;
         p.reason = state.reason;
         let patterns: Vec<String> = state.topics.iter().map(|t| t.pattern.clone()).collect();
         if patterns != p.logged_topics {
@@ -793,14 +827,10 @@ impl Relay {
             } else {
                 tracing::warn!(topics = %patterns.join(","), "topics paused: not publishing these (other topics flow)");
             }
-            p.topics = patterns
-                .iter()
-                .filter_map(|t| crate::sink::router::TopicPattern::parse(t).ok())
-                .collect();
             p.logged_topics = patterns;
         }
-        if p.paused != p.logged {
-            if p.paused {
+        if state.paused != p.logged {
+            if state.paused {
                 tracing::warn!(
                     reason = p.reason.as_deref().unwrap_or(""),
                     "outbox paused: not publishing"
@@ -808,16 +838,40 @@ impl Relay {
             } else {
                 tracing::info!("outbox resumed");
             }
-            p.logged = p.paused;
+            p.logged = state.paused;
         }
-        Ok(p.paused)
+        Ok(state.paused)
     }
 
-    /// One claim → publish → settle loop. Worker 0 is the relay's poller while idle; the
-    /// others wait for a wake-up or for worker 0 to find a full batch.
-    async fn worker(&self, index: u32, cancel: &CancellationToken) -> Result<(), RelayError> {
+    /// Waits while idle: for the store's wake-up or the poll interval when this worker is
+    /// the relay's listener (one idle worker at a time is), for a full batch found by
+    /// another worker, or for shutdown. One claim follows per wake-up, not one per worker.
+    async fn idle(&self, cancel: &CancellationToken) {
+        tokio::select! {
+            mut slot = self.listener.lock() => {
+                let wake = slot.get_or_insert_with(|| self.store.wakeups());
+                tokio::select! {
+                    r = wake.changed() => {
+                        if r.is_err() {
+                            // The store's counter is gone: poll instead.
+                            *slot = None;
+                            sleep_or_cancel(self.config.poll_interval, cancel).await;
+                        }
+                    }
+                    () = tokio::time::sleep(self.config.poll_interval) => {}
+                    () = cancel.cancelled() => {}
+                }
+            }
+            () = self.more.notified() => {}
+            () = cancel.cancelled() => {}
+        }
+    }
+
+    /// One claim → publish → settle loop. While idle, one worker at a time listens for
+    /// the store's wake-up and polls (see [`Relay::idle`]); a claim that found rows is
+    /// followed at once by another.
+    async fn worker(&self, cancel: &CancellationToken) -> Result<(), RelayError> {
         let cfg = &self.config;
-        let mut wake = self.store.wakeups();
         let mut request = ClaimRequest {
             relay_id: cfg.relay_id.clone(),
             batch_size: cfg.batch_size,
@@ -825,35 +879,7 @@ impl Relay {
             skip_topics: Vec::new(),
         };
         while !cancel.is_cancelled() {
-            wake.borrow_and_update();
             self.health.turned();
-
-            let began = Instant::now();
-            match self.paused().await {
-                Ok(true) => {
-                    if cfg.drain {
-                        let reason = self.pause.lock().await.reason.clone();
-                        return Err(RelayError::Paused {
-                            reason: reason.unwrap_or_default(),
-                        });
-                    }
-                    sleep_or_cancel(Duration::from_secs(1), cancel).await;
-                    continue;
-                }
-                Ok(false) => {
-                    let p = self.pause.lock().await;
-                    if p.topics != request.skip_topics {
-                        request.skip_topics = p.topics.clone();
-                    }
-                }
-                Err(e) => {
-                    add(&self.counters.store_retries, 1);
-                    crate::metrics::store_error("pause");
-                    let delay = self.store_failed("reading the pause switch", &e, began);
-                    sleep_or_cancel(delay, cancel).await;
-                    continue;
-                }
-            }
 
             // Every destination down: nothing claimed now could be published before the
             // first probe is due, so wait for it instead of cycling rows.
@@ -868,6 +894,8 @@ impl Relay {
                 continue;
             }
 
+            let size = self.claim_size.load(Ordering::Relaxed);
+            request.batch_size = size;
             let began = Instant::now();
             let claim = match self.store.claim(&request).await {
                 Ok(c) => {
@@ -884,22 +912,23 @@ impl Relay {
                 }
             };
             let n = claim.messages.len() + claim.malformed.len();
+            self.follow_backlog(size, n);
             if n == 0 {
                 if cfg.drain {
+                    // Nothing claimed: nothing due, or the outbox is paused (the claim
+                    // honours the switch), which a drain reports.
+                    if let Ok(true) = self.note_pause().await {
+                        let reason = self.pause.lock().await.reason.clone();
+                        return Err(RelayError::Paused {
+                            reason: reason.unwrap_or_default(),
+                        });
+                    }
                     break;
                 }
-                // Idle: wait for the store's wake-up, the poll interval (worker 0 only: one
-                // idle claim per relay per interval), a full batch found by another worker,
-                // or shutdown.
-                tokio::select! {
-                    _ = wake.changed() => {}
-                    _ = tokio::time::sleep(cfg.poll_interval), if index == 0 => {}
-                    _ = self.more.notified(), if index != 0 => {}
-                    _ = cancel.cancelled() => {}
-                }
+                self.idle(cancel).await;
                 continue;
             }
-            if n >= cfg.batch_size as usize {
+            if n >= size as usize {
                 // More may be due: let the idle workers claim too.
                 self.more.notify_waiters();
             }
@@ -917,6 +946,25 @@ impl Relay {
             // A batch was found: claim again at once (more may be due).
         }
         Ok(())
+    }
+
+    /// The next claim's size after a claim of `size` rows found `n`: doubled when it came
+    /// back full (a backlog), halved when less than half full, within the bounds.
+    fn follow_backlog(&self, size: u32, n: usize) {
+        let (min, max) = (
+            self.config.min_batch_size.clamp(1, self.config.batch_size),
+            self.config.batch_size,
+        );
+        let next = if n >= size as usize {
+            size.saturating_mul(2).min(max)
+        } else if n < (size / 2) as usize {
+            (size / 2).max(min)
+        } else {
+            size
+        };
+        if next != size {
+            self.claim_size.store(next, Ordering::Relaxed);
+        }
     }
 
     /// Publishes one claim and settles it. Returns true when shutdown grace ran out.

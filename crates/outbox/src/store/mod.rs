@@ -778,6 +778,19 @@ pub(crate) fn settled(s: &Settlement, mut changed: Vec<i64>) -> Settled {
 }
 
 /// A duration in whole milliseconds, saturating, as the stores bind it.
+/// The regex of each stored topic-pause pattern (for pauses written before the claim
+/// matched them in SQL); a pattern that no longer parses matches nothing (`$^`), so it
+/// pauses nothing and `outbox resume --topic` still removes it.
+pub(crate) fn pause_regexes(patterns: Vec<String>) -> Vec<(String, String)> {
+    patterns
+        .into_iter()
+        .map(|p| {
+            let re = TopicPattern::parse(&p).map_or_else(|_| "$^".to_owned(), |t| t.regex());
+            (p, re)
+        })
+        .collect()
+}
+
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -834,6 +847,11 @@ impl Wakeup {
         if slot.is_none() {
             *slot = Some(tokio::spawn(watch(Bump(self.counter.clone()))));
         }
+    }
+
+    /// A handle that moves the counter from outside the watch task (a commit hook).
+    pub(crate) fn bumper(&self) -> Bump {
+        Bump(self.counter.clone())
     }
 
     pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {

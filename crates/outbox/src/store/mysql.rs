@@ -42,8 +42,9 @@ use uuid::Uuid;
 
 /// Schema version this build creates and expects (2: `{prefix}_enqueue` validates headers
 /// as `outbox.enqueue` does on PostgreSQL; 3: dead letters, replays, the relay registry and
-/// topic pauses; 4: the consumer inbox, `{prefix}_inbox` and `{prefix}_inbox_accept`).
-pub const SCHEMA_VERSION: i64 = 4;
+/// topic pauses; 4: the consumer inbox, `{prefix}_inbox` and `{prefix}_inbox_accept`; 5:
+/// topic pauses carry their regex, so the claim itself honours them).
+pub const SCHEMA_VERSION: i64 = 5;
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
@@ -97,13 +98,7 @@ impl Sql {
             existing_id: q(format!(
                 "SELECT id FROM {p}_messages WHERE message_id = ? LOCK IN SHARE MODE"
             )),
-            claim_select: q(format!(
-                "SELECT id FROM {p}_messages
-                 WHERE live_at <= {n}
-                 ORDER BY live_at, id
-                 LIMIT ?
-                 FOR UPDATE SKIP LOCKED"
-            )),
+            claim_select: q(claim_select(p, "")),
             // The switch and the topic pauses in one statement (one read view): a row per
             // pause, or one row of NULL pause columns when there is none.
             pause_state: q(format!(
@@ -181,10 +176,10 @@ impl Sql {
                  ORDER BY started_at, relay_id"
             )),
             pause_topic: q(format!(
-                "INSERT INTO {p}_topic_pauses (pattern, reason, paused_by, paused_at)
-                 VALUES (?, ?, ?, {n})
+                "INSERT INTO {p}_topic_pauses (pattern, reason, paused_by, paused_at, regex)
+                 VALUES (?, ?, ?, {n}, ?)
                  ON DUPLICATE KEY UPDATE reason = VALUES(reason), paused_by = VALUES(paused_by),
-                     paused_at = VALUES(paused_at)"
+                     paused_at = VALUES(paused_at), regex = VALUES(regex)"
             )),
             resume_topic: q(format!("DELETE FROM {p}_topic_pauses WHERE pattern = ?")),
             // Due rows: pending and due, or claimed with an ended lease (the live index).
@@ -207,6 +202,24 @@ impl Sql {
 
 /// A UUIDv7 built in SQL (RFC 9562 section 5.7): 48-bit Unix ms, version 7, variant 10,
 /// the rest from MD5 of RAND() and UUID().
+/// The claim's select of due ids, with `extra` appended to the filter. It honours the
+/// pause switch and the topic pauses itself: both tests are uncorrelated subqueries the
+/// server evaluates once, and the topic regexes are matched row by row only when a topic
+/// pause exists (`OR` stops at its left side). The subqueries are plain reads: `FOR
+/// UPDATE` locks only the rows of the outer table.
+fn claim_select(p: &str, extra: &str) -> String {
+    format!(
+        "SELECT id FROM {p}_messages m
+         WHERE live_at <= {NOW}{extra}
+           AND NOT EXISTS (SELECT 1 FROM {p}_control c WHERE c.id = 1 AND c.paused)
+           AND (NOT EXISTS (SELECT 1 FROM {p}_topic_pauses)
+                OR NOT EXISTS (SELECT 1 FROM {p}_topic_pauses tp WHERE m.topic REGEXP tp.regex))
+         ORDER BY live_at, id
+         LIMIT ?
+         FOR UPDATE SKIP LOCKED"
+    )
+}
+
 fn uuid_v7_sql() -> &'static str {
     "LOWER(CONCAT(
         SUBSTR(LPAD(HEX(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000)), 12, '0'), 1, 8), '-',
@@ -292,7 +305,11 @@ fn migrations(p: &str) -> Vec<Vec<String>> {
                 SELECT LAST_INSERT_ID() AS id;
              END"
         ),
-    ], enqueue_v2(p), operations_v3(p), inbox_v4(p)]
+    ], enqueue_v2(p), operations_v3(p), inbox_v4(p), vec![
+        // v5: a topic pause carries its pattern's regex (`TopicPattern::regex`), so the
+        // claim matches topics against it; `migrate` fills it for pauses made before.
+        format!("ALTER TABLE {p}_topic_pauses ADD COLUMN regex TEXT NULL"),
+    ]]
 }
 
 /// Migration 4: the consumer inbox. `consumer` is `VARBINARY(255)`: compared as bytes, with
@@ -820,13 +837,7 @@ impl MySqlStore {
                 .iter()
                 .map(|_| " AND topic NOT REGEXP ?")
                 .collect();
-            let mut query = sqlx::query_scalar(AssertSqlSafe(format!(
-                "SELECT id FROM {p}_messages
-                 WHERE live_at <= {NOW}{skip}
-                 ORDER BY live_at, id
-                 LIMIT ?
-                 FOR UPDATE SKIP LOCKED"
-            )));
+            let mut query = sqlx::query_scalar(AssertSqlSafe(claim_select(p.as_str(), &skip)));
             for t in &req.skip_topics {
                 query = query.bind(t.regex());
             }
@@ -1063,6 +1074,20 @@ impl Store for MySqlStore {
             .bind(i64::try_from(self.inner.config.max_message_bytes).unwrap_or(i64::MAX))
             .execute(&mut *conn)
             .await?;
+            let unset: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT pattern FROM {p}_topic_pauses WHERE regex IS NULL"
+            )))
+            .fetch_all(&mut *conn)
+            .await?;
+            for (pattern, regex) in super::pause_regexes(unset) {
+                sqlx::query(AssertSqlSafe(format!(
+                    "UPDATE {p}_topic_pauses SET regex = ? WHERE pattern = ?"
+                )))
+                .bind(regex)
+                .bind(pattern)
+                .execute(&mut *conn)
+                .await?;
+            }
             Ok::<_, Error>(())
         }
         .await;
@@ -1526,6 +1551,7 @@ impl Store for MySqlStore {
             .bind(pattern.as_str())
             .bind(reason)
             .bind(by)
+            .bind(pattern.regex())
             .execute(&self.inner.pool)
             .await?;
         Ok(())

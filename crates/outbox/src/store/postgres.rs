@@ -23,8 +23,9 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 /// Schema version this build creates and expects (4: the consumer inbox; 5: `enqueue(...)`
-/// skips its header checks for a message without headers).
-pub const SCHEMA_VERSION: i64 = 5;
+/// skips its header checks for a message without headers; 6: topic pauses carry their
+/// regex, so the claim itself honours them).
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// SQL text built once per store from the validated schema name.
 struct Sql {
@@ -54,7 +55,7 @@ impl Sql {
                  ON CONFLICT (message_id) DO NOTHING RETURNING id"
             )),
             claim: q(claim_sql(s, "")),
-            // Topic pauses: $5 is an array of topic regexes not to claim.
+            // Extra topics not to claim: $5 is an array of topic regexes.
             claim_skip: q(claim_sql(s, " AND NOT (topic ~ ANY($5::text[]))")),
             // One statement for a claim's whole outcome (River's
             // `JobSetStateIfRunningMany`), one data-modifying CTE per kind so each keeps
@@ -165,12 +166,18 @@ impl Sql {
     }
 }
 
-/// The claim statement, with `extra` appended to the due-row filter.
+/// The claim statement, with `extra` appended to the due-row filter. The claim honours
+/// the pause switch and the topic pauses itself: the switch is one uncorrelated test (a
+/// one-time filter), and the topic pauses are read row by row only when one exists (the
+/// `NOT EXISTS` on the left of the `OR` is evaluated once, and `OR` stops at it).
 fn claim_sql(s: &str, extra: &str) -> String {
     format!(
         "WITH due AS (
            SELECT id FROM {s}.messages
            WHERE status <= 1 AND available_at <= now(){extra}
+             AND NOT EXISTS (SELECT 1 FROM {s}.control c WHERE c.id AND c.paused)
+             AND (NOT EXISTS (SELECT 1 FROM {s}.topic_pauses)
+                  OR NOT EXISTS (SELECT 1 FROM {s}.topic_pauses tp WHERE topic ~ tp.regex))
            ORDER BY available_at, id
            LIMIT $1
            FOR UPDATE SKIP LOCKED)
@@ -396,6 +403,9 @@ $fn$;
         ),
         // v5: enqueue() skips the header checks for a message without headers.
         enqueue_function(s),
+        // v6: a topic pause carries its pattern's regex (`TopicPattern::regex`), so the
+        // claim matches topics against it; `migrate` fills it for pauses made before.
+        format!("ALTER TABLE {s}.topic_pauses ADD COLUMN IF NOT EXISTS regex text;"),
     ]
 }
 
@@ -775,6 +785,20 @@ impl Store for PgStore {
         .bind(i32::try_from(self.inner.config.max_message_bytes).unwrap_or(i32::MAX))
         .execute(&mut *tx)
         .await?;
+        let unset: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT pattern FROM {s}.topic_pauses WHERE regex IS NULL"
+        )))
+        .fetch_all(&mut *tx)
+        .await?;
+        for (pattern, regex) in super::pause_regexes(unset) {
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {s}.topic_pauses SET regex = $2 WHERE pattern = $1"
+            )))
+            .bind(pattern)
+            .bind(regex)
+            .execute(&mut *tx)
+            .await?;
+        }
         tx.commit().await?;
         Ok(())
     }
@@ -924,11 +948,23 @@ impl Store for PgStore {
     }
 
     async fn set_pause(&self, reason: Option<&str>) -> Result<()> {
+        // The claim reads the switch itself; the notification makes a resume take effect
+        // at once instead of at the relays' next poll.
+        let mut tx = self.inner.pool.begin().await?;
         sqlx::query(self.inner.sql.set_pause.clone())
             .bind(reason.is_some())
             .bind(reason)
-            .execute(&self.inner.pool)
+            .execute(&mut *tx)
             .await?;
+        if reason.is_none() {
+            let s = self.s();
+            sqlx::query(AssertSqlSafe(format!(
+                "SELECT pg_notify('{s}_messages', '')"
+            )))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 
@@ -1241,13 +1277,14 @@ impl Store for PgStore {
     async fn pause_topic(&self, pattern: &TopicPattern, reason: &str, by: &str) -> Result<()> {
         let s = self.s();
         sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {s}.topic_pauses (pattern, reason, paused_by) VALUES ($1, $2, $3)
+            "INSERT INTO {s}.topic_pauses (pattern, reason, paused_by, regex) VALUES ($1, $2, $3, $4)
              ON CONFLICT (pattern) DO UPDATE SET reason = excluded.reason,
-                 paused_by = excluded.paused_by, paused_at = now()"
+                 paused_by = excluded.paused_by, paused_at = now(), regex = excluded.regex"
         )))
         .bind(pattern.as_str())
         .bind(reason)
         .bind(by)
+        .bind(pattern.regex())
         .execute(&self.inner.pool)
         .await?;
         Ok(())
@@ -1255,12 +1292,20 @@ impl Store for PgStore {
 
     async fn resume_topic(&self, pattern: &str) -> Result<bool> {
         let s = self.s();
+        // The notification makes the resumed topics flow at once, not at the next poll.
+        let mut tx = self.inner.pool.begin().await?;
         let r = sqlx::query(AssertSqlSafe(format!(
             "DELETE FROM {s}.topic_pauses WHERE pattern = $1"
         )))
         .bind(pattern)
-        .execute(&self.inner.pool)
+        .execute(&mut *tx)
         .await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "SELECT pg_notify('{s}_messages', '')"
+        )))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
         Ok(r.rows_affected() > 0)
     }
 

@@ -29,15 +29,16 @@ use std::time::Duration;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-/// Schema version this build creates and expects (4: the consumer inbox).
-pub const SCHEMA_VERSION: i64 = 4;
+/// Schema version this build creates and expects (4: the consumer inbox; 5: topic pauses
+/// carry their regex, so the claim itself honours them).
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// The database clock in integer milliseconds (UTC); constant within one statement.
 const NOW_MS: &str = super::SQLITE_NOW_MS;
 
-/// How often the wake-up watcher looks at the database and WAL files (one `stat` each):
-/// every 2 ms right after a change, slowing by half each quiet look to every 20 ms, so a
-/// busy outbox is seen within milliseconds and an idle one costs about 50 looks a second.
+/// When the OS cannot notify (no inotify watch could be added), how often the wake-up
+/// watcher looks at the database and WAL files instead (one `stat` each): every 2 ms right
+/// after a change, slowing by half each quiet look to every 20 ms.
 const WATCH_MIN: Duration = Duration::from_millis(2);
 const WATCH_MAX: Duration = Duration::from_millis(20);
 
@@ -132,7 +133,10 @@ impl Sql {
     }
 }
 
-/// The claim statement; with `skip` topic regexes bound as ?5, ?6, … (topic pauses).
+/// The claim statement; with `skip` extra topic regexes bound as ?5, ?6, …. It honours
+/// the pause switch and the topic pauses itself: both are uncorrelated subqueries SQLite
+/// evaluates once per statement, and the topic regexes are matched row by row only when
+/// a topic pause exists (`OR` stops at its left side).
 fn claim_sql(p: &str, skip: usize) -> String {
     let n = NOW_MS;
     let skip: String = (0..skip)
@@ -144,6 +148,10 @@ fn claim_sql(p: &str, skip: usize) -> String {
              locked_until = {n} + ?3, available_at = {n} + ?3
          WHERE id IN (SELECT id FROM {p}_messages
                       WHERE status <= 1 AND available_at <= {n}{skip}
+                        AND NOT EXISTS (SELECT 1 FROM {p}_control c WHERE c.id = 1 AND c.paused)
+                        AND (NOT EXISTS (SELECT 1 FROM {p}_topic_pauses)
+                             OR NOT EXISTS (SELECT 1 FROM {p}_topic_pauses tp
+                                            WHERE {p}_messages.topic REGEXP tp.regex))
                       ORDER BY available_at, id LIMIT ?4)
          RETURNING id, message_id, topic, key, payload, headers, occurred_at, attempts, {n} AS now_ms"
     )
@@ -234,6 +242,9 @@ CREATE TABLE IF NOT EXISTS {p}_inbox (
 CREATE INDEX IF NOT EXISTS {p}_inbox_received ON {p}_inbox (received_at);
 "#
         ),
+        // v5: a topic pause carries its pattern's regex (`TopicPattern::regex`), so the
+        // claim matches topics against it; `migrate` fills it for pauses made before.
+        format!("ALTER TABLE {p}_topic_pauses ADD COLUMN regex TEXT;"),
     ]
 }
 
@@ -284,18 +295,40 @@ impl SqliteStore {
     /// Database errors when the file cannot be opened.
     pub async fn connect(url: &str, config: StoreConfig) -> Result<Self> {
         let options = connect_options(url)?;
+        let wakeup = super::Wakeup::new();
+        let bump = wakeup.bumper();
+        let p = config.schema.as_str().to_owned();
         // The acquire bound covers waiting for one of the four connections and opening
         // one; a statement waiting for the write lock is bounded by the busy timeout.
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
             .acquire_timeout(super::ACQUIRE_TIMEOUT)
+            .after_connect(move |conn, _| {
+                let bump = bump.clone();
+                let p = p.clone();
+                Box::pin(async move {
+                    wake_on_commit(conn, &p, bump).await;
+                    Ok(())
+                })
+            })
             .connect_with(options.clone())
             .await?;
-        Ok(Self::from_pool(pool, options, config))
+        Ok(Self::with_wakeup(pool, options, config, wakeup))
     }
 
-    /// Uses an existing pool; `options` name the database file the wake-up watcher watches.
+    /// Uses an existing pool; `options` name the database file the wake-up watcher
+    /// watches. Commits on this pool's connections wake the store's relays through the
+    /// file watch only (a pool from [`SqliteStore::connect`] wakes them at the commit).
     pub fn from_pool(pool: SqlitePool, options: SqliteConnectOptions, config: StoreConfig) -> Self {
+        Self::with_wakeup(pool, options, config, super::Wakeup::new())
+    }
+
+    fn with_wakeup(
+        pool: SqlitePool,
+        options: SqliteConnectOptions,
+        config: StoreConfig,
+        wakeup: super::Wakeup,
+    ) -> Self {
         let sql = Sql::new(config.schema.as_str());
         SqliteStore {
             inner: Arc::new(Inner {
@@ -303,7 +336,7 @@ impl SqliteStore {
                 options,
                 config,
                 sql,
-                wakeup: super::Wakeup::new(),
+                wakeup,
             }),
         }
     }
@@ -431,40 +464,128 @@ impl SqliteStore {
         })
     }
 
-    /// Watches the database and WAL files' size and modification time: every commit by
-    /// any process appends to the WAL (or, after a checkpoint, writes the database file),
-    /// so a change of either means new rows may be due. A `stat` every few milliseconds
-    /// costs microseconds and needs no connection, so an idle relay stays idle.
+    /// Watches the database and its WAL for commits by any process: every commit appends
+    /// to the WAL (or, after a checkpoint, writes the database file). The OS tells us
+    /// (inotify on Linux, through the `notify` crate: no work while nothing changes);
+    /// where no watch can be added, a `stat` of both files every few milliseconds does.
     fn start_watcher(&self) {
         let db = self.inner.options.get_filename().to_path_buf();
         let mut wal = db.clone().into_os_string();
         wal.push("-wal");
         let files = [db, std::path::PathBuf::from(wal)];
         self.inner.wakeup.start_once(|wake| async move {
-            let look = || {
-                files
-                    .iter()
-                    .map(|f| {
-                        std::fs::metadata(f)
-                            .ok()
-                            .map(|m| (m.len(), m.modified().ok()))
-                    })
-                    .collect::<Vec<_>>()
-            };
-            let mut last = look();
-            let mut interval = WATCH_MIN;
-            loop {
-                tokio::time::sleep(interval).await;
-                let now = look();
-                if now != last {
-                    wake.bump();
-                    last = now;
-                    interval = WATCH_MIN;
-                } else {
-                    interval = (interval * 3 / 2).min(WATCH_MAX);
+            match notify_watcher(&files, wake.clone()) {
+                Ok(watcher) => {
+                    // The watcher's own thread bumps the counter; keep it alive.
+                    let _watcher = watcher;
+                    std::future::pending::<()>().await;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "no file notifications for the SQLite database: polling its files");
+                    poll_files(&files, &wake).await;
                 }
             }
         });
+    }
+}
+
+/// Installs, on one pool connection, the hooks that wake this process's relays when a
+/// transaction that inserted into `{p}_messages` (or changed a pause) commits: the update
+/// hook notes the write, the commit hook moves the counter. The commit hook runs just
+/// before the commit ends; a claim that starts then waits for the writer's lock (the busy
+/// timeout) and sees the rows.
+async fn wake_on_commit(conn: &mut sqlx::SqliteConnection, p: &str, bump: super::Bump) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Ok(mut handle) = conn.lock_handle().await else {
+        return;
+    };
+    let wrote = Arc::new(AtomicBool::new(false));
+    let (messages, control, pauses) = (
+        format!("{p}_messages"),
+        format!("{p}_control"),
+        format!("{p}_topic_pauses"),
+    );
+    let noted = wrote.clone();
+    handle.set_update_hook(move |change| {
+        let insert = matches!(change.operation, sqlx::sqlite::SqliteOperation::Insert);
+        if (insert && change.table == messages) || change.table == control || change.table == pauses
+        {
+            noted.store(true, Ordering::Relaxed);
+        }
+    });
+    let committed = wrote.clone();
+    handle.set_commit_hook(move || {
+        if committed.swap(false, Ordering::Relaxed) {
+            bump.bump();
+        }
+        true
+    });
+    handle.set_rollback_hook(move || wrote.store(false, Ordering::Relaxed));
+}
+
+/// An OS watch on the directory of `files` that bumps `wake` when one of them is written.
+fn notify_watcher(
+    files: &[std::path::PathBuf; 2],
+    wake: super::Bump,
+) -> notify::Result<notify::RecommendedWatcher> {
+    use notify::Watcher;
+    let dir = match files[0].parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
+    let names: Vec<std::ffi::OsString> = files
+        .iter()
+        .filter_map(|f| f.file_name().map(std::ffi::OsStr::to_os_string))
+        .collect();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else {
+            // The OS dropped events (queue overflow): something changed.
+            wake.bump();
+            return;
+        };
+        let written = matches!(
+            event.kind,
+            notify::EventKind::Modify(_) | notify::EventKind::Create(_) | notify::EventKind::Any
+        );
+        if written
+            && (event.need_rescan()
+                || event
+                    .paths
+                    .iter()
+                    .any(|p| p.file_name().is_some_and(|n| names.iter().any(|f| f == n))))
+        {
+            wake.bump();
+        }
+    })?;
+    watcher.watch(&dir, notify::RecursiveMode::NonRecursive)?;
+    Ok(watcher)
+}
+
+/// The fallback watch: size and modification time of `files`, looked at every 2–20 ms.
+async fn poll_files(files: &[std::path::PathBuf; 2], wake: &super::Bump) {
+    let look = || {
+        files
+            .iter()
+            .map(|f| {
+                std::fs::metadata(f)
+                    .ok()
+                    .map(|m| (m.len(), m.modified().ok()))
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut last = look();
+    let mut interval = WATCH_MIN;
+    loop {
+        tokio::time::sleep(interval).await;
+        let now = look();
+        if now != last {
+            wake.bump();
+            last = now;
+            interval = WATCH_MIN;
+        } else {
+            interval = (interval * 3 / 2).min(WATCH_MAX);
+        }
     }
 }
 
@@ -506,6 +627,20 @@ impl Store for SqliteStore {
                 "INSERT INTO {p}_schema_migrations (version) VALUES (?1)"
             )))
             .bind(version)
+            .execute(&mut *tx)
+            .await?;
+        }
+        let unset: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT pattern FROM {p}_topic_pauses WHERE regex IS NULL"
+        )))
+        .fetch_all(&mut *tx)
+        .await?;
+        for (pattern, regex) in super::pause_regexes(unset) {
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {p}_topic_pauses SET regex = ?2 WHERE pattern = ?1"
+            )))
+            .bind(pattern)
+            .bind(regex)
             .execute(&mut *tx)
             .await?;
         }
@@ -953,14 +1088,16 @@ impl Store for SqliteStore {
         let p = self.p();
         let n = NOW_MS;
         sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {p}_topic_pauses (pattern, reason, paused_by, paused_at)
-             VALUES (?1, ?2, ?3, {n})
+            "INSERT INTO {p}_topic_pauses (pattern, reason, paused_by, paused_at, regex)
+             VALUES (?1, ?2, ?3, {n}, ?4)
              ON CONFLICT (pattern) DO UPDATE SET reason = excluded.reason,
-                 paused_by = excluded.paused_by, paused_at = excluded.paused_at"
+                 paused_by = excluded.paused_by, paused_at = excluded.paused_at,
+                 regex = excluded.regex"
         )))
         .bind(pattern.as_str())
         .bind(reason)
         .bind(by)
+        .bind(pattern.regex())
         .execute(&self.inner.pool)
         .await?;
         Ok(())
