@@ -34,21 +34,30 @@ fn pct(v: &mut [Duration], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e3
 }
 
-/// Claims and marks batches of 100 until nothing is due; returns per-batch latencies.
-async fn claim_all(store: &dyn Store, skip: usize) -> Vec<Duration> {
+/// Claims and marks batches of 100 until nothing is due, with `pauses` topic pauses in
+/// force (`paused.tN.>`, lifted afterwards: the claim statement skips their topics);
+/// returns per-batch latencies.
+async fn claim_all(store: &dyn Store, pauses: usize) -> Vec<Duration> {
     let req = ClaimRequest {
         relay_id: "bench".into(),
         batch_size: 100,
         lease: Duration::from_secs(60),
-        skip_topics: (0..skip)
-            .map(|i| outbox::sink::router::TopicPattern::parse(&format!("paused.t{i}.>")).unwrap())
-            .collect(),
+        skip_topics: Vec::new(),
     };
+    let patterns: Vec<_> = (0..pauses)
+        .map(|i| outbox::sink::router::TopicPattern::parse(&format!("paused.t{i}.>")).unwrap())
+        .collect();
+    for p in &patterns {
+        store.pause_topic(p, "bench", "bench").await.unwrap();
+    }
     let mut out = Vec::new();
     loop {
         let t = Instant::now();
         let c = store.claim(&req).await.unwrap();
         if c.messages.is_empty() {
+            for p in &patterns {
+                store.resume_topic(p.as_str()).await.unwrap();
+            }
             return out;
         }
         let ids: Vec<i64> = c.messages.iter().map(|m| m.id).collect();

@@ -26,15 +26,18 @@ use outbox::postgres::PgStore;
 use outbox::sink::Confirmations;
 use outbox::sink::nats::{NatsOptions, NatsSink};
 use outbox::sink::{PublishError, Sink};
+use outbox::store::AnyStore;
 use outbox::store::Store;
 use outbox::{Ident, Message, OutgoingMessage, Relay, RelayConfig, StoreConfig};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 const PG: &str = "postgres://postgres@127.0.0.1:5432/test";
 const NATS: &str = "nats://127.0.0.1:4222";
+const MYSQL: &str = "mysql://root@127.0.0.1:3306/test";
 
 type Times = Arc<Mutex<HashMap<Uuid, Instant>>>;
 
@@ -223,6 +226,10 @@ fn pct(v: &mut [Duration], p: f64) -> f64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    if std::env::args().any(|a| a == "idle") {
+        idle_costs().await;
+        return;
+    }
     let n: usize = std::env::var("BENCH_MESSAGES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -262,6 +269,16 @@ async fn main() {
     let nats_rate = n as f64 / t.elapsed().as_secs_f64();
     println!("baseline  JetStream alone (batches of 1,000 pipelined)      {nats_rate:>9.0} msg/s");
 
+    if std::env::args().any(|a| a == "steady") {
+        steady_state(&topic).await;
+        let _ = js.delete_stream(&stream_name).await;
+        return;
+    }
+    if std::env::args().any(|a| a == "latency") {
+        latencies(&topic).await;
+        let _ = js.delete_stream(&stream_name).await;
+        return;
+    }
     let only_on_dispatch = std::env::args().any(|a| a == "on-dispatch");
     if std::env::args().any(|a| a == "enqueue") {
         enqueue_costs(&topic).await;
@@ -572,4 +589,353 @@ async fn enqueue_costs(topic: &str) {
         );
     }
     drop_store(&store).await;
+}
+
+/// Counts the statements sqlx runs (its `sqlx::query` log events, one per statement),
+/// with every other event disabled.
+struct CountStatements(Arc<AtomicU64>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountStatements {
+    fn enabled(
+        &self,
+        m: &tracing::Metadata<'_>,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        m.target() == "sqlx::query"
+    }
+    fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if e.metadata().target() == "sqlx::query" {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// This process's CPU time (user + system) from `/proc/self/stat`.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after ')'.
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
+}
+
+/// A store of each kind with a fresh prefix, and how to remove it afterwards.
+async fn any_store(kind: &str, dir: &std::path::Path) -> (AnyStore, String) {
+    let prefix = format!("bench_{}", &Uuid::new_v4().simple().to_string()[..8]);
+    let url = match kind {
+        "PostgreSQL" => PG.to_owned(),
+        "MariaDB" => MYSQL.to_owned(),
+        _ => format!("sqlite://{}/{prefix}.db", dir.display()),
+    };
+    let store = AnyStore::connect(
+        &url,
+        StoreConfig {
+            schema: Ident::new(&prefix).unwrap(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{kind} at {url}: {e}"));
+    store.migrate().await.unwrap();
+    (store, prefix)
+}
+
+async fn drop_any(store: &AnyStore, prefix: &str) {
+    match store {
+        AnyStore::Postgres(s) => drop_store(s).await,
+        AnyStore::MySql(s) => {
+            let tables: Vec<String> = sqlx::query_scalar(
+                "SELECT CAST(table_name AS CHAR) FROM information_schema.tables
+                 WHERE table_schema = DATABASE() AND table_name LIKE CONCAT(?, '\\_%')",
+            )
+            .bind(prefix)
+            .fetch_all(s.pool())
+            .await
+            .unwrap();
+            for t in tables {
+                sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {t}")))
+                    .execute(s.pool())
+                    .await
+                    .unwrap();
+            }
+            for p in ["enqueue", "inbox_accept"] {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP PROCEDURE IF EXISTS {prefix}_{p}"
+                )))
+                .execute(s.pool())
+                .await
+                .unwrap();
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Figure 7: what an idle relay costs, per store: one relay at the default settings with
+/// nothing due, statements per second (every statement sqlx ran, wake-up probes and the
+/// registry heartbeat included) and the process's CPU over `BENCH_IDLE_SECS` (60).
+async fn idle_costs() {
+    let secs: u64 = std::env::var("BENCH_IDLE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let count = Arc::new(AtomicU64::new(0));
+    {
+        use tracing_subscriber::layer::SubscriberExt;
+        let subscriber = tracing_subscriber::registry().with(CountStatements(count.clone()));
+        tracing::subscriber::set_global_default(subscriber).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for kind in ["PostgreSQL", "MariaDB", "SQLite"] {
+        let (store, prefix) = any_store(kind, dir.path()).await;
+        let store = Arc::new(store);
+        let handle = Relay::new(store.clone(), Arc::new(NullSink), RelayConfig::default()).spawn();
+        // Past the start (first heartbeat and sample).
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (n0, cpu0, t0) = (count.load(Ordering::Relaxed), cpu_time(), Instant::now());
+        tokio::time::sleep(Duration::from_secs(secs)).await;
+        let (n1, cpu1, el) = (count.load(Ordering::Relaxed), cpu_time(), t0.elapsed());
+        handle.shutdown().await.unwrap();
+        println!(
+            "idle      {kind:<10} one relay at defaults, nothing due, {secs} s: {:>6.2} statements/s, CPU {:>5.2} ms/s",
+            (n1 - n0) as f64 / el.as_secs_f64(),
+            (cpu1.saturating_sub(cpu0)).as_secs_f64() * 1e3 / el.as_secs_f64()
+        );
+        drop_any(&store, &prefix).await;
+    }
+}
+
+/// Figure 8: steady state at the default settings. Two producers write transactions of
+/// 100 rows at full speed for `BENCH_STEADY_SECS` (60) while one relay at
+/// `RelayConfig::default()` publishes to JetStream: produced and relayed rows/s and the
+/// backlog every tenth of the run (bounded when the relay keeps up).
+async fn steady_state(topic: &str) {
+    let secs: u64 = std::env::var("BENCH_STEADY_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let store = fresh_store("steady").await;
+    let sink = NatsSink::connect(NATS, NatsOptions::default())
+        .await
+        .unwrap();
+    let handle = Relay::new(
+        Arc::new(store.clone()),
+        Arc::new(sink),
+        RelayConfig::default(),
+    )
+    .spawn();
+    let t = Instant::now();
+    let run_for = Duration::from_secs(secs);
+    let produced = Arc::new(AtomicU64::new(0));
+    let mut producers = Vec::new();
+    for _ in 0..2 {
+        let (store, topic, produced) = (store.clone(), topic.to_owned(), produced.clone());
+        producers.push(tokio::spawn(async move {
+            while t.elapsed() < run_for {
+                let mut tx = store.pool().begin().await.unwrap();
+                for _ in 0..100 {
+                    store
+                        .enqueue(&mut tx, &Message::new(topic.clone(), vec![b'x'; 300]))
+                        .await
+                        .unwrap();
+                }
+                tx.commit().await.unwrap();
+                produced.fetch_add(100, Ordering::Relaxed);
+            }
+        }));
+    }
+    let mut backlog = Vec::new();
+    for _ in 0..10 {
+        tokio::time::sleep(run_for / 10).await;
+        let c = store.counts().await.unwrap();
+        backlog.push(c.pending + c.claimed);
+    }
+    for p in producers {
+        p.await.unwrap();
+    }
+    let el = t.elapsed();
+    let relayed = handle.stats().dispatched;
+    let stats = handle.shutdown().await.unwrap();
+    let n = produced.load(Ordering::Relaxed);
+    println!(
+        "steady    2 producers (tx of 100 rows of 300 B), relay at defaults, {secs} s: produced {:>7.0} rows/s, relayed {:>7.0} rows/s ({:.2} of produced)",
+        n as f64 / el.as_secs_f64(),
+        relayed as f64 / el.as_secs_f64(),
+        relayed as f64 / n.max(1) as f64
+    );
+    println!(
+        "steady    backlog (pending + claimed) every {:.0} s: {backlog:?}; {} dispatched by shutdown",
+        (run_for / 10).as_secs_f64(),
+        stats.dispatched
+    );
+    drop_store(&store).await;
+}
+
+/// Commit → confirmation latencies of single-row producer transactions at `rate` msg/s
+/// for `secs`, spread over four producer tasks; `enqueue` commits one message and
+/// returns its id. Returns the latencies of the messages confirmed.
+async fn offered_load<F, Fut>(rate: u32, secs: u64, confirmed: &Times, enqueue: F) -> Vec<Duration>
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Uuid> + Send,
+{
+    const PRODUCERS: u32 = 4;
+    let per = rate / PRODUCERS;
+    let each = per as u64 * secs;
+    let mut tasks = Vec::new();
+    for _ in 0..PRODUCERS {
+        let enqueue = enqueue.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1) / per);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut committed = Vec::new();
+            for _ in 0..each {
+                tick.tick().await;
+                let id = enqueue().await;
+                committed.push((id, Instant::now()));
+            }
+            committed
+        }));
+    }
+    let mut committed = Vec::new();
+    for t in tasks {
+        committed.extend(t.await.unwrap());
+    }
+    // Everything confirmed, or two seconds more.
+    let wait = Instant::now();
+    while wait.elapsed() < Duration::from_secs(2)
+        && confirmed.lock().unwrap().len() < committed.len()
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let c = confirmed.lock().unwrap();
+    committed
+        .iter()
+        .filter_map(|(id, t0)| c.get(id).map(|t1| t1.saturating_duration_since(*t0)))
+        .collect()
+}
+
+fn print_latency(what: &str, rate: u32, mut lat: Vec<Duration>, offered: u64) {
+    println!(
+        "latency   {what:<44} {rate:>5} msg/s: p50 {:>6.2} ms  p99 {:>6.2} ms  max {:>7.2} ms  ({} of {offered} confirmed)",
+        pct(&mut lat, 0.5),
+        pct(&mut lat, 0.99),
+        pct(&mut lat, 1.0),
+        lat.len()
+    );
+}
+
+/// Figure 9: commit → confirmation at 100 and 1,000 msg/s offered (single-row producer
+/// transactions), relays at `RelayConfig::default()`, to JetStream: PostgreSQL (NOTIFY);
+/// SQLite with the relay in the producer's process (the commit wakes it) and with the
+/// producer on a pool of its own, as another process would be (the file watch wakes it).
+async fn latencies(topic: &str) {
+    let secs: u64 = std::env::var("BENCH_LATENCY_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let dir = tempfile::tempdir().unwrap();
+    for rate in [100u32, 1000] {
+        // PostgreSQL → JetStream.
+        {
+            let store = fresh_store("lat").await;
+            let confirmed: Times = Arc::default();
+            let sink = Timed {
+                inner: NatsSink::connect(NATS, NatsOptions::default())
+                    .await
+                    .unwrap(),
+                confirmed: confirmed.clone(),
+            };
+            let handle = Relay::new(
+                Arc::new(store.clone()),
+                Arc::new(sink),
+                RelayConfig::default(),
+            )
+            .spawn();
+            tokio::time::sleep(Duration::from_millis(300)).await; // the listener is up
+            let (s, topic) = (store.clone(), topic.to_owned());
+            let lat = offered_load(rate, secs, &confirmed, move || {
+                let (s, topic) = (s.clone(), topic.clone());
+                async move {
+                    let mut tx = s.pool().begin().await.unwrap();
+                    let m = Message::new(topic, vec![b'x'; 300]);
+                    s.enqueue(&mut tx, &m).await.unwrap();
+                    tx.commit().await.unwrap();
+                    m.id()
+                }
+            })
+            .await;
+            handle.shutdown().await.unwrap();
+            print_latency(
+                "PostgreSQL -> JetStream, commit -> PubAck",
+                rate,
+                lat,
+                rate as u64 * secs,
+            );
+            drop_store(&store).await;
+        }
+        // SQLite → JetStream, the producer in the relay's process and on another pool.
+        for own_pool in [false, true] {
+            let path = dir.path().join(format!("lat-{rate}-{own_pool}.db"));
+            let url = format!("sqlite://{}", path.display());
+            let store = outbox::sqlite::SqliteStore::connect(&url, StoreConfig::default())
+                .await
+                .unwrap();
+            store.migrate().await.unwrap();
+            let producer = if own_pool {
+                let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
+                let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                    .max_connections(4)
+                    .connect_with(
+                        options
+                            .clone()
+                            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                            .busy_timeout(Duration::from_secs(5)),
+                    )
+                    .await
+                    .unwrap();
+                outbox::sqlite::SqliteStore::from_pool(pool, options, StoreConfig::default())
+            } else {
+                store.clone()
+            };
+            let confirmed: Times = Arc::default();
+            let sink = Timed {
+                inner: NatsSink::connect(NATS, NatsOptions::default())
+                    .await
+                    .unwrap(),
+                confirmed: confirmed.clone(),
+            };
+            let handle = Relay::new(
+                Arc::new(store.clone()),
+                Arc::new(sink),
+                RelayConfig::default(),
+            )
+            .spawn();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let topic = topic.to_owned();
+            let lat = offered_load(rate, secs, &confirmed, move || {
+                let (s, topic) = (producer.clone(), topic.clone());
+                async move {
+                    let mut tx = s.pool().begin().await.unwrap();
+                    let m = Message::new(topic, vec![b'x'; 300]);
+                    s.enqueue(&mut tx, &m).await.unwrap();
+                    tx.commit().await.unwrap();
+                    m.id()
+                }
+            })
+            .await;
+            handle.shutdown().await.unwrap();
+            let what = if own_pool {
+                "SQLite -> JetStream, producer's own pool"
+            } else {
+                "SQLite -> JetStream, relay in the producer"
+            };
+            print_latency(what, rate, lat, rate as u64 * secs);
+        }
+    }
 }
