@@ -25,6 +25,7 @@ mod conformance_mysql;
 mod conformance_postgres;
 mod conformance_sqlite;
 mod consumer_e2e;
+mod idle_relay;
 mod inbox;
 mod publisher_conformance_file;
 mod publisher_conformance_http;

@@ -3,7 +3,8 @@
 use super::*;
 
 /// The switch is one row: set and cleared with a reason, its change time on the database
-/// clock, and producers keep writing while it is on (only relays read it).
+/// clock, and producers keep writing while it is on. The claim statement itself reads it:
+/// a claim while paused takes nothing, the next one after the resume takes the rows.
 pub(crate) async fn pause_switch_is_kept_on_the_database_clock<B: Backend>() {
     let b = B::create("pause", DEFAULT_MAX).await;
     let store = b.store();
@@ -27,6 +28,13 @@ pub(crate) async fn pause_switch_is_kept_on_the_database_clock<B: Backend>() {
         "producers write while paused"
     );
     assert_eq!(store.counts().await.unwrap().pending, 3);
+    let c = claim(&store, "r", 100, LONG).await;
+    assert!(
+        c.messages.is_empty() && c.malformed.is_empty(),
+        "a claim while paused takes nothing: {:?}",
+        claim_ids(&c)
+    );
+    assert_eq!(store.counts().await.unwrap().pending, 3);
 
     // Pausing again replaces the reason; resuming clears it.
     store.set_pause(Some("second window")).await.unwrap();
@@ -35,4 +43,10 @@ pub(crate) async fn pause_switch_is_kept_on_the_database_clock<B: Backend>() {
     store.set_pause(None).await.unwrap();
     let p = store.pause_state().await.unwrap();
     assert!(!p.paused && p.reason.is_none(), "{p:?}");
+    let c = claim(&store, "r", 100, LONG).await;
+    assert_eq!(
+        claim_ids(&c),
+        later.iter().map(|e| e.id).collect::<Vec<_>>(),
+        "the first claim after the resume"
+    );
 }
