@@ -17,8 +17,17 @@
 //!    alone, a plain INSERT of the same outbox row, the Rust `enqueue` and the SQL
 //!    `outbox.enqueue(...)`, each with NOTIFY on and off, in interleaved rounds.
 //!
+//! 7. idle cost per store (PostgreSQL, MariaDB, SQLite): one relay at the defaults with
+//!    nothing due, statements/s and CPU over `BENCH_IDLE_SECS` (60);
+//! 8. steady state at the defaults: two producers of 100-row transactions at full speed
+//!    for `BENCH_STEADY_SECS` (60): produced vs relayed rows/s, the backlog's trend;
+//! 9. commit → confirmation latency p50/p99/max at 100 and 1,000 msg/s offered
+//!    (single-row transactions, relays at the defaults) for PostgreSQL and for SQLite with
+//!    the producer in the relay's process and on a pool of its own (as another process).
+//!
 //! `cargo bench -p outbox --bench relay -- on-dispatch` runs only the keep/delete rounds;
-//! `-- enqueue` only the enqueue costs.
+//! `-- enqueue` only the enqueue costs; `-- idle`, `-- steady` and `-- latency` only
+//! figures 7, 8 and 9 (MariaDB must run for `idle`).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use async_trait::async_trait;

@@ -594,6 +594,9 @@ impl Relay {
         crate::metrics::relay_info(&self.store_kind(), &self.router.describe());
         self.warn_if_id_taken().await;
         self.health.turned();
+        // Subscribed before the first claim: a commit after it moves the counter even if
+        // no worker is idle yet.
+        *self.listener.lock().await = Some(self.store.wakeups());
         let done = CancellationToken::new();
         let workers = async {
             let r =
@@ -859,6 +862,7 @@ impl Relay {
                         }
                     }
                     () = tokio::time::sleep(self.config.poll_interval) => {}
+                    () = self.more.notified() => {}
                     () = cancel.cancelled() => {}
                 }
             }
@@ -917,13 +921,23 @@ impl Relay {
                 if cfg.drain {
                     // Nothing claimed: nothing due, or the outbox is paused (the claim
                     // honours the switch), which a drain reports.
-                    if let Ok(true) = self.note_pause().await {
-                        let reason = self.pause.lock().await.reason.clone();
-                        return Err(RelayError::Paused {
-                            reason: reason.unwrap_or_default(),
-                        });
+                    match self.note_pause().await {
+                        Ok(true) => {
+                            let reason = self.pause.lock().await.reason.clone();
+                            return Err(RelayError::Paused {
+                                reason: reason.unwrap_or_default(),
+                            });
+                        }
+                        Ok(false) => break,
+                        Err(e) => {
+                            // Not known whether paused: try again, as after any store error.
+                            add(&self.counters.store_retries, 1);
+                            crate::metrics::store_error("pause");
+                            let delay = self.store_failed("reading the pause switch", &e, began);
+                            sleep_or_cancel(delay, cancel).await;
+                            continue;
+                        }
                     }
-                    break;
                 }
                 self.idle(cancel).await;
                 continue;

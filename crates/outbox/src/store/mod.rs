@@ -777,7 +777,6 @@ pub(crate) fn settled(s: &Settlement, mut changed: Vec<i64>) -> Settled {
     Settled { changed, lost }
 }
 
-/// A duration in whole milliseconds, saturating, as the stores bind it.
 /// The regex of each stored topic-pause pattern (for pauses written before the claim
 /// matched them in SQL); a pattern that no longer parses matches nothing (`$^`), so it
 /// pauses nothing and `outbox resume --topic` still removes it.
@@ -791,6 +790,7 @@ pub(crate) fn pause_regexes(patterns: Vec<String>) -> Vec<(String, String)> {
         .collect()
 }
 
+/// A duration in whole milliseconds, saturating, as the stores bind it.
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

@@ -200,26 +200,28 @@ impl Sql {
     }
 }
 
-/// A UUIDv7 built in SQL (RFC 9562 section 5.7): 48-bit Unix ms, version 7, variant 10,
-/// the rest from MD5 of RAND() and UUID().
 /// The claim's select of due ids, with `extra` appended to the filter. It honours the
 /// pause switch and the topic pauses itself: both tests are uncorrelated subqueries the
 /// server evaluates once, and the topic regexes are matched row by row only when a topic
-/// pause exists (`OR` stops at its left side). The subqueries are plain reads: `FOR
-/// UPDATE` locks only the rows of the outer table.
+/// pause exists (`OR` stops at its left side); a pause whose regex is not filled in yet
+/// holds every topic (fail closed) until `migrate` fills it. The subqueries are plain
+/// reads: `FOR UPDATE` locks only the rows of the outer table (checked on MariaDB 10.11).
 fn claim_select(p: &str, extra: &str) -> String {
     format!(
         "SELECT id FROM {p}_messages m
          WHERE live_at <= {NOW}{extra}
            AND NOT EXISTS (SELECT 1 FROM {p}_control c WHERE c.id = 1 AND c.paused)
            AND (NOT EXISTS (SELECT 1 FROM {p}_topic_pauses)
-                OR NOT EXISTS (SELECT 1 FROM {p}_topic_pauses tp WHERE m.topic REGEXP tp.regex))
+                OR NOT EXISTS (SELECT 1 FROM {p}_topic_pauses tp
+                               WHERE tp.regex IS NULL OR m.topic REGEXP tp.regex))
          ORDER BY live_at, id
          LIMIT ?
          FOR UPDATE SKIP LOCKED"
     )
 }
 
+/// A UUIDv7 built in SQL (RFC 9562 section 5.7): 48-bit Unix ms, version 7, variant 10,
+/// the rest from MD5 of RAND() and UUID().
 fn uuid_v7_sql() -> &'static str {
     "LOWER(CONCAT(
         SUBSTR(LPAD(HEX(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000)), 12, '0'), 1, 8), '-',
@@ -308,7 +310,19 @@ fn migrations(p: &str) -> Vec<Vec<String>> {
     ], enqueue_v2(p), operations_v3(p), inbox_v4(p), vec![
         // v5: a topic pause carries its pattern's regex (`TopicPattern::regex`), so the
         // claim matches topics against it; `migrate` fills it for pauses made before.
-        format!("ALTER TABLE {p}_topic_pauses ADD COLUMN regex TEXT NULL"),
+        // Guarded, as v3 is, so an interrupted run can be rerun.
+        format!(
+            "SET @outbox_ddl = (
+                SELECT IF(COUNT(*) = 0,
+                          'ALTER TABLE {p}_topic_pauses ADD COLUMN regex TEXT NULL',
+                          'DO 0')
+                FROM information_schema.columns
+                WHERE table_schema = DATABASE() AND table_name = '{p}_topic_pauses'
+                  AND column_name = 'regex')"
+        ),
+        "PREPARE outbox_ddl FROM @outbox_ddl".to_owned(),
+        "EXECUTE outbox_ddl".to_owned(),
+        "DEALLOCATE PREPARE outbox_ddl".to_owned(),
     ]]
 }
 

@@ -169,7 +169,9 @@ impl Sql {
 /// The claim statement, with `extra` appended to the due-row filter. The claim honours
 /// the pause switch and the topic pauses itself: the switch is one uncorrelated test (a
 /// one-time filter), and the topic pauses are read row by row only when one exists (the
-/// `NOT EXISTS` on the left of the `OR` is evaluated once, and `OR` stops at it).
+/// `NOT EXISTS` on the left of the `OR` is evaluated once, and `OR` stops at it); a
+/// pause whose regex is not filled in yet holds every topic (fail closed) until `migrate`
+/// fills it.
 fn claim_sql(s: &str, extra: &str) -> String {
     format!(
         "WITH due AS (
@@ -177,7 +179,8 @@ fn claim_sql(s: &str, extra: &str) -> String {
            WHERE status <= 1 AND available_at <= now(){extra}
              AND NOT EXISTS (SELECT 1 FROM {s}.control c WHERE c.id AND c.paused)
              AND (NOT EXISTS (SELECT 1 FROM {s}.topic_pauses)
-                  OR NOT EXISTS (SELECT 1 FROM {s}.topic_pauses tp WHERE topic ~ tp.regex))
+                  OR NOT EXISTS (SELECT 1 FROM {s}.topic_pauses tp
+                                 WHERE tp.regex IS NULL OR topic ~ tp.regex))
            ORDER BY available_at, id
            LIMIT $1
            FOR UPDATE SKIP LOCKED)

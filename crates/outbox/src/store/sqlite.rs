@@ -49,6 +49,7 @@ struct Sql {
     settle: SqlStr,
     renew: SqlStr,
     pause_state: SqlStr,
+    topic_pauses: SqlStr,
     set_pause: SqlStr,
     counts: SqlStr,
     purge: SqlStr,
@@ -98,6 +99,7 @@ impl Sql {
                          FROM {p}_topic_pauses)
                  FROM {p}_control c WHERE c.id = 1"
             )),
+            topic_pauses: q(format!("SELECT pattern, regex FROM {p}_topic_pauses")),
             set_pause: q(format!(
                 "UPDATE {p}_control SET paused = ?1, reason = ?2, changed_at = {n} WHERE id = 1"
             )),
@@ -133,10 +135,11 @@ impl Sql {
     }
 }
 
-/// The claim statement; with `skip` extra topic regexes bound as ?5, ?6, …. It honours
-/// the pause switch and the topic pauses itself: both are uncorrelated subqueries SQLite
-/// evaluates once per statement, and the topic regexes are matched row by row only when
-/// a topic pause exists (`OR` stops at its left side).
+/// The claim statement; with `skip` topic regexes bound as ?5, ?6, … (the topic pauses,
+/// read in the claim's transaction, and any the caller adds). It honours the pause switch
+/// itself (an uncorrelated subquery SQLite evaluates once per statement). The regexes are
+/// bound rather than joined from the pauses table: SQLite keeps a compiled pattern only
+/// for a constant argument, so a pattern from a column would be compiled again per row.
 fn claim_sql(p: &str, skip: usize) -> String {
     let n = NOW_MS;
     let skip: String = (0..skip)
@@ -149,9 +152,6 @@ fn claim_sql(p: &str, skip: usize) -> String {
          WHERE id IN (SELECT id FROM {p}_messages
                       WHERE status <= 1 AND available_at <= {n}{skip}
                         AND NOT EXISTS (SELECT 1 FROM {p}_control c WHERE c.id = 1 AND c.paused)
-                        AND (NOT EXISTS (SELECT 1 FROM {p}_topic_pauses)
-                             OR NOT EXISTS (SELECT 1 FROM {p}_topic_pauses tp
-                                            WHERE {p}_messages.topic REGEXP tp.regex))
                       ORDER BY available_at, id LIMIT ?4)
          RETURNING id, message_id, topic, key, payload, headers, occurred_at, attempts, {n} AS now_ms"
     )
@@ -540,20 +540,24 @@ fn notify_watcher(
         .collect();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let Ok(event) = event else {
-            // The OS dropped events (queue overflow): something changed.
+            // The watch failed: something may have changed.
             wake.bump();
             return;
         };
+        // The OS dropped events (inotify's queue overflowed): something changed.
+        if event.need_rescan() {
+            wake.bump();
+            return;
+        }
         let written = matches!(
             event.kind,
             notify::EventKind::Modify(_) | notify::EventKind::Create(_) | notify::EventKind::Any
         );
         if written
-            && (event.need_rescan()
-                || event
-                    .paths
-                    .iter()
-                    .any(|p| p.file_name().is_some_and(|n| names.iter().any(|f| f == n))))
+            && event
+                .paths
+                .iter()
+                .any(|p| p.file_name().is_some_and(|n| names.iter().any(|f| f == n)))
         {
             wake.bump();
         }
@@ -681,18 +685,31 @@ impl Store for SqliteStore {
         // BEGIN IMMEDIATE takes the write lock up front (waiting under the busy timeout),
         // so the claim never fails half-way as a read that cannot upgrade to a write.
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let sql = if req.skip_topics.is_empty() {
+        // The topic pauses, under the same write lock as the claim.
+        let pauses: Vec<(String, Option<String>)> =
+            sqlx::query_as(self.inner.sql.topic_pauses.clone())
+                .fetch_all(&mut *tx)
+                .await?;
+        let mut skip: Vec<String> = req.skip_topics.iter().map(TopicPattern::regex).collect();
+        for (pattern, regex) in pauses {
+            skip.push(regex.unwrap_or_else(|| {
+                super::pause_regexes(vec![pattern])
+                    .pop()
+                    .map_or_else(String::new, |(_, re)| re)
+            }));
+        }
+        let sql = if skip.is_empty() {
             self.inner.sql.claim.clone()
         } else {
-            AssertSqlSafe(claim_sql(self.p(), req.skip_topics.len())).into_sql_str()
+            AssertSqlSafe(claim_sql(self.p(), skip.len())).into_sql_str()
         };
         let mut query = sqlx::query(sql)
             .bind(&req.relay_id)
             .bind(token.hyphenated().to_string())
             .bind(millis(req.lease))
             .bind(i64::from(req.batch_size));
-        for t in &req.skip_topics {
-            query = query.bind(t.regex());
+        for re in skip {
+            query = query.bind(re);
         }
         let rows = query.fetch_all(&mut *tx).await?;
         tx.commit().await?;

@@ -264,7 +264,8 @@ impl Backend for MySqlBackend {
          WHERE live_at <= {NOW}{extra}
            AND NOT EXISTS (SELECT 1 FROM {p}_control c WHERE c.id = 1 AND c.paused)
            AND (NOT EXISTS (SELECT 1 FROM {p}_topic_pauses)
-                OR NOT EXISTS (SELECT 1 FROM {p}_topic_pauses tp WHERE m.topic REGEXP tp.regex))
+                OR NOT EXISTS (SELECT 1 FROM {p}_topic_pauses tp
+                               WHERE tp.regex IS NULL OR m.topic REGEXP tp.regex))
          ORDER BY live_at, id
          LIMIT ?
          FOR UPDATE SKIP LOCKED";

@@ -240,7 +240,8 @@ impl Backend for PgBackend {
            WHERE status <= 1 AND available_at <= now(){extra}
              AND NOT EXISTS (SELECT 1 FROM {s}.control c WHERE c.id AND c.paused)
              AND (NOT EXISTS (SELECT 1 FROM {s}.topic_pauses)
-                  OR NOT EXISTS (SELECT 1 FROM {s}.topic_pauses tp WHERE topic ~ tp.regex))
+                  OR NOT EXISTS (SELECT 1 FROM {s}.topic_pauses tp
+                                 WHERE tp.regex IS NULL OR topic ~ tp.regex))
            ORDER BY available_at, id
            LIMIT $1
            FOR UPDATE SKIP LOCKED";

@@ -227,9 +227,6 @@ impl Backend for SqliteBackend {
         let template = "SELECT id FROM {p}_messages
                       WHERE status <= 1 AND available_at <= {n}{skip}
                         AND NOT EXISTS (SELECT 1 FROM {p}_control c WHERE c.id = 1 AND c.paused)
-                        AND (NOT EXISTS (SELECT 1 FROM {p}_topic_pauses)
-                             OR NOT EXISTS (SELECT 1 FROM {p}_topic_pauses tp
-                                            WHERE {p}_messages.topic REGEXP tp.regex))
                       ORDER BY available_at, id LIMIT ?4";
         assert_in_source(STORE_SOURCE, template, "src/store/sqlite.rs");
         assert_in_source(
