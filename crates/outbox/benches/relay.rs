@@ -719,8 +719,8 @@ async fn idle_costs() {
     }
 }
 
-/// Figure 8: steady state at the default settings. Two producers write transactions of
-/// 100 rows at full speed for `BENCH_STEADY_SECS` (60) while one relay at
+/// Figure 8: steady state at the default settings. `BENCH_STEADY_PRODUCERS` (2)
+/// producers write transactions of 100 rows at full speed for `BENCH_STEADY_SECS` (60) while one relay at
 /// `RelayConfig::default()` publishes to JetStream: produced and relayed rows/s and the
 /// backlog every tenth of the run (bounded when the relay keeps up).
 async fn steady_state(topic: &str) {
@@ -728,6 +728,10 @@ async fn steady_state(topic: &str) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(60);
+    let producers_n: usize = std::env::var("BENCH_STEADY_PRODUCERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
     let store = fresh_store("steady").await;
     let sink = NatsSink::connect(NATS, NatsOptions::default())
         .await
@@ -742,7 +746,7 @@ async fn steady_state(topic: &str) {
     let run_for = Duration::from_secs(secs);
     let produced = Arc::new(AtomicU64::new(0));
     let mut producers = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..producers_n {
         let (store, topic, produced) = (store.clone(), topic.to_owned(), produced.clone());
         producers.push(tokio::spawn(async move {
             while t.elapsed() < run_for {
@@ -758,21 +762,31 @@ async fn steady_state(topic: &str) {
             }
         }));
     }
+    // The backlog from the live-row index (a full count would slow as the table grows).
+    let live = format!(
+        "SELECT count(*) FROM {}.messages WHERE status <= 1",
+        store.config().schema
+    );
     let mut backlog = Vec::new();
-    for _ in 0..10 {
-        tokio::time::sleep(run_for / 10).await;
-        let c = store.counts().await.unwrap();
-        backlog.push(c.pending + c.claimed);
+    for i in 1..=10u32 {
+        tokio::time::sleep_until((t + run_for * i / 10).into()).await;
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(live.clone()))
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        backlog.push(n);
     }
+    let (n, relayed, el) = (
+        produced.load(Ordering::Relaxed),
+        handle.stats().dispatched,
+        t.elapsed(),
+    );
     for p in producers {
         p.await.unwrap();
     }
-    let el = t.elapsed();
-    let relayed = handle.stats().dispatched;
     let stats = handle.shutdown().await.unwrap();
-    let n = produced.load(Ordering::Relaxed);
     println!(
-        "steady    2 producers (tx of 100 rows of 300 B), relay at defaults, {secs} s: produced {:>7.0} rows/s, relayed {:>7.0} rows/s ({:.2} of produced)",
+        "steady    {producers_n} producers (tx of 100 rows of 300 B), relay at defaults, {secs} s: produced {:>7.0} rows/s, relayed {:>7.0} rows/s ({:.2} of produced)",
         n as f64 / el.as_secs_f64(),
         relayed as f64 / el.as_secs_f64(),
         relayed as f64 / n.max(1) as f64
