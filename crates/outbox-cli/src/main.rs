@@ -174,7 +174,8 @@ enum Command {
         #[arg(long, env = "OUTBOX_SUMMARY_INTERVAL_S", default_value_t = 60, value_parser = clap::value_parser!(u64).range(0..=86_400))]
         summary_interval_s: u64,
         /// Seconds between store samples for the store gauges (taken by one relay at a
-        /// time: the live relay with the smallest id); 0 turns them off.
+        /// time: the live relay with the smallest id); 0 turns them off. Without
+        /// --metrics-addr nothing would read them, so none are taken.
         #[arg(long, env = "OUTBOX_SAMPLE_INTERVAL_S", default_value_t = 15, value_parser = clap::value_parser!(u64).range(0..=86_400))]
         sample_interval_s: u64,
         /// Export a producer span per published message (`send TOPIC`, a child of the
@@ -640,7 +641,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 drain: *drain || *drain_wait_leases,
                 in_flight_batches: *in_flight_batches,
                 summary_interval: Duration::from_secs(*summary_interval_s),
-                sample_interval: Duration::from_secs(*sample_interval_s),
+                // The gauges are only read through --metrics-addr: without it, sampling
+                // would be statements for nobody.
+                sample_interval: if metrics_addr.is_some() {
+                    Duration::from_secs(*sample_interval_s)
+                } else {
+                    Duration::ZERO
+                },
                 on_dispatch: if on_dispatch == "delete" {
                     outbox::OnDispatch::Delete
                 } else {

@@ -239,6 +239,10 @@ async fn main() {
         idle_costs().await;
         return;
     }
+    if std::env::args().any(|a| a == "cpu") {
+        cpu_per_message().await;
+        return;
+    }
     let n: usize = std::env::var("BENCH_MESSAGES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -961,4 +965,44 @@ async fn latencies(topic: &str) {
             print_latency(what, rate, lat, rate as u64 * secs);
         }
     }
+}
+
+/// Figure 10 (for profilers): the relay's own work per message. `BENCH_CPU_MESSAGES`
+/// (10,000) rows of 300 bytes are inserted by one server-side statement (no client work),
+/// then one relay drains them to a sink that confirms at once, batch 1,000, one batch in
+/// flight. Run it under `valgrind --tool=callgrind` at two sizes: the difference in
+/// instructions over the difference in messages is the relay's cost per message.
+async fn cpu_per_message() {
+    let n: u64 = std::env::var("BENCH_CPU_MESSAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let store = fresh_store("cpu").await;
+    let s = store.config().schema.to_string();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {s}.messages (message_id, topic, key, payload, headers)
+         SELECT gen_random_uuid(), 'bench.cpu.v1', 'k' || (i % 16), convert_to(repeat('x', 300), 'UTF8'), '{{}}'
+         FROM generate_series(1, $1) AS i"
+    )))
+    .bind(n as i64)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let cfg = RelayConfig {
+        batch_size: 1000,
+        min_batch_size: 1000,
+        in_flight_batches: 1,
+        ..relay_config(1000, 1)
+    };
+    let t = Instant::now();
+    let stats = Relay::new(Arc::new(store.clone()), Arc::new(NullSink), cfg)
+        .run(Default::default())
+        .await
+        .unwrap();
+    assert_eq!(stats.dispatched, n);
+    println!(
+        "cpu       relay over the store alone, {n} messages, batch 1,000: {:.0} msg/s",
+        n as f64 / t.elapsed().as_secs_f64()
+    );
+    drop_store(&store).await;
 }

@@ -91,20 +91,21 @@ pub const ALL: [&str; 25] = [
     DESTINATION_STATE,
 ];
 
-/// Counts one publish outcome of a message to `destination`.
+/// Counts `n` messages to `destination` with one publish outcome.
 pub(crate) fn publish(
     destination: &str,
     system: &'static str,
     outcome: &'static str,
     reason: &'static str,
+    n: u64,
 ) {
-    counter!(PUBLISHES, "destination" => destination.to_owned(), "messaging_system" => system, "outcome" => outcome, "reason" => reason).increment(1);
+    counter!(PUBLISHES, "destination" => destination.to_owned(), "messaging_system" => system, "outcome" => outcome, "reason" => reason).increment(n);
 }
 
-/// Records one message's publish → confirmation time.
-pub(crate) fn confirm_duration(destination: &str, d: Duration) {
+/// The publish → confirmation histogram of one destination (a handle: one key per
+/// batch, not per message).
+pub(crate) fn confirm_durations(destination: &str) -> metrics::Histogram {
     histogram!(MESSAGE_CONFIRM_DURATION, "destination" => destination.to_owned())
-        .record(d.as_secs_f64());
 }
 
 /// Adds `n` to a label-less counter.
@@ -135,6 +136,11 @@ pub(crate) fn store_error(operation: &'static str) {
 /// Records a duration in seconds.
 pub(crate) fn seconds(name: &'static str, d: Duration) {
     histogram!(name).record(d.as_secs_f64());
+}
+
+/// The histogram `name` (a handle, for recording many values under one key).
+pub(crate) fn seconds_histogram(name: &'static str) -> metrics::Histogram {
+    histogram!(name)
 }
 
 /// Records a plain value.

@@ -1044,13 +1044,11 @@ impl Relay {
         // occurred_at → confirmation on the database clock: the database's now at the
         // claim, plus the time since the claim returned (one clock for both ends).
         if let Some(db_now) = db_now {
+            let h = crate::metrics::seconds_histogram(crate::metrics::ENQUEUE_TO_CONFIRM);
             for (i, m) in to_publish.iter().enumerate() {
                 if let (Some(Ok(())), Some(at)) = (&outcomes[i], confirm.recorded_at(i)) {
                     let before = (db_now - m.occurred_at).to_std().unwrap_or_default();
-                    crate::metrics::seconds(
-                        crate::metrics::ENQUEUE_TO_CONFIRM,
-                        before + at.saturating_duration_since(claimed_at),
-                    );
+                    h.record((before + at.saturating_duration_since(claimed_at)).as_secs_f64());
                 }
             }
         }

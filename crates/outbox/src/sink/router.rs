@@ -358,7 +358,7 @@ impl Router {
                         ))
                         .with_code("no_route")),
                     );
-                    crate::metrics::publish("none", "none", "permanent", "no_route");
+                    crate::metrics::publish("none", "none", "permanent", "no_route", 1);
                 }
             }
         }
@@ -535,17 +535,24 @@ impl Router {
     fn count_outcomes(&self, h: usize, confirm: &Confirmations, sent: Instant) {
         let (label, system) = (&self.labels[h].0, self.labels[h].1);
         let sent = sent.into_std();
+        // One metric key per batch for the common outcome (a key per message was a
+        // measurable share of the relay's work); failures, rarer, one by one.
+        let durations = crate::metrics::confirm_durations(label);
+        let mut ok = 0;
         for i in 0..confirm.len() {
             match confirm.get(i) {
                 Some(Ok(())) => {
-                    crate::metrics::publish(label, system, "ok", "none");
+                    ok += 1;
                     if let Some(at) = confirm.recorded_at(i) {
-                        crate::metrics::confirm_duration(label, at.saturating_duration_since(sent));
+                        durations.record(at.saturating_duration_since(sent).as_secs_f64());
                     }
                 }
-                Some(Err(e)) => crate::metrics::publish(label, system, e.outcome(), e.code),
+                Some(Err(e)) => crate::metrics::publish(label, system, e.outcome(), e.code, 1),
                 None => {}
             }
+        }
+        if ok > 0 {
+            crate::metrics::publish(label, system, "ok", "none", ok);
         }
     }
 
