@@ -599,9 +599,10 @@ impl Relay {
         *self.listener.lock().await = Some(self.store.wakeups());
         let done = CancellationToken::new();
         let workers = async {
-            let r =
-                futures::future::join_all((0..cfg.in_flight_batches).map(|_| self.worker(&cancel)))
-                    .await;
+            let r = futures::future::join_all(
+                (0..cfg.in_flight_batches).map(|w| self.worker(w, &cancel)),
+            )
+            .await;
             done.cancel();
             r
         };
@@ -871,11 +872,17 @@ impl Relay {
         }
     }
 
-    /// One claim → publish → settle loop. While idle, one worker at a time listens for
-    /// the store's wake-up and polls (see [`Relay::idle`]); a claim that found rows is
-    /// followed at once by another.
-    async fn worker(&self, cancel: &CancellationToken) -> Result<(), RelayError> {
+    /// One claim → publish → settle loop (worker `index`). While idle, one worker at a
+    /// time listens for the store's wake-up and polls (see [`Relay::idle`]); a claim that
+    /// found rows is followed at once by another.
+    async fn worker(&self, index: u32, cancel: &CancellationToken) -> Result<(), RelayError> {
         let cfg = &self.config;
+        // One worker claims first; the others join when a claim comes back full (or a
+        // wake-up comes), as while idle, so a small backlog is one batch, not one split
+        // between every worker. A drain starts them all (each ends on an empty claim).
+        if index > 0 && !cfg.drain {
+            self.idle(cancel).await;
+        }
         let mut request = ClaimRequest {
             relay_id: cfg.relay_id.clone(),
             batch_size: cfg.batch_size,
