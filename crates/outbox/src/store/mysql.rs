@@ -307,23 +307,15 @@ fn migrations(p: &str) -> Vec<Vec<String>> {
                 SELECT LAST_INSERT_ID() AS id;
              END"
         ),
-    ], enqueue_v2(p), operations_v3(p), inbox_v4(p), vec![
-        // v5: a topic pause carries its pattern's regex (`TopicPattern::regex`), so the
-        // claim matches topics against it; `migrate` fills it for pauses made before.
-        // Guarded, as v3 is, so an interrupted run can be rerun.
-        format!(
-            "SET @outbox_ddl = (
-                SELECT IF(COUNT(*) = 0,
-                          'ALTER TABLE {p}_topic_pauses ADD COLUMN regex TEXT NULL',
-                          'DO 0')
-                FROM information_schema.columns
-                WHERE table_schema = DATABASE() AND table_name = '{p}_topic_pauses'
-                  AND column_name = 'regex')"
-        ),
-        "PREPARE outbox_ddl FROM @outbox_ddl".to_owned(),
-        "EXECUTE outbox_ddl".to_owned(),
-        "DEALLOCATE PREPARE outbox_ddl".to_owned(),
-    ]]
+    ], enqueue_v2(p), operations_v3(p), inbox_v4(p),
+    // v5: a topic pause carries its pattern's regex (`TopicPattern::regex`), so the claim
+    // matches topics against it; `migrate` fills it for pauses made before. Guarded, as
+    // v3 is, so an interrupted run can be rerun.
+    alter_unless_column(
+        &format!("{p}_topic_pauses"),
+        "regex",
+        &format!("ALTER TABLE {p}_topic_pauses ADD COLUMN regex TEXT NULL"),
+    )]
 }
 
 /// Migration 4: the consumer inbox. `consumer` is `VARBINARY(255)`: compared as bytes, with
@@ -406,18 +398,33 @@ fn operations_v3(p: &str) -> Vec<String> {
                 paused_at DATETIME(6) NOT NULL DEFAULT ({n})
             ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin"
         ),
-        format!(
-            "SET @outbox_ddl = (
-                SELECT IF(COUNT(*) = 0,
-                          'ALTER TABLE {p}_messages
+    ]
+    .into_iter()
+    .chain(alter_unless_column(
+        &format!("{p}_messages"),
+        "replay_id",
+        &format!(
+            "ALTER TABLE {p}_messages
                                ADD COLUMN replay_id BIGINT NULL,
                                ADD COLUMN dead_at DATETIME(6) GENERATED ALWAYS AS
                                    (CASE WHEN status = 3 THEN available_at END) STORED,
-                               ADD KEY {p}_messages_dead (dead_at, id)',
-                          'DO 0')
+                               ADD KEY {p}_messages_dead (dead_at, id)"
+        ),
+    ))
+    .collect()
+}
+
+/// Statements that run `alter` only while `table` has no column `column` (MySQL has no
+/// `ADD COLUMN IF NOT EXISTS`), so a migration interrupted after it can run again.
+/// `alter` is our own DDL, without single quotes.
+fn alter_unless_column(table: &str, column: &str, alter: &str) -> Vec<String> {
+    vec![
+        format!(
+            "SET @outbox_ddl = (
+                SELECT IF(COUNT(*) = 0, '{alter}', 'DO 0')
                 FROM information_schema.columns
-                WHERE table_schema = DATABASE() AND table_name = '{p}_messages'
-                  AND column_name = 'replay_id')"
+                WHERE table_schema = DATABASE() AND table_name = '{table}'
+                  AND column_name = '{column}')"
         ),
         "PREPARE outbox_ddl FROM @outbox_ddl".to_owned(),
         "EXECUTE outbox_ddl".to_owned(),
