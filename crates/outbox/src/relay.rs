@@ -105,6 +105,15 @@ pub enum OnDispatch {
     Delete,
 }
 
+impl RelayConfig {
+    /// The claim size's bounds in rows, (smallest, largest): `min_batch_size` kept within
+    /// 1..=`batch_size`, and `batch_size` (at least 1 here; `run` refuses 0).
+    fn claim_bounds(&self) -> (u32, u32) {
+        let max = self.batch_size.max(1);
+        (self.min_batch_size.clamp(1, max), max)
+    }
+}
+
 impl Default for RelayConfig {
     fn default() -> Self {
         RelayConfig {
@@ -525,9 +534,7 @@ impl Relay {
             pause: tokio::sync::Mutex::new(PauseCache::default()),
             listener: tokio::sync::Mutex::new(None),
             more: tokio::sync::Notify::new(),
-            claim_size: std::sync::atomic::AtomicU32::new(
-                config.min_batch_size.clamp(1, config.batch_size.max(1)),
-            ),
+            claim_size: std::sync::atomic::AtomicU32::new(config.claim_bounds().0),
             failing: std::sync::Mutex::new(Failing::default()),
             health: Arc::new(RelayHealth::new(config.poll_interval)),
             config,
@@ -588,7 +595,7 @@ impl Relay {
             ));
         }
         self.store.check_schema().await?;
-        tracing::info!(relay_id = %cfg.relay_id, sink = %self.router.describe(), batch_size = cfg.batch_size, min_batch_size = cfg.min_batch_size.clamp(1, cfg.batch_size), in_flight_batches = cfg.in_flight_batches, "relay started");
+        tracing::info!(relay_id = %cfg.relay_id, sink = %self.router.describe(), batch_size = cfg.batch_size, min_batch_size = cfg.claim_bounds().0, in_flight_batches = cfg.in_flight_batches, "relay started");
         // Each worker claims, publishes and settles its own batches; SKIP LOCKED keeps
         // their claims apart, and one worker's publish overlaps another's claim and mark.
         crate::metrics::relay_info(&self.store_kind(), &self.router.describe());
@@ -972,10 +979,7 @@ impl Relay {
     /// The next claim's size after a claim of `size` rows found `n`: doubled when it came
     /// back full (a backlog), halved when less than half full, within the bounds.
     fn follow_backlog(&self, size: u32, n: usize) {
-        let (min, max) = (
-            self.config.min_batch_size.clamp(1, self.config.batch_size),
-            self.config.batch_size,
-        );
+        let (min, max) = self.config.claim_bounds();
         let next = if n >= size as usize {
             size.saturating_mul(2).min(max)
         } else if n < (size / 2) as usize {
