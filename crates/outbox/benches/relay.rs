@@ -869,43 +869,15 @@ async fn latencies(topic: &str) {
     let dir = tempfile::tempdir().unwrap();
     for rate in [100u32, 1000] {
         // PostgreSQL → JetStream.
-        {
-            let store = fresh_store("lat").await;
-            let confirmed: Times = Arc::default();
-            let sink = Timed {
-                inner: NatsSink::connect(NATS, NatsOptions::default())
-                    .await
-                    .unwrap(),
-                confirmed: confirmed.clone(),
-            };
-            let handle = Relay::new(
-                Arc::new(store.clone()),
-                Arc::new(sink),
-                RelayConfig::default(),
-            )
-            .spawn();
-            tokio::time::sleep(Duration::from_millis(300)).await; // the listener is up
-            let (s, topic) = (store.clone(), topic.to_owned());
-            let lat = offered_load(rate, secs, &confirmed, move || {
-                let (s, topic) = (s.clone(), topic.clone());
-                async move {
-                    let mut tx = s.pool().begin().await.unwrap();
-                    let m = Message::new(topic, vec![b'x'; 300]);
-                    s.enqueue(&mut tx, &m).await.unwrap();
-                    tx.commit().await.unwrap();
-                    m.id()
-                }
-            })
-            .await;
-            handle.shutdown().await.unwrap();
-            print_latency(
-                "PostgreSQL -> JetStream, commit -> PubAck",
-                rate,
-                lat,
-                rate as u64 * secs,
-            );
-            drop_store(&store).await;
-        }
+        let store = fresh_store("lat").await;
+        let lat = relay_latency(Arc::new(store.clone()), store.clone(), topic, rate, secs).await;
+        print_latency(
+            "PostgreSQL -> JetStream, commit -> PubAck",
+            rate,
+            lat,
+            rate as u64 * secs,
+        );
+        drop_store(&store).await;
         // SQLite → JetStream, the producer in the relay's process and on another pool.
         for own_pool in [false, true] {
             let path = dir.path().join(format!("lat-{rate}-{own_pool}.db"));
@@ -930,33 +902,7 @@ async fn latencies(topic: &str) {
             } else {
                 store.clone()
             };
-            let confirmed: Times = Arc::default();
-            let sink = Timed {
-                inner: NatsSink::connect(NATS, NatsOptions::default())
-                    .await
-                    .unwrap(),
-                confirmed: confirmed.clone(),
-            };
-            let handle = Relay::new(
-                Arc::new(store.clone()),
-                Arc::new(sink),
-                RelayConfig::default(),
-            )
-            .spawn();
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let topic = topic.to_owned();
-            let lat = offered_load(rate, secs, &confirmed, move || {
-                let (s, topic) = (producer.clone(), topic.clone());
-                async move {
-                    let mut tx = s.pool().begin().await.unwrap();
-                    let m = Message::new(topic, vec![b'x'; 300]);
-                    s.enqueue(&mut tx, &m).await.unwrap();
-                    tx.commit().await.unwrap();
-                    m.id()
-                }
-            })
-            .await;
-            handle.shutdown().await.unwrap();
+            let lat = relay_latency(Arc::new(store), producer, topic, rate, secs).await;
             let what = if own_pool {
                 "SQLite -> JetStream, producer's own pool"
             } else {
@@ -965,6 +911,42 @@ async fn latencies(topic: &str) {
             print_latency(what, rate, lat, rate as u64 * secs);
         }
     }
+}
+
+/// One relay at `RelayConfig::default()` over `store`, publishing to JetStream, while
+/// [`offered_load`] commits single-row transactions (300-byte messages on `topic`) through
+/// `producer` at `rate` msg/s for `secs`; returns the commit → PubAck latencies.
+async fn relay_latency<E>(
+    store: Arc<dyn Store>,
+    producer: E,
+    topic: &str,
+    rate: u32,
+    secs: u64,
+) -> Vec<Duration>
+where
+    E: outbox::events::Enqueue + Clone + 'static,
+{
+    let topic = topic.to_owned();
+    let enqueue = move || {
+        let (p, topic) = (producer.clone(), topic.clone());
+        async move {
+            let m = Message::new(topic, vec![b'x'; 300]);
+            p.enqueue_alone(&m).await.unwrap();
+            m.id()
+        }
+    };
+    let confirmed: Times = Arc::default();
+    let sink = Timed {
+        inner: NatsSink::connect(NATS, NatsOptions::default())
+            .await
+            .unwrap(),
+        confirmed: confirmed.clone(),
+    };
+    let handle = Relay::new(store, Arc::new(sink), RelayConfig::default()).spawn();
+    tokio::time::sleep(Duration::from_millis(300)).await; // the wake-up source is up
+    let lat = offered_load(rate, secs, &confirmed, enqueue).await;
+    handle.shutdown().await.unwrap();
+    lat
 }
 
 /// Figure 10 (for profilers): the relay's own work per message. `BENCH_CPU_MESSAGES`
