@@ -151,8 +151,8 @@ pub struct ClaimRequest {
     pub batch_size: u32,
     /// How long the claim holds; after it, other relays may claim the rows again.
     pub lease: Duration,
-    /// Topics not to claim (paused by topic): rows whose topic matches one of these stay
-    /// pending. Empty: the plain claim statement.
+    /// Topics not to claim besides the stored topic pauses (which every claim honours by
+    /// itself): rows whose topic matches one of these stay pending. The relay passes none.
     pub skip_topics: Vec<crate::sink::router::TopicPattern>,
 }
 
@@ -784,10 +784,15 @@ pub(crate) fn pause_regexes(patterns: Vec<String>) -> Vec<(String, String)> {
     patterns
         .into_iter()
         .map(|p| {
-            let re = TopicPattern::parse(&p).map_or_else(|_| "$^".to_owned(), |t| t.regex());
+            let re = pause_regex(&p);
             (p, re)
         })
         .collect()
+}
+
+/// The regex of one stored topic-pause pattern (see [`pause_regexes`]).
+pub(crate) fn pause_regex(pattern: &str) -> String {
+    TopicPattern::parse(pattern).map_or_else(|_| "$^".to_owned(), |t| t.regex())
 }
 
 /// A duration in whole milliseconds, saturating, as the stores bind it.

@@ -692,11 +692,7 @@ impl Store for SqliteStore {
                 .await?;
         let mut skip: Vec<String> = req.skip_topics.iter().map(TopicPattern::regex).collect();
         for (pattern, regex) in pauses {
-            skip.push(regex.unwrap_or_else(|| {
-                super::pause_regexes(vec![pattern])
-                    .pop()
-                    .map_or_else(String::new, |(_, re)| re)
-            }));
+            skip.push(regex.unwrap_or_else(|| super::pause_regex(&pattern)));
         }
         let sql = if skip.is_empty() {
             self.inner.sql.claim.clone()
