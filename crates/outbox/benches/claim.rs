@@ -43,6 +43,7 @@ async fn claim_all(store: &dyn Store, pauses: usize) -> Vec<Duration> {
         batch_size: 100,
         lease: Duration::from_secs(60),
         skip_topics: Vec::new(),
+        ordering: Default::default(),
     };
     let patterns: Vec<_> = (0..pauses)
         .map(|i| outbox::sink::router::TopicPattern::parse(&format!("paused.t{i}.>")).unwrap())

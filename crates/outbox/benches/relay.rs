@@ -170,6 +170,7 @@ async fn settle_loop(store: &PgStore, batch: u32, one_call: bool) -> (u64, Durat
         batch_size: batch,
         lease: Duration::from_secs(60),
         skip_topics: Vec::new(),
+        ordering: Default::default(),
     };
     let t = Instant::now();
     let mut rows = 0u64;

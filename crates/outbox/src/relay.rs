@@ -27,7 +27,7 @@ use crate::error::Error;
 use crate::message::OutgoingMessage;
 use crate::sink::router::Router;
 use crate::sink::{Confirmations, ErrorKind, PublishError, Sink};
-use crate::store::{Claim, ClaimRequest, Dead, Retry, Settlement, Store};
+use crate::store::{Claim, ClaimRequest, Dead, KeyOrdering, Retry, Settlement, Store};
 use serde::Serialize;
 use std::future::Future;
 use std::sync::Arc;
@@ -90,6 +90,13 @@ pub struct RelayConfig {
     /// What becomes of a confirmed row: kept as dispatched (the default; `purge` removes
     /// old ones) or deleted at once ([`OnDispatch::Delete`]).
     pub on_dispatch: OnDispatch,
+    /// Per-key ordering (default: none). Every relay of one outbox must use the same
+    /// setting: the claim enforces it, so a relay without it would claim a key's later
+    /// messages while an earlier one is in flight. Within a claim, the messages of one
+    /// ordered key are published one after another (each once the previous one is
+    /// confirmed), different keys together; when one fails, the key's later messages of
+    /// the claim are released unpublished, attempt given back.
+    pub ordering: KeyOrdering,
 }
 
 /// What the relay does with a row once its broker confirmed it.
@@ -133,6 +140,7 @@ impl Default for RelayConfig {
             heartbeat_interval: Duration::from_secs(5),
             sample_interval: Duration::from_secs(15),
             summary_interval: Duration::from_secs(60),
+            ordering: KeyOrdering::default(),
         }
     }
 }
@@ -452,6 +460,36 @@ pub(crate) fn plan(
     (publish, dead)
 }
 
+/// The rounds in which a claim is published: `rounds[r]` lists indices into `messages`
+/// (in `id` order, as claimed), published together, round `r + 1` only once round `r`
+/// has its outcomes. A message of an ordered topic with a key is in the round after the
+/// previous message of its key in this claim; every other message is in round 0. So a
+/// key's messages go out one at a time in `id` order while different keys go together;
+/// without ordering (or with no key twice) there is one round.
+pub(crate) fn rounds(messages: &[OutgoingMessage], ordering: &KeyOrdering) -> Vec<Vec<usize>> {
+    let mut rounds: Vec<Vec<usize>> = vec![Vec::new()];
+    if !ordering.is_on() {
+        rounds[0].extend(0..messages.len());
+        return rounds;
+    }
+    let mut next: std::collections::HashMap<(&str, &str), usize> = Default::default();
+    for (i, m) in messages.iter().enumerate() {
+        let r = match m.key.as_deref() {
+            Some(key) if ordering.covers(&m.topic) => {
+                let r = next.entry((m.topic.as_str(), key)).or_insert(0);
+                *r += 1;
+                *r - 1
+            }
+            _ => 0,
+        };
+        if rounds.len() <= r {
+            rounds.resize_with(r + 1, Vec::new);
+        }
+        rounds[r].push(i);
+    }
+    rounds
+}
+
 /// The pure decision: what to write for each published message, given its outcome (slot
 /// `i` is `messages[i]`; `None` = no outcome) and how the wait ended.
 ///
@@ -462,10 +500,14 @@ pub(crate) fn plan(
 ///   exponential backoff (at least `retry_after`), or dead once `max_attempts` is reached;
 /// - permanent → dead;
 /// - no outcome → released when abandoned (shutdown), left alone when the lease was lost,
-///   a transient failure otherwise (a sink that returned without one).
+///   a transient failure otherwise (a sink that returned without one);
+/// - held (`held[i]`: never sent, because an earlier message of its ordered key failed or
+///   the relay stopped between rounds) → released, attempt given back, unless the lease
+///   was lost.
 pub(crate) fn decide(
     messages: &[OutgoingMessage],
     outcomes: &[Option<Result<(), PublishError>>],
+    held: &[bool],
     ending: Ending,
     policy: &Policy,
 ) -> Settlement {
@@ -474,6 +516,12 @@ pub(crate) fn decide(
         ..Settlement::default()
     };
     for (i, m) in messages.iter().enumerate() {
+        if held.get(i).copied().unwrap_or(false) {
+            if ending != Ending::LeaseLost {
+                s.release.push(m.id);
+            }
+            continue;
+        }
         let outcome = match outcomes.get(i).cloned().flatten() {
             Some(o) => o,
             None => match ending {
@@ -895,6 +943,7 @@ impl Relay {
             batch_size: cfg.batch_size,
             lease: cfg.lease,
             skip_topics: Vec::new(),
+            ordering: cfg.ordering.clone(),
         };
         while !cancel.is_cancelled() {
             self.health.turned();
@@ -1003,9 +1052,28 @@ impl Relay {
             malformed,
             db_now,
         } = claim;
+        // Ordered keys that must not be published in this claim: a message before them
+        // goes dead unpublished (past max_attempts, or a malformed row, whose key is not
+        // known: every ordered message after it waits), and dead rows hold their key.
+        let mut stopped: std::collections::HashSet<(String, String)> = Default::default();
+        let mut stop_after = i64::MAX;
+        if cfg.ordering.is_on() && !cfg.ordering.skip_dead {
+            stop_after = malformed.iter().map(|d| d.id).min().unwrap_or(i64::MAX);
+            for m in &messages {
+                if m.attempts > policy.max_attempts {
+                    if let Some(k) = ordered_key(&cfg.ordering, m) {
+                        stopped.insert(k);
+                    }
+                }
+            }
+        }
         let (mut to_publish, mut dead) = plan(messages, &policy);
         let mut dead_all: Vec<Dead> = malformed;
         dead_all.append(&mut dead);
+        let rounds = rounds(&to_publish, &cfg.ordering);
+        // One round with nothing held back: the batch goes out as one publish.
+        let whole = rounds.len() == 1 && stopped.is_empty() && stop_after == i64::MAX;
+        let sent = std::sync::Mutex::new(vec![whole; to_publish.len()]);
 
         // A producer span per message (only with an OpenTelemetry layer); it also puts
         // its own trace context into the headers sent.
@@ -1018,9 +1086,51 @@ impl Relay {
         } else {
             let ids: Vec<i64> = to_publish.iter().map(|m| m.id).collect();
             let publish = async {
-                let route = self
-                    .router
-                    .publish(&to_publish, &confirm, cfg.publish_timeout);
+                let route = async {
+                    if whole {
+                        return self
+                            .router
+                            .publish(&to_publish, &confirm, cfg.publish_timeout)
+                            .await;
+                    }
+                    let mut stopped = stopped;
+                    for round in &rounds {
+                        if cancel.is_cancelled() {
+                            break; // the rest is released
+                        }
+                        let ids: Vec<usize> = round
+                            .iter()
+                            .copied()
+                            .filter(|&i| {
+                                let m = &to_publish[i];
+                                m.id < stop_after
+                                    && ordered_key(&cfg.ordering, m)
+                                        .is_none_or(|k| !stopped.contains(&k))
+                            })
+                            .collect();
+                        if ids.is_empty() {
+                            continue;
+                        }
+                        {
+                            let mut sent = sent.lock().unwrap_or_else(|p| p.into_inner());
+                            for &i in &ids {
+                                sent[i] = true;
+                            }
+                        }
+                        let part: Vec<OutgoingMessage> =
+                            ids.iter().map(|&i| to_publish[i].clone()).collect();
+                        self.router
+                            .publish(&part, &confirm.subset(&ids), cfg.publish_timeout)
+                            .await;
+                        for &i in &ids {
+                            if !matches!(confirm.get(i), Some(Ok(()))) {
+                                if let Some(k) = ordered_key(&cfg.ordering, &to_publish[i]) {
+                                    stopped.insert(k);
+                                }
+                            }
+                        }
+                    }
+                };
                 tokio::pin!(route);
                 // The spans end as outcomes arrive; the publish alone decides when it is
                 // done (spans still open then are ended below).
@@ -1063,7 +1173,13 @@ impl Relay {
                 }
             }
         }
-        let mut settlement = decide(&to_publish, &outcomes, ending, &policy);
+        let held: Vec<bool> = sent
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+            .into_iter()
+            .map(|sent| !sent)
+            .collect();
+        let mut settlement = decide(&to_publish, &outcomes, &held, ending, &policy);
         settlement.dead.splice(0..0, dead_all);
         if ending == Ending::LeaseLost {
             let unsettled = outcomes.iter().filter(|o| o.is_none()).count();
@@ -1267,6 +1383,14 @@ impl Relay {
 }
 
 /// The `reason` label of `outbox_messages_quarantined_total` for a dead row's error.
+/// The (topic, key) a message is ordered by, when its topic is ordered and it has a key.
+fn ordered_key(ordering: &KeyOrdering, m: &OutgoingMessage) -> Option<(String, String)> {
+    let key = m.key.as_ref()?;
+    ordering
+        .covers(&m.topic)
+        .then(|| (m.topic.clone(), key.clone()))
+}
+
 fn quarantine_reason(error: &str) -> &'static str {
     if error.starts_with("malformed row") {
         "malformed"
@@ -1380,7 +1504,7 @@ mod tests {
             )),
             None,
         ];
-        let s = decide(&batch, &outcomes, Ending::Finished, &POLICY);
+        let s = decide(&batch, &outcomes, &[], Ending::Finished, &POLICY);
         assert_eq!(s.dispatched, vec![1]);
         let retried: Vec<(i64, bool)> =
             s.retries.iter().map(|r| (r.id, r.refund_attempt)).collect();
@@ -1402,7 +1526,7 @@ mod tests {
     fn confirmed_messages_are_marked_when_the_grace_runs_out() {
         let batch = [msg(1, 1), msg(2, 1), msg(3, 1)];
         let outcomes = vec![Some(Ok(())), None, Some(Ok(()))];
-        let s = decide(&batch, &outcomes, Ending::Abandoned, &POLICY);
+        let s = decide(&batch, &outcomes, &[], Ending::Abandoned, &POLICY);
         assert_eq!(s.dispatched, vec![1, 3]);
         assert_eq!(s.release, vec![2]);
         assert!(s.retries.is_empty() && s.dead.is_empty());
@@ -1412,7 +1536,7 @@ mod tests {
     fn a_lost_lease_settles_only_what_was_confirmed() {
         let batch = [msg(1, 1), msg(2, 1)];
         let outcomes = vec![Some(Ok(())), None];
-        let s = decide(&batch, &outcomes, Ending::LeaseLost, &POLICY);
+        let s = decide(&batch, &outcomes, &[], Ending::LeaseLost, &POLICY);
         assert_eq!(s.dispatched, vec![1]);
         assert_eq!(s.len(), 1, "{s:?}");
     }
@@ -1422,7 +1546,7 @@ mod tests {
         // At the last attempt, an outage still gives the attempt back.
         let batch = [msg(1, 3)];
         let outcomes = vec![Some(Err(PublishError::unavailable("down")))];
-        let s = decide(&batch, &outcomes, Ending::Finished, &POLICY);
+        let s = decide(&batch, &outcomes, &[], Ending::Finished, &POLICY);
         assert!(s.dead.is_empty());
         assert!(s.retries[0].refund_attempt);
         assert_eq!(s.retries[0].delay, UNAVAILABLE_RETRY);
@@ -1442,8 +1566,60 @@ mod tests {
         let outcomes = vec![Some(Err(
             PublishError::transient("slow down").with_retry_after(Duration::from_secs(30))
         ))];
-        let s = decide(&batch, &outcomes, Ending::Finished, &POLICY);
+        let s = decide(&batch, &outcomes, &[], Ending::Finished, &POLICY);
         assert_eq!(s.retries[0].delay, Duration::from_secs(30));
         assert!(!s.retries[0].refund_attempt);
+    }
+
+    fn keyed(id: i64, topic: &str, key: Option<&str>) -> OutgoingMessage {
+        OutgoingMessage {
+            topic: topic.into(),
+            key: key.map(str::to_owned),
+            ..msg(id, 1)
+        }
+    }
+
+    #[test]
+    fn an_ordered_key_goes_out_one_message_per_round() {
+        let ordering = KeyOrdering {
+            topics: vec![crate::sink::router::TopicPattern::parse("orders.>").unwrap()],
+            skip_dead: false,
+        };
+        let batch = [
+            keyed(1, "orders.placed", Some("a")),
+            keyed(2, "orders.placed", Some("b")),
+            keyed(3, "orders.placed", Some("a")),
+            keyed(4, "orders.placed", None),
+            keyed(5, "orders.paid", Some("a")), // another topic: another sequence
+            keyed(6, "audit.seen", Some("a")),  // not ordered
+            keyed(7, "orders.placed", Some("a")),
+            keyed(8, "audit.seen", Some("a")),
+        ];
+        assert_eq!(
+            rounds(&batch, &ordering),
+            vec![vec![0, 1, 3, 4, 5, 7], vec![2], vec![6]]
+        );
+        // Without ordering, one round.
+        assert_eq!(
+            rounds(&batch, &KeyOrdering::default()),
+            vec![(0..8).collect::<Vec<_>>()]
+        );
+    }
+
+    #[test]
+    fn held_messages_are_released_unless_the_lease_was_lost() {
+        let batch = [msg(1, 1), msg(2, 1)];
+        let outcomes = vec![Some(Err(PublishError::transient("busy"))), None];
+        let s = decide(&batch, &outcomes, &[false, true], Ending::Finished, &POLICY);
+        assert_eq!(s.retries.len(), 1);
+        assert_eq!(s.release, vec![2]);
+        let s = decide(
+            &batch,
+            &outcomes,
+            &[false, true],
+            Ending::LeaseLost,
+            &POLICY,
+        );
+        assert!(s.release.is_empty());
     }
 }

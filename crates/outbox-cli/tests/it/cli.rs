@@ -650,6 +650,7 @@ async fn drain_reports_and_can_wait_for_leases_held_by_others() {
             batch_size: 2,
             lease,
             skip_topics: Vec::new(),
+            ordering: Default::default(),
         })
         .await
         .unwrap();

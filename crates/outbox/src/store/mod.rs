@@ -154,6 +154,49 @@ pub struct ClaimRequest {
     /// Topics not to claim besides the stored topic pauses (which every claim honours by
     /// itself): rows whose topic matches one of these stay pending. The relay passes none.
     pub skip_topics: Vec<crate::sink::router::TopicPattern>,
+    /// Per-key ordering: which topics' keyed messages are claimed in id order (none by
+    /// default: nothing is held back).
+    pub ordering: KeyOrdering,
+}
+
+/// Per-key ordering, enforced by the claim itself on every store.
+///
+/// For a message of an ordered topic with a key, the claim takes it only when every
+/// earlier message (smaller `id`) of the same topic and key is dispatched (or deleted), or
+/// taken by this same claim, which returns them in `id` order. So while one message of a
+/// key is claimed (by any relay), waiting for a retry, not yet available, or dead (unless
+/// [`KeyOrdering::skip_dead`]), the later ones of that key stay pending; other keys and
+/// unordered topics are not held back. Messages without a key are never held back.
+///
+/// `id` order is the order in which the inserts were assigned ids: for two transactions
+/// writing the same key at once it is not their commit order. A producer that needs
+/// strict order writes a key's messages from one transaction at a time (for example under
+/// the aggregate's row lock).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KeyOrdering {
+    /// The ordered topics (empty: no ordering).
+    pub topics: Vec<crate::sink::router::TopicPattern>,
+    /// A dead message does not hold back the later ones of its key (the gap stays in the
+    /// dead letters): availability over order. Off by default (strict: the key is
+    /// blocked until the dead letter is replayed, which delivers it first, or discarded).
+    pub skip_dead: bool,
+}
+
+impl KeyOrdering {
+    /// True when some topic is ordered.
+    pub fn is_on(&self) -> bool {
+        !self.topics.is_empty()
+    }
+
+    /// True when `topic` is ordered.
+    pub fn covers(&self, topic: &str) -> bool {
+        self.topics.iter().any(|t| t.matches(topic))
+    }
+
+    /// The ordered topics' regexes ([`crate::sink::router::TopicPattern::regex`]).
+    pub fn regexes(&self) -> Vec<String> {
+        self.topics.iter().map(|t| t.regex()).collect()
+    }
 }
 
 /// A claimed batch: the token that fences every later update, and the rows (by id order).

@@ -43,8 +43,9 @@ use uuid::Uuid;
 /// Schema version this build creates and expects (2: `{prefix}_enqueue` validates headers
 /// as `outbox.enqueue` does on PostgreSQL; 3: dead letters, replays, the relay registry and
 /// topic pauses; 4: the consumer inbox, `{prefix}_inbox` and `{prefix}_inbox_accept`; 5:
-/// topic pauses carry their regex, so the claim itself honours them).
-pub const SCHEMA_VERSION: i64 = 5;
+/// topic pauses carry their regex, so the claim itself honours them; 6: `order_key` and its
+/// index, for per-key ordering).
+pub const SCHEMA_VERSION: i64 = 6;
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
@@ -315,6 +316,19 @@ fn migrations(p: &str) -> Vec<Vec<String>> {
         &format!("{p}_topic_pauses"),
         "regex",
         &format!("ALTER TABLE {p}_topic_pauses ADD COLUMN regex TEXT NULL"),
+    ),
+    // v6: per-key ordering. `order_key` is MD5(topic NUL key) while the row is keyed and
+    // not dispatched, else NULL (no partial indexes, as `live_at`), so its index reads a
+    // key's rows that are not dispatched, in id order, and never reaches the history.
+    alter_unless_column(
+        &format!("{p}_messages"),
+        "order_key",
+        &format!(
+            "ALTER TABLE {p}_messages ADD COLUMN order_key BINARY(16) GENERATED ALWAYS AS
+             (CASE WHEN status <> 2 AND `key` IS NOT NULL
+                   THEN UNHEX(MD5(CONCAT(topic, CHAR(0), `key`))) END) STORED,
+             ADD KEY {p}_messages_key (order_key, id)"
+        ),
     )]
 }
 
@@ -845,7 +859,9 @@ impl MySqlStore {
         let token = Uuid::now_v7();
         let p = &self.inner.config.schema;
         let mut tx = self.inner.pool.begin().await?;
-        let ids: Vec<i64> = if req.skip_topics.is_empty() {
+        let ids: Vec<i64> = if req.ordering.is_on() {
+            self.claim_ordered_ids(&mut tx, req).await?
+        } else if req.skip_topics.is_empty() {
             sqlx::query_scalar(self.inner.sql.claim_select.clone())
                 .bind(i64::from(req.batch_size))
                 .fetch_all(&mut *tx)
@@ -907,6 +923,113 @@ impl MySqlStore {
             .and_then(|r| r.try_get::<NaiveDateTime, _>("db_now").ok())
             .map(|t| t.and_utc());
         Ok(claim)
+    }
+
+    /// The ids an ordered claim takes ([`super::KeyOrdering`]), the rows locked in `tx`:
+    ///
+    /// 1. the due rows as the unordered claim selects them (`FOR UPDATE SKIP LOCKED`),
+    ///    less those of an ordered key whose first row not dispatched (its head, by the
+    ///    `order_key` index) comes after them in the claim's order (claimed under a live
+    ///    lease, waiting for a retry, given back later) or is dead when dead rows hold
+    ///    their key: a blocked key never fills the claim, and a row taken has its key's
+    ///    head before it, so every key makes progress;
+    /// 2. per ordered key among them, its fence: the first row of the key not dispatched
+    ///    (nor dead, with `skip_dead`) that the first step did not lock: cut off by the
+    ///    limit, locked by another claim, or not ready;
+    /// 3. the rows before their key's fence are taken; the others stay as they are.
+    ///
+    /// Rows are matched by `order_key` alone: a hash collision between two keys can only
+    /// hold one back behind the other, never let a row pass its own key's fence.
+    async fn claim_ordered_ids(
+        &self,
+        tx: &mut Transaction<'static, MySql>,
+        req: &ClaimRequest,
+    ) -> Result<Vec<i64>> {
+        let p = &self.inner.config.schema;
+        let regexes = req.ordering.regexes();
+        let ordered: String = regexes
+            .iter()
+            .map(|_| "m.topic REGEXP ?")
+            .collect::<Vec<_>>()
+            .join(" OR ");
+        let (dead_h, dead_e) = if req.ordering.skip_dead {
+            (" AND h.status <> 3", " AND e.status <> 3")
+        } else {
+            ("", "")
+        };
+        let skip: String = req
+            .skip_topics
+            .iter()
+            .map(|_| " AND m.topic NOT REGEXP ?")
+            .collect();
+        let head_ready = format!(
+            " AND (m.order_key IS NULL OR NOT ({ordered}) OR COALESCE(
+                  (SELECT h.status = 3 OR h.available_at > m.available_at FROM {p}_messages h
+                   WHERE h.order_key = m.order_key{dead_h} ORDER BY h.id LIMIT 1), 0) = 0){skip}"
+        );
+        let select = claim_select(p.as_str(), &head_ready).replacen(
+            "SELECT id FROM",
+            &format!(
+                "SELECT id, CAST(order_key IS NOT NULL AND ({ordered}) AS SIGNED) AS ord, order_key FROM"
+            ),
+            1,
+        );
+        let mut query = sqlx::query_as::<_, (i64, i64, Option<Vec<u8>>)>(AssertSqlSafe(select));
+        for re in regexes.iter().chain(regexes.iter()) {
+            query = query.bind(re.as_str());
+        }
+        for t in &req.skip_topics {
+            query = query.bind(t.regex());
+        }
+        let cand = query
+            .bind(i64::from(req.batch_size))
+            .fetch_all(&mut **tx)
+            .await?;
+        let mut keys: Vec<&[u8]> = cand
+            .iter()
+            .filter(|(_, ord, _)| *ord != 0)
+            .filter_map(|(_, _, k)| k.as_deref())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        if keys.is_empty() {
+            return Ok(cand.into_iter().map(|(id, _, _)| id).collect());
+        }
+        let all: Vec<i64> = cand.iter().map(|(id, _, _)| *id).collect();
+        let list = Self::id_list(&all);
+        let mut rows = String::with_capacity(keys.len() * 48);
+        for (i, k) in keys.iter().enumerate() {
+            if i > 0 {
+                rows.push_str(" UNION ALL ");
+            }
+            rows.push_str("SELECT X'");
+            for b in *k {
+                let _ = write!(rows, "{b:02x}");
+            }
+            rows.push_str("' AS ok");
+        }
+        let fences: Vec<(Vec<u8>, Option<i64>)> = sqlx::raw_sql(AssertSqlSafe(format!(
+            "SELECT x.ok, (SELECT e.id FROM {p}_messages e
+                           WHERE e.order_key = x.ok{dead_e} AND e.id NOT IN ({list})
+                           ORDER BY e.id LIMIT 1) AS fence
+             FROM ({rows}) x"
+        )))
+        .fetch_all(&mut **tx)
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .collect::<Result<_>>()?;
+        let fence: std::collections::HashMap<Vec<u8>, i64> = fences
+            .into_iter()
+            .filter_map(|(k, f)| f.map(|f| (k, f)))
+            .collect();
+        Ok(cand
+            .into_iter()
+            .filter(|(id, ord, k)| {
+                *ord == 0 || k.as_ref().and_then(|k| fence.get(k)).is_none_or(|f| id < f)
+            })
+            .map(|(id, _, _)| id)
+            .collect())
     }
 
     /// One settle statement (see [`Store::settle`]); [`retry_deadlock`] reruns it.

@@ -24,14 +24,17 @@ use uuid::Uuid;
 
 /// Schema version this build creates and expects (4: the consumer inbox; 5: `enqueue(...)`
 /// skips its header checks for a message without headers; 6: topic pauses carry their
-/// regex, so the claim itself honours them).
-pub const SCHEMA_VERSION: i64 = 6;
+/// regex, so the claim itself honours them; 7: the `messages_key` index of per-key
+/// ordering).
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// SQL text built once per store from the validated schema name.
 struct Sql {
     enqueue: SqlStr,
     claim: SqlStr,
     claim_skip: SqlStr,
+    claim_ordered: SqlStr,
+    claim_ordered_skip_dead: SqlStr,
     settle: SqlStr,
     mark: SqlStr,
     renew: SqlStr,
@@ -57,6 +60,8 @@ impl Sql {
             claim: q(claim_sql(s, "")),
             // Extra topics not to claim: $5 is an array of topic regexes.
             claim_skip: q(claim_sql(s, " AND NOT (topic ~ ANY($5::text[]))")),
+            claim_ordered: q(claim_ordered_sql(s, "", false)),
+            claim_ordered_skip_dead: q(claim_ordered_sql(s, "", true)),
             // One statement for a claim's whole outcome (River's
             // `JobSetStateIfRunningMany`), one data-modifying CTE per kind so each keeps
             // the plan the separate statements had: the marks and releases by
@@ -190,15 +195,31 @@ fn claim_sql(s: &str, extra: &str) -> String {
     format!(
         "WITH due AS (
            SELECT id FROM {s}.messages
-           WHERE status <= 1 AND available_at <= now(){extra}
-             AND NOT EXISTS (SELECT 1 FROM {s}.control c WHERE c.id AND c.paused)
-             AND (NOT EXISTS (SELECT 1 FROM {s}.topic_pauses)
-                  OR NOT EXISTS (SELECT 1 FROM {s}.topic_pauses tp
-                                 WHERE tp.regex IS NULL OR topic ~ tp.regex))
+           WHERE status <= 1 AND available_at <= now(){extra}{pauses}
            ORDER BY available_at, id
            LIMIT $1
            FOR UPDATE SKIP LOCKED)
-         UPDATE {s}.messages m
+         {update}",
+        pauses = claim_pauses(s),
+        update = claim_update(s),
+    )
+}
+
+/// The pause switch and the topic pauses, as the claim's filter.
+fn claim_pauses(s: &str) -> String {
+    format!(
+        "
+             AND NOT EXISTS (SELECT 1 FROM {s}.control c WHERE c.id AND c.paused)
+             AND (NOT EXISTS (SELECT 1 FROM {s}.topic_pauses)
+                  OR NOT EXISTS (SELECT 1 FROM {s}.topic_pauses tp
+                                 WHERE tp.regex IS NULL OR topic ~ tp.regex))"
+    )
+}
+
+/// The claim's update of the rows of `due` and what it returns.
+fn claim_update(s: &str) -> String {
+    format!(
+        "UPDATE {s}.messages m
          SET status = 1, attempts = least(m.attempts, 2147483646) + 1, claimed_by = $2, claim_token = $3,
              locked_until = now() + $4 * interval '1 millisecond',
              available_at = now() + $4 * interval '1 millisecond'
@@ -206,6 +227,57 @@ fn claim_sql(s: &str, extra: &str) -> String {
          RETURNING m.id, m.message_id, m.topic, m.key, m.payload, m.headers,
                    extract(epoch FROM m.occurred_at)::float8 AS occurred_epoch,
                    m.attempts, extract(epoch FROM now())::float8 AS now_epoch"
+    )
+}
+
+/// The claim with per-key ordering ([`KeyOrdering`](super::KeyOrdering)): `$5` holds the ordered topics'
+/// regexes, `extra` may use `$6`.
+///
+/// 1. `cand`: the due rows, as the unordered claim takes them, less the rows of an ordered
+///    key whose first row not dispatched (the key's head, by the `messages_key` index)
+///    comes after them in the claim's order (`available_at, id`): claimed under a live
+///    lease, waiting for a retry, or given back later than they were written; and less
+///    those whose head is dead when dead rows hold their key. So a blocked key never fills
+///    the claim, and a row taken here has its key's head before it: the head is taken too
+///    (or locked by another claim), and every key makes progress.
+/// 2. `fence`: per ordered key of `cand`, its first row that blocks it and is not in
+///    `cand`: live (pending, claimed, locked by another claim and so skipped), or dead
+///    when dead rows hold. That row was cut off by the limit, skipped, or is not ready.
+/// 3. `due`: the rows of `cand` before their key's fence; the rest stay as they were
+///    (locked until this statement ends, then free).
+///
+/// Whatever this statement's snapshot misses only makes it more careful: a row it sees
+/// live may since have been dispatched (the key waits one claim longer), never the other
+/// way round, since a dispatched row stays dispatched.
+fn claim_ordered_sql(s: &str, extra: &str, skip_dead: bool) -> String {
+    let not_dead = if skip_dead { " AND h.status <> 3" } else { "" };
+    let not_dead_e = if skip_dead { " AND e.status <> 3" } else { "" };
+    format!(
+        "WITH cand AS MATERIALIZED (
+           SELECT id, topic, key, (key IS NOT NULL AND topic ~ ANY($5::text[])) AS ord
+           FROM {s}.messages m
+           WHERE status <= 1 AND available_at <= now(){extra}{pauses}
+             AND (m.key IS NULL OR NOT (m.topic ~ ANY($5::text[])) OR NOT EXISTS (
+                   SELECT 1 FROM (SELECT h.status, h.available_at FROM {s}.messages h
+                                  WHERE h.topic = m.topic AND h.key = m.key AND h.status <> 2{not_dead}
+                                  ORDER BY h.id LIMIT 1) head
+                   WHERE head.status = 3 OR head.available_at > m.available_at))
+           ORDER BY available_at, id
+           LIMIT $1
+           FOR UPDATE SKIP LOCKED),
+         fence AS (
+           SELECT k.topic, k.key,
+                  (SELECT e.id FROM {s}.messages e
+                   WHERE e.topic = k.topic AND e.key = k.key AND e.status <> 2{not_dead_e}
+                     AND e.id NOT IN (SELECT id FROM cand)
+                   ORDER BY e.id LIMIT 1) AS fence_id
+           FROM (SELECT DISTINCT topic, key FROM cand WHERE ord) k),
+         due AS (
+           SELECT c.id FROM cand c LEFT JOIN fence f ON f.topic = c.topic AND f.key = c.key
+           WHERE NOT c.ord OR f.fence_id IS NULL OR c.id < f.fence_id)
+         {update}",
+        pauses = claim_pauses(s),
+        update = claim_update(s),
     )
 }
 
@@ -423,6 +495,11 @@ $fn$;
         // v6: a topic pause carries its pattern's regex (`TopicPattern::regex`), so the
         // claim matches topics against it; `migrate` fills it for pauses made before.
         format!("ALTER TABLE {s}.topic_pauses ADD COLUMN IF NOT EXISTS regex text;"),
+        // v7: per-key ordering reads a key's rows that are not dispatched, in id order.
+        format!(
+            "CREATE INDEX IF NOT EXISTS messages_key ON {s}.messages (topic, key, id)
+             WHERE key IS NOT NULL AND status <> 2;"
+        ),
     ]
 }
 
@@ -856,10 +933,19 @@ impl Store for PgStore {
         // Not a named prepared statement: PostgreSQL plans an unnamed statement with the
         // actual parameters every time, so the claim never falls back to a generic plan
         // (which collapsed throughput under concurrent inserts when measured).
-        let sql = if req.skip_topics.is_empty() {
-            self.inner.sql.claim.clone()
-        } else {
-            self.inner.sql.claim_skip.clone()
+        let ordered = req.ordering.is_on();
+        let skip_dead = req.ordering.skip_dead;
+        let sql = match (ordered, req.skip_topics.is_empty()) {
+            (false, true) => self.inner.sql.claim.clone(),
+            (false, false) => self.inner.sql.claim_skip.clone(),
+            (true, true) if skip_dead => self.inner.sql.claim_ordered_skip_dead.clone(),
+            (true, true) => self.inner.sql.claim_ordered.clone(),
+            (true, false) => AssertSqlSafe(claim_ordered_sql(
+                self.s(),
+                " AND NOT (topic ~ ANY($6::text[]))",
+                skip_dead,
+            ))
+            .into_sql_str(),
         };
         let mut query = sqlx::query(sql)
             .persistent(false)
@@ -867,6 +953,9 @@ impl Store for PgStore {
             .bind(&req.relay_id)
             .bind(token)
             .bind(millis(req.lease));
+        if ordered {
+            query = query.bind(req.ordering.regexes());
+        }
         if !req.skip_topics.is_empty() {
             query = query.bind(
                 req.skip_topics

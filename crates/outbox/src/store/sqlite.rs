@@ -30,8 +30,9 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 /// Schema version this build creates and expects (4: the consumer inbox; 5: topic pauses
-/// carry their regex, so the claim itself honours them).
-pub const SCHEMA_VERSION: i64 = 5;
+/// carry their regex, so the claim itself honours them; 6: the `messages_key` index of
+/// per-key ordering).
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// The database clock in integer milliseconds (UTC); constant within one statement.
 const NOW_MS: &str = super::SQLITE_NOW_MS;
@@ -157,6 +158,64 @@ fn claim_sql(p: &str, skip: usize) -> String {
     )
 }
 
+/// The ordered claim's first step ([`super::KeyOrdering`]): the due rows as [`claim_sql`]
+/// selects them, with whether each is of an ordered key, less the rows of an ordered key
+/// whose first row not dispatched (its head) comes after them in the claim's order
+/// (claimed under a live lease, waiting for a retry, given back later) or is dead when dead
+/// rows hold their key: a blocked key never fills the claim, and a row taken has its key's
+/// head before it, so every key makes progress. `?1` is the limit, `?2 … ?{ordered+1}` the ordered topics' regexes, then `skip`
+/// regexes to pass over (the topic pauses).
+fn claim_ordered_select(p: &str, ordered: usize, skip: usize, skip_dead: bool) -> String {
+    let n = NOW_MS;
+    let ord: String = (0..ordered)
+        .map(|i| format!("topic REGEXP ?{}", i + 2))
+        .collect::<Vec<_>>()
+        .join(" OR ");
+    let skip: String = (0..skip)
+        .map(|i| format!(" AND topic NOT REGEXP ?{}", i + 2 + ordered))
+        .collect();
+    let dead_h = if skip_dead { " AND h.status <> 3" } else { "" };
+    format!(
+        "SELECT id, topic, key, (key IS NOT NULL AND ({ord})) AS ord FROM {p}_messages m
+         WHERE status <= 1 AND available_at <= {n}{skip}
+           AND NOT EXISTS (SELECT 1 FROM {p}_control c WHERE c.id = 1 AND c.paused)
+           AND (key IS NULL OR NOT ({ord}) OR coalesce(
+                 (SELECT h.status = 3 OR h.available_at > m.available_at FROM {p}_messages h
+                  WHERE h.topic = m.topic AND h.key = m.key AND h.status <> 2{dead_h}
+                  ORDER BY h.id LIMIT 1), 0) = 0)
+         ORDER BY available_at, id LIMIT ?1"
+    )
+}
+
+/// The ordered claim's second step: per key of `?2` (a JSON array of `[topic, key]`), its
+/// fence, the first row not dispatched (nor dead, with `skip_dead`) outside the first
+/// step's rows `?1` (cut off by the limit, or not ready). Rows before it are taken.
+fn claim_fence_sql(p: &str, skip_dead: bool) -> String {
+    let dead_e = if skip_dead { " AND e.status <> 3" } else { "" };
+    format!(
+        "WITH k(topic, key) AS (
+           SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?2))
+         SELECT k.topic, k.key,
+                (SELECT e.id FROM {p}_messages e
+                 WHERE e.topic = k.topic AND e.key = k.key AND e.status <> 2{dead_e}
+                   AND e.id NOT IN (SELECT value FROM json_each(?1))
+                 ORDER BY e.id LIMIT 1) AS fence
+         FROM k"
+    )
+}
+
+/// The ordered claim's last step: claims the rows of `?4` (a JSON array of ids).
+fn claim_ids_sql(p: &str) -> String {
+    let n = NOW_MS;
+    format!(
+        "UPDATE {p}_messages
+         SET status = 1, attempts = min(attempts, 2147483646) + 1, claimed_by = ?1, claim_token = ?2,
+             locked_until = {n} + ?3, available_at = {n} + ?3
+         WHERE id IN (SELECT value FROM json_each(?4))
+         RETURNING id, message_id, topic, key, payload, headers, occurred_at, attempts, {n} AS now_ms"
+    )
+}
+
 fn migrations(p: &str) -> Vec<String> {
     let n = NOW_MS;
     vec![
@@ -245,6 +304,11 @@ CREATE INDEX IF NOT EXISTS {p}_inbox_received ON {p}_inbox (received_at);
         // v5: a topic pause carries its pattern's regex (`TopicPattern::regex`), so the
         // claim matches topics against it; `migrate` fills it for pauses made before.
         format!("ALTER TABLE {p}_topic_pauses ADD COLUMN regex TEXT;"),
+        // v6: per-key ordering reads a key's rows that are not dispatched, in id order.
+        format!(
+            "CREATE INDEX IF NOT EXISTS {p}_messages_key ON {p}_messages (topic, key, id)
+             WHERE key IS NOT NULL AND status <> 2;"
+        ),
     ]
 }
 
@@ -601,6 +665,71 @@ fn ids_json(ids: &[i64]) -> String {
     serde_json::Value::from(ids.to_vec()).to_string()
 }
 
+impl SqliteStore {
+    /// The claim of the rows the claim statement returned.
+    fn claim_of(token: Uuid, rows: &[SqliteRow]) -> Claim {
+        let mut claim = super::claim_from_rows(token, rows, Self::row_to_message, |r| {
+            r.try_get::<i64, _>("id").unwrap_or(-1)
+        });
+        claim.db_now = rows
+            .first()
+            .and_then(|r| r.try_get::<i64, _>("now_ms").ok())
+            .map(ms_to_time);
+        claim
+    }
+
+    /// The ids an ordered claim takes, in the claim's transaction (which holds the write
+    /// lock, so nothing changes between the steps): see [`claim_ordered_select`] and
+    /// [`claim_fence_sql`].
+    async fn claim_ordered_ids(
+        tx: &mut Transaction<'static, Sqlite>,
+        p: &str,
+        req: &ClaimRequest,
+        skip: &[String],
+    ) -> Result<Vec<i64>> {
+        let regexes = req.ordering.regexes();
+        let sql = claim_ordered_select(p, regexes.len(), skip.len(), req.ordering.skip_dead);
+        let mut query =
+            sqlx::query_as::<_, (i64, String, Option<String>, bool)>(AssertSqlSafe(sql))
+                .bind(i64::from(req.batch_size));
+        for re in regexes.iter().chain(skip) {
+            query = query.bind(re.as_str());
+        }
+        let cand = query.fetch_all(&mut **tx).await?;
+        let mut keys: Vec<(&str, &str)> = cand
+            .iter()
+            .filter(|c| c.3)
+            .filter_map(|(_, t, k, _)| Some((t.as_str(), k.as_deref()?)))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        if keys.is_empty() {
+            return Ok(cand.into_iter().map(|c| c.0).collect());
+        }
+        let all: Vec<i64> = cand.iter().map(|c| c.0).collect();
+        let fences: Vec<(String, String, Option<i64>)> =
+            sqlx::query_as(AssertSqlSafe(claim_fence_sql(p, req.ordering.skip_dead)))
+                .bind(ids_json(&all))
+                .bind(serde_json::to_string(&keys).unwrap_or_default())
+                .fetch_all(&mut **tx)
+                .await?;
+        let fence: std::collections::HashMap<(String, String), i64> = fences
+            .into_iter()
+            .filter_map(|(t, k, f)| Some(((t, k), f?)))
+            .collect();
+        Ok(cand
+            .into_iter()
+            .filter(|(id, t, k, ord)| {
+                !*ord
+                    || k.as_ref()
+                        .and_then(|k| fence.get(&(t.clone(), k.clone())))
+                        .is_none_or(|f| id < f)
+            })
+            .map(|c| c.0)
+            .collect())
+    }
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     fn kind(&self) -> &'static str {
@@ -694,6 +823,22 @@ impl Store for SqliteStore {
         for (pattern, regex) in pauses {
             skip.push(regex.unwrap_or_else(|| super::pause_regex(&pattern)));
         }
+        if req.ordering.is_on() {
+            let ids = Self::claim_ordered_ids(&mut tx, self.p(), req, &skip).await?;
+            let rows = if ids.is_empty() {
+                Vec::new()
+            } else {
+                sqlx::query(AssertSqlSafe(claim_ids_sql(self.p())))
+                    .bind(&req.relay_id)
+                    .bind(token.hyphenated().to_string())
+                    .bind(millis(req.lease))
+                    .bind(ids_json(&ids))
+                    .fetch_all(&mut *tx)
+                    .await?
+            };
+            tx.commit().await?;
+            return Ok(Self::claim_of(token, &rows));
+        }
         let sql = if skip.is_empty() {
             self.inner.sql.claim.clone()
         } else {
@@ -709,14 +854,7 @@ impl Store for SqliteStore {
         }
         let rows = query.fetch_all(&mut *tx).await?;
         tx.commit().await?;
-        let mut claim = super::claim_from_rows(token, &rows, Self::row_to_message, |r| {
-            r.try_get::<i64, _>("id").unwrap_or(-1)
-        });
-        claim.db_now = rows
-            .first()
-            .and_then(|r| r.try_get::<i64, _>("now_ms").ok())
-            .map(ms_to_time);
-        Ok(claim)
+        Ok(Self::claim_of(token, &rows))
     }
 
     async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {

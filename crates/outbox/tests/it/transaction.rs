@@ -323,6 +323,7 @@ async fn claim_all(store: &outbox::postgres::PgStore) -> Vec<outbox::OutgoingMes
             batch_size: 10,
             lease: Duration::from_secs(30),
             skip_topics: Vec::new(),
+            ordering: Default::default(),
         })
         .await
         .unwrap()

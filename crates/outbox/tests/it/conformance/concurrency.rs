@@ -44,6 +44,7 @@ pub(crate) async fn concurrent_claimers_never_overlap<B: Backend>() {
                             batch_size: 50,
                             lease: LONG,
                             skip_topics: Vec::new(),
+                            ordering: Default::default(),
                         })
                         .await
                         .unwrap_or_else(|e| panic!("claimer-{i}: claim failed: {e}"));

@@ -39,6 +39,8 @@ mod schema;
 pub(crate) use schema::*;
 mod wakeups;
 pub(crate) use wakeups::*;
+mod ordering;
+pub(crate) use ordering::*;
 
 use crate::common::{RecordingSink, messages, relay_config, wait_until};
 use async_trait::async_trait;
@@ -315,6 +317,7 @@ pub(crate) async fn claim(
             batch_size: batch,
             lease,
             skip_topics: Vec::new(),
+            ordering: Default::default(),
         })
         .await
         .unwrap()
@@ -352,6 +355,8 @@ macro_rules! conformance_cases {
             a_deleting_settle_removes_only_confirmed_rows,
             an_unmigrated_store_is_named_not_guessed,
             a_commit_moves_the_wakeup_counter,
+            ordered_claims_follow_each_key,
+            concurrent_ordered_claims_keep_each_key_in_order,
         );
     };
     (@each $backend:ty; $($case:ident),* $(,)?) => {

@@ -458,6 +458,7 @@ pub(crate) async fn topic_pauses_hold_only_matching_topics<B: Backend>() {
             batch_size: 100,
             lease: LONG,
             skip_topics: Vec::new(),
+            ordering: Default::default(),
         })
         .await
         .unwrap();

@@ -160,6 +160,7 @@ pub(crate) async fn purge_deletes_old_dispatched_rows_in_bounded_batches<B: Back
                         batch_size: 100,
                         lease: LONG,
                         skip_topics: Vec::new(),
+                        ordering: Default::default(),
                     })
                     .await
                     .unwrap_or_else(|e| panic!("claim failed: {e}"));
