@@ -165,6 +165,19 @@ enum Command {
         /// after a claim came back full.
         #[arg(long, env = "OUTBOX_IN_FLIGHT_BATCHES", default_value_t = 4)]
         in_flight_batches: u32,
+        /// Per-key ordering for topics matching PATTERN (repeatable; `*` one token, `>` one
+        /// or more at the end): the messages of one topic and key are published in id
+        /// order, one after another, while other keys flow in parallel; messages without a
+        /// key are never held back. A message that fails holds back only its key; a dead
+        /// one blocks its key until replayed or discarded (see --ordered-skip-dead). Every
+        /// relay of the outbox must be given the same patterns. In OUTBOX_ORDERED,
+        /// separate patterns by spaces.
+        #[arg(long = "ordered", env = "OUTBOX_ORDERED", value_delimiter = ' ', value_parser = outbox::sink::router::TopicPattern::parse)]
+        ordered: Vec<outbox::sink::router::TopicPattern>,
+        /// With --ordered: a dead message does not block its key; the later messages go on
+        /// and the gap stays in the dead letters (availability over order).
+        #[arg(long, env = "OUTBOX_ORDERED_SKIP_DEAD", requires = "ordered")]
+        ordered_skip_dead: bool,
         /// Serve /metrics (Prometheus), /healthz and /readyz on HOST:PORT (e.g.
         /// 127.0.0.1:9464). Off by default.
         #[arg(long, env = "OUTBOX_METRICS_ADDR")]
@@ -619,6 +632,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             metrics_addr,
             summary_interval_s,
             sample_interval_s,
+            ordered,
+            ordered_skip_dead,
             otlp_endpoint: _,
         } => {
             if routes.is_empty() && sink.is_none() {
@@ -652,6 +667,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     outbox::OnDispatch::Delete
                 } else {
                     outbox::OnDispatch::Keep
+                },
+                ordering: outbox::store::KeyOrdering {
+                    topics: ordered.clone(),
+                    skip_dead: *ordered_skip_dead,
                 },
                 ..RelayConfig::default()
             };

@@ -182,6 +182,22 @@ pub struct KeyOrdering {
     pub skip_dead: bool,
 }
 
+/// `none`, or the patterns separated by spaces (with `(skip dead)` when dead letters hold
+/// nothing), for logs.
+impl std::fmt::Display for KeyOrdering {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.topics.is_empty() {
+            return f.write_str("none");
+        }
+        let patterns: Vec<&str> = self.topics.iter().map(|t| t.as_str()).collect();
+        write!(f, "{}", patterns.join(" "))?;
+        if self.skip_dead {
+            f.write_str(" (skip dead)")?;
+        }
+        Ok(())
+    }
+}
+
 impl KeyOrdering {
     /// True when some topic is ordered.
     pub fn is_on(&self) -> bool {

@@ -27,6 +27,7 @@ mod conformance_sqlite;
 mod consumer_e2e;
 mod idle_relay;
 mod inbox;
+mod ordering;
 mod publisher_conformance_file;
 mod publisher_conformance_http;
 mod publisher_conformance_kafka;

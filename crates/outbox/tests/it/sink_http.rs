@@ -35,11 +35,11 @@ use std::time::{Duration, Instant};
 
 /// One request as the server saw it.
 #[derive(Debug, Clone)]
-struct Recorded {
-    at: Instant,
+pub(crate) struct Recorded {
+    pub(crate) at: Instant,
     uri: String,
     headers: HeaderMap,
-    body: Bytes,
+    pub(crate) body: Bytes,
 }
 
 impl Recorded {
@@ -56,7 +56,7 @@ impl Recorded {
 
 /// What the server answers.
 #[derive(Debug, Clone)]
-struct Reply {
+pub(crate) struct Reply {
     status: u16,
     headers: Vec<(&'static str, String)>,
     body: String,
@@ -64,7 +64,7 @@ struct Reply {
 }
 
 impl Reply {
-    fn status(status: u16) -> Self {
+    pub(crate) fn status(status: u16) -> Self {
         Reply {
             status,
             headers: Vec::new(),
@@ -95,14 +95,16 @@ struct ServerState {
     responder: Responder,
 }
 
-struct TestServer {
-    url: String,
+pub(crate) struct TestServer {
+    pub(crate) url: String,
     state: Arc<ServerState>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl TestServer {
-    async fn start(responder: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'static) -> Self {
+    pub(crate) async fn start(
+        responder: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'static,
+    ) -> Self {
         Self::start_with(true, responder).await
     }
 
@@ -141,7 +143,7 @@ impl TestServer {
         Self::start(|_, _| Reply::status(200)).await
     }
 
-    fn requests(&self) -> Vec<Recorded> {
+    pub(crate) fn requests(&self) -> Vec<Recorded> {
         self.state.requests.lock().unwrap().clone()
     }
 
@@ -208,7 +210,7 @@ fn with_header(mut m: OutgoingMessage, name: &str, value: &str) -> OutgoingMessa
     m
 }
 
-async fn webhook(url: &str) -> WebhookSink {
+pub(crate) async fn webhook(url: &str) -> WebhookSink {
     WebhookSink::connect_with(url, WebhookOptions::default())
         .await
         .unwrap()

@@ -1,0 +1,405 @@
+//! Per-key ordering through whole relays: two relays with four batches in flight keep
+//! every key's order into JetStream; a transient failure holds back only its own key; a
+//! dead letter blocks its key until it is replayed (delivered first) or discarded (the
+//! rest follows, audited).
+
+#![allow(clippy::unwrap_used)]
+
+use crate::common::{TestStream, nats_connect, nats_url, relay_config, wait_until};
+use crate::conformance::Backend as _;
+use crate::conformance_postgres::PgBackend;
+use crate::sink_http::{Reply, TestServer, webhook};
+use outbox::sink::nats::{NatsOptions, NatsSink};
+use outbox::sink::router::TopicPattern;
+use outbox::store::{DeadSelector, KeyOrdering, ReplayAction, ReplayRequest};
+use outbox::{Message, Relay, RelayConfig};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+fn ordered(pattern: &str) -> KeyOrdering {
+    KeyOrdering {
+        topics: vec![TopicPattern::parse(pattern).unwrap()],
+        skip_dead: false,
+    }
+}
+
+/// `key:seq` payloads of `per_key` messages for each of `keys` keys, interleaved
+/// (k0:0, k1:0, …, k0:1, …).
+fn interleaved(topic: &str, keys: usize, per_key: usize) -> Vec<Message> {
+    (0..per_key)
+        .flat_map(|seq| {
+            (0..keys).map(move |k| {
+                Message::new(topic, format!("k{k}:{seq}").into_bytes()).key(format!("k{k}"))
+            })
+        })
+        .collect()
+}
+
+/// `key:seq` → (key, seq).
+fn parse(body: &[u8]) -> (String, u32) {
+    let text = std::str::from_utf8(body).unwrap();
+    let (k, seq) = text.split_once(':').unwrap();
+    (k.to_owned(), seq.parse().unwrap())
+}
+
+/// Per key, the sequence numbers in the order they arrived.
+fn by_key<'a>(bodies: impl IntoIterator<Item = &'a [u8]>) -> BTreeMap<String, Vec<u32>> {
+    let mut map: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for b in bodies {
+        let (k, seq) = parse(b);
+        map.entry(k).or_default().push(seq);
+    }
+    map
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_keep_every_keys_order_into_jetstream() {
+    const KEYS: usize = 50;
+    const PER_KEY: usize = 200;
+    let db = PgBackend::create("ordered_nats", crate::conformance::DEFAULT_MAX).await;
+    let client = nats_connect().await;
+    let stream = TestStream::shared(&client).await;
+    let topic = stream.subject("orders.placed");
+    let relays: Vec<_> = (0..2)
+        .map(|i| {
+            let cfg = RelayConfig {
+                batch_size: 200,
+                min_batch_size: 20,
+                in_flight_batches: 4,
+                ordering: ordered(&format!("{}.>", stream.prefix)),
+                ..relay_config(&format!("ordered-{i}"))
+            };
+            (cfg, db.store())
+        })
+        .collect();
+    let mut handles = Vec::new();
+    for (cfg, store) in relays {
+        let sink = NatsSink::connect(&nats_url(), NatsOptions::default())
+            .await
+            .unwrap();
+        handles.push(Relay::new(store, Arc::new(sink), cfg).spawn());
+    }
+    // 100 producer transactions of 100 messages while the relays run.
+    for chunk in interleaved(&topic, KEYS, PER_KEY).chunks(100) {
+        db.enqueue_all(chunk).await;
+    }
+    let store = db.store();
+    crate::common::wait_dispatched(
+        "10,000 dispatched",
+        &store,
+        KEYS * PER_KEY,
+        Duration::from_secs(120),
+    )
+    .await;
+    let mut per_relay = Vec::new();
+    for h in handles {
+        per_relay.push(h.shutdown().await.unwrap().dispatched);
+    }
+    assert_eq!(
+        per_relay.iter().sum::<u64>(),
+        (KEYS * PER_KEY) as u64,
+        "each published once"
+    );
+    assert!(
+        per_relay.iter().all(|n| *n > 0),
+        "both relays delivered: {per_relay:?}"
+    );
+
+    assert_eq!(stream.message_count(&client).await, (KEYS * PER_KEY) as u64);
+    let bodies = stream_payloads(&client, &stream, KEYS * PER_KEY).await;
+    let seen = by_key(bodies.iter().map(Vec::as_slice));
+    assert_eq!(seen.len(), KEYS);
+    let want: Vec<u32> = (0..PER_KEY as u32).collect();
+    for (k, seqs) in &seen {
+        assert_eq!(seqs, &want, "key {k} arrived out of order");
+    }
+}
+
+/// Relays crash (their tasks aborted mid-batch: no release, no mark) and are replaced three
+/// times while 5,000 messages over 50 keys flow; a crashed relay's claims come back after
+/// their 1 s lease. JetStream's duplicate window drops the messages published again, so
+/// the stream holds each message once, in the order first accepted: per key, id order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crashed_relays_keep_every_keys_order() {
+    const KEYS: usize = 50;
+    const PER_KEY: usize = 100;
+    let db = PgBackend::create("ordered_crash", crate::conformance::DEFAULT_MAX).await;
+    let client = nats_connect().await;
+    let stream = TestStream::shared(&client).await;
+    let topic = stream.subject("orders.placed");
+    let ordering = ordered(&format!("{}.>", stream.prefix));
+    let spawn = |i: usize| {
+        let cfg = RelayConfig {
+            batch_size: 100,
+            min_batch_size: 20,
+            in_flight_batches: 4,
+            lease: Duration::from_secs(1),
+            ordering: ordering.clone(),
+            ..relay_config(&format!("crashing-{i}"))
+        };
+        let store = db.store();
+        async move {
+            let sink = NatsSink::connect(&nats_url(), NatsOptions::default())
+                .await
+                .unwrap();
+            Relay::new(store, Arc::new(sink), cfg).spawn()
+        }
+    };
+    let mut relays = vec![spawn(0).await, spawn(1).await];
+    let messages = interleaved(&topic, KEYS, PER_KEY);
+    let mut next = 2;
+    for (i, chunk) in messages.chunks(100).enumerate() {
+        db.enqueue_all(chunk).await;
+        if i % 12 == 11 && next < 5 {
+            // One relay crashes mid-run and a new one starts.
+            relays.remove(0).abort();
+            relays.push(spawn(next).await);
+            next += 1;
+        }
+    }
+    let store = db.store();
+    crate::common::wait_dispatched(
+        "5,000 dispatched",
+        &store,
+        KEYS * PER_KEY,
+        Duration::from_secs(120),
+    )
+    .await;
+    for h in relays {
+        h.shutdown().await.unwrap();
+    }
+    assert_eq!(next, 5, "three crashes");
+    assert_eq!(stream.message_count(&client).await, (KEYS * PER_KEY) as u64);
+    let bodies = stream_payloads(&client, &stream, KEYS * PER_KEY).await;
+    let seen = by_key(bodies.iter().map(Vec::as_slice));
+    let want: Vec<u32> = (0..PER_KEY as u32).collect();
+    for (k, seqs) in &seen {
+        assert_eq!(seqs, &want, "key {k} arrived out of order");
+    }
+}
+
+/// The first `n` payloads of `stream`, in stream order (an ephemeral pull consumer).
+async fn stream_payloads(
+    client: &async_nats::Client,
+    stream: &TestStream,
+    n: usize,
+) -> Vec<Vec<u8>> {
+    use futures::StreamExt as _;
+    let js = async_nats::jetstream::new(client.clone());
+    let s = js.get_stream(&stream.name).await.unwrap();
+    let consumer = s
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut messages = consumer.messages().await.unwrap();
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .expect("the stream's messages")
+            .unwrap()
+            .unwrap();
+        out.push(m.payload.to_vec());
+    }
+    out
+}
+
+/// The relay settings of the HTTP cases: one relay, everything in one claim, a retry
+/// 1 s after a failure.
+fn http_config(id: &str) -> RelayConfig {
+    RelayConfig {
+        batch_size: 100,
+        min_batch_size: 100,
+        backoff_base: Duration::from_secs(1),
+        backoff_max: Duration::from_secs(1),
+        ordering: ordered("o.>"),
+        ..relay_config(id)
+    }
+}
+
+/// What the test server answered, in arrival order: (key, seq, status, when).
+type Answers = Arc<std::sync::Mutex<Vec<(String, u32, u16, Instant)>>>;
+
+/// A server answering `status(body)` and logging each answer.
+async fn answering(status: impl Fn(&[u8]) -> u16 + Send + Sync + 'static) -> (TestServer, Answers) {
+    let answers: Answers = Arc::default();
+    let log = answers.clone();
+    let server = TestServer::start(move |r, _| {
+        let code = status(&r.body);
+        let (k, seq) = parse(&r.body);
+        log.lock().unwrap().push((k, seq, code, r.at));
+        Reply::status(code)
+    })
+    .await;
+    (server, answers)
+}
+
+/// Per key, the sequence numbers accepted (200), in arrival order.
+fn accepted(answers: &Answers) -> BTreeMap<String, Vec<u32>> {
+    let mut map: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for (k, seq, code, _) in answers.lock().unwrap().iter() {
+        if *code == 200 {
+            map.entry(k.clone()).or_default().push(*seq);
+        }
+    }
+    map
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_failure_holds_back_only_its_own_key() {
+    let db = PgBackend::create("ordered_retry", crate::conformance::DEFAULT_MAX).await;
+    // k0:3 fails once (500); everything else is accepted.
+    let failed_once = Arc::new(AtomicBool::new(false));
+    let f = failed_once.clone();
+    let (server, answers) = answering(move |body| {
+        if body == b"k0:3" && !f.swap(true, Ordering::SeqCst) {
+            500
+        } else {
+            200
+        }
+    })
+    .await;
+    db.enqueue_all(&interleaved("o.t", 2, 10)).await;
+    let sink = webhook(&server.url).await;
+    let handle = Relay::new(db.store(), Arc::new(sink), http_config("retry")).spawn();
+    let store = db.store();
+    crate::common::wait_dispatched("20 dispatched", &store, 20, Duration::from_secs(20)).await;
+    handle.shutdown().await.unwrap();
+
+    let seen = accepted(&answers);
+    assert_eq!(
+        seen["k0"],
+        (0..10).collect::<Vec<_>>(),
+        "k0's later messages came after its retry"
+    );
+    assert_eq!(seen["k1"], (0..10).collect::<Vec<_>>());
+    let log = answers.lock().unwrap().clone();
+    assert_eq!(
+        log.len(),
+        21,
+        "one failed attempt, nothing sent twice: {log:?}"
+    );
+    let at = |key: &str, seq: u32, code: u16| {
+        log.iter()
+            .find(|(k, s, c, _)| k == key && *s == seq && *c == code)
+            .unwrap()
+            .3
+    };
+    let failed_at = at("k0", 3, 500);
+    let retried_at = at("k0", 3, 200);
+    let k1_done = at("k1", 9, 200);
+    assert!(
+        retried_at >= failed_at + Duration::from_millis(400),
+        "the retry waited for its backoff: {:?}",
+        retried_at - failed_at
+    );
+    assert!(
+        k1_done < retried_at,
+        "k1 was not held back by k0's retry: done {:?} after the failure, the retry {:?} after",
+        k1_done.saturating_duration_since(failed_at),
+        retried_at - failed_at
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_blocks_its_key_until_replayed_or_discarded() {
+    let db = PgBackend::create("ordered_dead", crate::conformance::DEFAULT_MAX).await;
+    // k0:2 and k1:2 are refused (400, permanent) until `fixed`; k2 is never refused.
+    let fixed = Arc::new(AtomicBool::new(false));
+    let f = fixed.clone();
+    let (server, answers) = answering(move |body| {
+        let refused = body == b"k0:2" || body == b"k1:2";
+        if refused && !f.load(Ordering::SeqCst) {
+            400
+        } else {
+            200
+        }
+    })
+    .await;
+    let ids: Vec<i64> = db
+        .enqueue_all(&interleaved("o.t", 3, 6))
+        .await
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let sink = webhook(&server.url).await;
+    let handle = Relay::new(db.store(), Arc::new(sink), http_config("dead")).spawn();
+    let store = db.store();
+    // k2's six, and k0:0-1, k1:0-1: ten dispatched; k0:2 and k1:2 dead.
+    crate::common::wait_dispatched("10 dispatched", &store, 10, Duration::from_secs(20)).await;
+    wait_until("two dead letters", Duration::from_secs(10), || {
+        let store = store.clone();
+        async move {
+            match store.counts().await.unwrap().dead {
+                2 => Ok(()),
+                n => Err(format!("{n} dead")),
+            }
+        }
+    })
+    .await;
+    // Nothing more of k0 or k1 goes out while their dead letters block them (the relay
+    // polls every 100 ms: fifteen chances).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let seen = accepted(&answers);
+    assert_eq!(seen["k0"], vec![0, 1], "k0 blocked behind its dead letter");
+    assert_eq!(seen["k1"], vec![0, 1], "k1 blocked behind its dead letter");
+    assert_eq!(seen["k2"], (0..6).collect::<Vec<_>>(), "k2 flows");
+    assert_eq!(
+        answers.lock().unwrap().len(),
+        12,
+        "k0:2 and k1:2 tried once each"
+    );
+    assert_eq!(
+        store.counts().await.unwrap().pending,
+        6,
+        "k0:3-5 and k1:3-5 wait"
+    );
+
+    // The consumer is fixed: replay k0's dead letter (k0:2 is ids[6]), discard k1's (ids[7]).
+    fixed.store(true, Ordering::SeqCst);
+    let request = |id: i64, action| ReplayRequest {
+        selector: DeadSelector {
+            ids: vec![id],
+            ..DeadSelector::default()
+        },
+        action,
+        limit: None,
+        by: "alice".into(),
+        reason: "consumer fixed".into(),
+        rate_per_s: None,
+        dry_run: false,
+        append_to: None,
+    };
+    let replayed = store
+        .replay(&request(ids[6], ReplayAction::Replay))
+        .await
+        .unwrap();
+    assert_eq!(replayed.count, 1);
+    let discarded = store
+        .replay(&request(ids[7], ReplayAction::Discard))
+        .await
+        .unwrap();
+    assert_eq!(discarded.count, 1);
+    crate::common::wait_dispatched("17 dispatched", &store, 17, Duration::from_secs(20)).await;
+    handle.shutdown().await.unwrap();
+    let audit = store.replays(10).await.unwrap();
+    assert_eq!(audit.len(), 2, "both changes audited: {audit:?}");
+
+    let seen = accepted(&answers);
+    assert_eq!(
+        seen["k0"],
+        (0..6).collect::<Vec<_>>(),
+        "the replayed dead letter went first, then the rest of k0"
+    );
+    assert_eq!(
+        seen["k1"],
+        vec![0, 1, 3, 4, 5],
+        "discarded: the rest of k1 followed"
+    );
+    assert_eq!(store.counts().await.unwrap().dead, 0);
+}
