@@ -103,10 +103,19 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 /// `outbox dead …`
 #[derive(Subcommand, Debug)]
 pub(crate) enum DeadCommand {
-    /// List dead letters: id, message id, topic, key, attempts, died at, last error.
+    /// List dead letters: id, message id, topic, key, attempts, died at, the later messages
+    /// of its key still waiting, last error. A dead letter of an ordered topic with a key
+    /// is marked BLOCKS: its key's later messages wait until it is replayed or discarded.
     List {
         #[command(flatten)]
         select: SelectArgs,
+        /// The ordered topics, as given to the relays (--ordered there; in OUTBOX_ORDERED,
+        /// patterns separated by spaces): which dead letters block their key.
+        #[arg(long = "ordered", env = "OUTBOX_ORDERED", value_delimiter = ' ', value_parser = outbox::sink::router::TopicPattern::parse)]
+        ordered: Vec<outbox::sink::router::TopicPattern>,
+        /// As the relays' --ordered-skip-dead: dead letters block nothing.
+        #[arg(long, env = "OUTBOX_ORDERED_SKIP_DEAD")]
+        ordered_skip_dead: bool,
         /// Most rows to show.
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
@@ -172,14 +181,25 @@ pub(crate) async fn dead(store: &dyn Store, cmd: &DeadCommand) -> anyhow::Result
     match cmd {
         DeadCommand::List {
             select,
+            ordered,
+            ordered_skip_dead,
             limit,
             json,
         } => {
             let sel = select.selector()?;
             let rows = store.dead_letters(&sel, *limit, false).await?;
+            let ordering = outbox::store::KeyOrdering {
+                topics: ordered.clone(),
+                skip_dead: *ordered_skip_dead,
+            };
+            let blocks = |r: &DeadLetter| {
+                !ordering.skip_dead && r.key.is_some() && ordering.covers(&r.topic)
+            };
             if *json {
                 for r in &rows {
-                    out(&serde_json::to_string(r)?);
+                    let mut v = serde_json::to_value(r)?;
+                    v["blocking"] = blocks(r).into();
+                    out(&v.to_string());
                 }
                 return Ok(ExitCode::SUCCESS);
             }
@@ -191,20 +211,33 @@ pub(crate) async fn dead(store: &dyn Store, cmd: &DeadCommand) -> anyhow::Result
                 return Ok(ExitCode::SUCCESS);
             }
             out(&format!(
-                "{:>8}  {:<36}  {:<28}  {:<12}  {:>4}  {:<20}  last error",
-                "id", "message id", "topic", "key", "att", "died at"
+                "{:>8}  {:<36}  {:<28}  {:<12}  {:>4}  {:<20}  {:>6}  {:<6}  last error",
+                "id", "message id", "topic", "key", "att", "died at", "behind", ""
             ));
             for r in &rows {
                 out(&format!(
-                    "{:>8}  {:<36}  {:<28}  {:<12}  {:>4}  {:<20}  {}",
+                    "{:>8}  {:<36}  {:<28}  {:<12}  {:>4}  {:<20}  {:>6}  {:<6}  {}",
                     r.id,
                     r.message_id,
                     clip(&safe(&r.topic), 28),
                     clip(&safe(r.key.as_deref().unwrap_or("-")), 12),
                     r.attempts,
                     r.died_at.format("%Y-%m-%d %H:%M:%S"),
+                    r.waiting_behind,
+                    if blocks(r) { "BLOCKS" } else { "" },
                     clip(&one_line(r.last_error.as_deref().unwrap_or("")), 100),
                 ));
+            }
+            let blocking = rows.iter().filter(|r| blocks(r)).count();
+            if blocking > 0 {
+                let held: i64 = rows
+                    .iter()
+                    .filter(|r| blocks(r))
+                    .map(|r| r.waiting_behind)
+                    .sum();
+                eprintln!(
+                    "{blocking} dead letters block their key ({held} later messages wait): `outbox replay` delivers one first, then the rest of its key; `outbox dead discard` releases the rest"
+                );
             }
             let total = store.count_dead(&sel).await?;
             if total > rows.len() as u64 {
@@ -249,6 +282,15 @@ fn show_text(r: &DeadLetter, with_payload: bool) -> String {
     line("message id", r.message_id.to_string());
     line("topic", safe(&r.topic));
     line("key", safe(r.key.as_deref().unwrap_or("-")));
+    if r.key.is_some() {
+        line(
+            "behind it",
+            format!(
+                "{} later messages of this topic and key not delivered yet (they wait for this one where the topic is ordered)",
+                r.waiting_behind
+            ),
+        );
+    }
     line("attempts", r.attempts.to_string());
     line("occurred at", r.occurred_at.to_rfc3339());
     line("died at", r.died_at.to_rfc3339());

@@ -1060,10 +1060,10 @@ impl Relay {
         if cfg.ordering.is_on() && !cfg.ordering.skip_dead {
             stop_after = malformed.iter().map(|d| d.id).min().unwrap_or(i64::MAX);
             for m in &messages {
-                if m.attempts > policy.max_attempts {
-                    if let Some(k) = ordered_key(&cfg.ordering, m) {
-                        stopped.insert(k);
-                    }
+                if m.attempts > policy.max_attempts
+                    && let Some(k) = ordered_key(&cfg.ordering, m)
+                {
+                    stopped.insert(k);
                 }
             }
         }
@@ -1123,10 +1123,10 @@ impl Relay {
                             .publish(&part, &confirm.subset(&ids), cfg.publish_timeout)
                             .await;
                         for &i in &ids {
-                            if !matches!(confirm.get(i), Some(Ok(()))) {
-                                if let Some(k) = ordered_key(&cfg.ordering, &to_publish[i]) {
-                                    stopped.insert(k);
-                                }
+                            if !matches!(confirm.get(i), Some(Ok(())))
+                                && let Some(k) = ordered_key(&cfg.ordering, &to_publish[i])
+                            {
+                                stopped.insert(k);
                             }
                         }
                     }

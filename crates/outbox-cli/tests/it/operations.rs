@@ -780,3 +780,84 @@ fn pause_by_topic_holds_only_its_topics() {
     assert!(summary.contains("backlog=3"), "{summary}");
     assert!(summary.contains("destinations_down=none"), "{summary}");
 }
+
+/// Per-key ordering from the binary (SQLite): a dead letter written first for key k1 of an
+/// ordered topic holds k1's later messages while k2 flows; `dead list --ordered` marks it
+/// BLOCKS with the two waiting behind it; discarding it (audited) lets k1 through, in
+/// order.
+#[test]
+fn an_ordered_relay_holds_a_key_behind_its_dead_letter() {
+    let db = Db::sqlite();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.jsonl");
+    run_ok(db.cmd().arg("migrate"));
+    db.sqlite_exec(&format!(
+        "INSERT INTO outbox_messages (message_id, topic, key, payload, status, last_error) VALUES ('{}', 'o.t', 'k1', x'00', 3, 'permanent: refused');",
+        uuid::Uuid::new_v4()
+    ));
+    let enqueue = |key: &str, payload: &str| {
+        run_ok(db.cmd().args([
+            "enqueue",
+            "--topic",
+            "o.t",
+            "--key",
+            key,
+            "--payload",
+            payload,
+        ]));
+    };
+    enqueue("k1", "k1:1");
+    enqueue("k1", "k1:2");
+    enqueue("k2", "k2:0");
+    let sink = format!("file:{}", out.display());
+    let relay = ["relay", "--drain", "--sink", &sink, "--ordered", "o.>"];
+    run_ok(db.cmd().args(relay));
+    let payloads = || -> Vec<String> {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v["payload"].as_str().unwrap().to_owned()
+            })
+            .collect()
+    };
+    assert_eq!(payloads(), vec!["k2:0"], "k1 waits behind its dead letter");
+    let s = db.status();
+    assert_eq!(
+        (s["pending"].as_i64(), s["dead"].as_i64()),
+        (Some(2), Some(1)),
+        "{s}"
+    );
+
+    let listed = run_ok(
+        db.cmd()
+            .args(["dead", "list", "--ordered", "o.>", "--json"]),
+    );
+    let row: serde_json::Value = serde_json::from_str(listed.trim()).unwrap();
+    assert_eq!(row["blocking"], true, "{row}");
+    assert_eq!(row["waiting_behind"], 2, "{row}");
+    let table = run_ok(db.cmd().args(["dead", "list", "--ordered", "o.>"]));
+    assert!(
+        table.lines().nth(1).unwrap().contains("     2  BLOCKS"),
+        "{table}"
+    );
+    let unordered = run_ok(db.cmd().args(["dead", "list", "--json"]));
+    assert!(unordered.contains("\"blocking\":false"), "{unordered}");
+
+    let id = row["id"].as_i64().unwrap().to_string();
+    run_ok(db.cmd().args([
+        "dead",
+        "discard",
+        &id,
+        "--reason",
+        "never valid",
+        "--by",
+        "ci",
+        "--yes",
+    ]));
+    run_ok(db.cmd().args(relay));
+    assert_eq!(payloads(), vec!["k2:0", "k1:1", "k1:2"]);
+    let audit = run_ok(db.cmd().args(["replays", "list", "--json"]));
+    assert!(audit.contains("never valid"), "{audit}");
+}

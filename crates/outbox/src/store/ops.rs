@@ -207,6 +207,10 @@ pub struct DeadLetter {
     pub payload: Option<Vec<u8>>,
     /// The last replay that moved this row back to pending (it died again since).
     pub replay_id: Option<i64>,
+    /// Later messages of the same topic and key not yet delivered (pending or claimed):
+    /// where the topic is ordered ([`crate::store::KeyOrdering`]), they wait behind this
+    /// dead letter until it is replayed or discarded. 0 without a key.
+    pub waiting_behind: i64,
 }
 
 /// What a [`ReplayRequest`] does to the selected dead rows.

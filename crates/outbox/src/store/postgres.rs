@@ -1148,8 +1148,11 @@ impl Store for PgStore {
         let sql = format!(
             "SELECT id, message_id, topic, key, attempts, occurred_at, available_at, last_error,
                     headers::text AS headers, octet_length(payload)::bigint AS payload_bytes,
-                    {payload} AS payload, replay_id
-             FROM {s}.messages WHERE {filter} ORDER BY id LIMIT {limit}"
+                    {payload} AS payload, replay_id,
+                    (SELECT count(*) FROM {s}.messages l
+                     WHERE l.topic = m.topic AND l.key = m.key AND l.status <> 2
+                       AND l.status <= 1 AND l.id > m.id) AS waiting_behind
+             FROM {s}.messages m WHERE {filter} ORDER BY id LIMIT {limit}"
         );
         let mut query = sqlx::query(AssertSqlSafe(sql));
         for b in binds {
@@ -1171,6 +1174,7 @@ impl Store for PgStore {
                     payload_bytes: r.try_get("payload_bytes")?,
                     payload: r.try_get("payload")?,
                     replay_id: r.try_get("replay_id")?,
+                    waiting_behind: r.try_get("waiting_behind")?,
                 })
             })
             .collect()

@@ -989,8 +989,11 @@ impl Store for SqliteStore {
         let payload = if with_payload { "payload" } else { "NULL" };
         let sql = format!(
             "SELECT id, message_id, topic, key, attempts, occurred_at, available_at, last_error,
-                    headers, length(payload) AS payload_bytes, {payload} AS payload, replay_id
-             FROM {p}_messages WHERE {filter} ORDER BY id LIMIT {limit}"
+                    headers, length(payload) AS payload_bytes, {payload} AS payload, replay_id,
+                    (SELECT count(*) FROM {p}_messages l
+                     WHERE l.topic = m.topic AND l.key = m.key AND l.status <> 2
+                       AND l.status <= 1 AND l.id > m.id) AS waiting_behind
+             FROM {p}_messages m WHERE {filter} ORDER BY id LIMIT {limit}"
         );
         let mut query = sqlx::query(AssertSqlSafe(sql));
         for b in binds {
@@ -1013,6 +1016,7 @@ impl Store for SqliteStore {
                     payload_bytes: r.try_get("payload_bytes")?,
                     payload: r.try_get("payload")?,
                     replay_id: r.try_get("replay_id")?,
+                    waiting_behind: r.try_get("waiting_behind")?,
                 })
             })
             .collect()
