@@ -288,6 +288,11 @@ async fn main() {
         let _ = js.delete_stream(&stream_name).await;
         return;
     }
+    if std::env::args().any(|a| a == "ordering") {
+        ordering_costs(&root).await;
+        let _ = js.delete_stream(&stream_name).await;
+        return;
+    }
     if std::env::args().any(|a| a == "latency") {
         latencies(&topic).await;
         let _ = js.delete_stream(&stream_name).await;
@@ -988,4 +993,73 @@ async fn cpu_per_message() {
         n as f64 / t.elapsed().as_secs_f64()
     );
     drop_store(&store).await;
+}
+
+/// Figure 11: per-key ordering on vs off. `BENCH_ORDER_MESSAGES` (20,000) rows of 100 bytes
+/// inserted by one server-side statement over K keys, drained by one relay at the default
+/// settings (adaptive claims up to 1,000, four batches in flight) to JetStream; first
+/// without ordering (10,000 keys), then ordered with 10,000, 100 and 1 key(s), each
+/// run twice, alternating with the unordered one. Prints msg/s and the ratio to the
+/// unordered run next to it.
+async fn ordering_costs(root: &str) {
+    let n: i64 = std::env::var("BENCH_ORDER_MESSAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let topic = format!("{root}.ordered.v1");
+    let ordered = outbox::store::KeyOrdering {
+        topics: vec![outbox::sink::router::TopicPattern::parse(&format!("{root}.>")).unwrap()],
+        skip_dead: false,
+    };
+    let run = |keys: i64, ordering: outbox::store::KeyOrdering| {
+        let topic = topic.clone();
+        async move {
+            let store = fresh_store("ord").await;
+            let s = store.config().schema.clone();
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO {s}.messages (message_id, topic, key, payload, headers)
+                 SELECT gen_random_uuid(), $2, 'k' || (i % $3), convert_to(repeat('x', 100), 'UTF8'), '{{}}'
+                 FROM generate_series(1, $1) AS i"
+            )))
+            .bind(n)
+            .bind(&topic)
+            .bind(keys)
+            .execute(store.pool())
+            .await
+            .unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(format!("ANALYZE {s}.messages")))
+                .execute(store.pool())
+                .await
+                .unwrap();
+            let sink = NatsSink::connect(NATS, NatsOptions::default())
+                .await
+                .unwrap();
+            let cfg = RelayConfig {
+                drain: true,
+                ordering,
+                lease: Duration::from_secs(120),
+                ..RelayConfig::default()
+            };
+            let t = Instant::now();
+            let stats = Relay::new(Arc::new(store.clone()), Arc::new(sink), cfg)
+                .run(Default::default())
+                .await
+                .unwrap();
+            let rate = stats.dispatched as f64 / t.elapsed().as_secs_f64();
+            assert_eq!(stats.dispatched, n as u64);
+            drop_store(&store).await;
+            rate
+        }
+    };
+    println!("ordering  {n} messages of 100 bytes, relay defaults, PostgreSQL -> JetStream");
+    for keys in [10_000i64, 100, 1] {
+        for _ in 0..2 {
+            let off = run(10_000, Default::default()).await;
+            let on = run(keys, ordered.clone()).await;
+            println!(
+                "ordering  unordered {off:>9.0} msg/s   ordered, {keys:>6} keys {on:>9.0} msg/s   ratio {:.2}",
+                on / off
+            );
+        }
+    }
 }

@@ -265,7 +265,7 @@ fn claim_ordered_sql(s: &str, extra: &str, skip_dead: bool) -> String {
            ORDER BY available_at, id
            LIMIT $1
            FOR UPDATE SKIP LOCKED),
-         fence AS (
+         fence AS MATERIALIZED (
            SELECT k.topic, k.key,
                   (SELECT e.id FROM {s}.messages e
                    WHERE e.topic = k.topic AND e.key = k.key AND e.status <> 2{not_dead_e}
@@ -279,6 +279,34 @@ fn claim_ordered_sql(s: &str, extra: &str, skip_dead: bool) -> String {
         pauses = claim_pauses(s),
         update = claim_update(s),
     )
+}
+
+/// Binds the claim statement's parameters: `$1` the batch size, `$2` the relay, `$3` the
+/// token, `$4` the lease in ms, then the ordered topics' regexes and the topics to skip,
+/// each when there are any.
+fn bind_claim<'q>(
+    query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    req: &'q ClaimRequest,
+    token: Uuid,
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    let mut query = query
+        .persistent(false)
+        .bind(i64::from(req.batch_size))
+        .bind(&req.relay_id)
+        .bind(token)
+        .bind(millis(req.lease));
+    if req.ordering.is_on() {
+        query = query.bind(req.ordering.regexes());
+    }
+    if !req.skip_topics.is_empty() {
+        query = query.bind(
+            req.skip_topics
+                .iter()
+                .map(TopicPattern::regex)
+                .collect::<Vec<_>>(),
+        );
+    }
+    query
 }
 
 /// The migrations, in order; each is applied once, in its own transaction.
@@ -593,6 +621,40 @@ impl PgStore {
 
     fn s(&self) -> &str {
         self.inner.config.schema.as_str()
+    }
+
+    /// The claim statement for `req` (see [`claim_sql`], [`claim_ordered_sql`]).
+    fn claim_statement(&self, req: &ClaimRequest) -> SqlStr {
+        let skip_dead = req.ordering.skip_dead;
+        match (req.ordering.is_on(), req.skip_topics.is_empty()) {
+            (false, true) => self.inner.sql.claim.clone(),
+            (false, false) => self.inner.sql.claim_skip.clone(),
+            (true, true) if skip_dead => self.inner.sql.claim_ordered_skip_dead.clone(),
+            (true, true) => self.inner.sql.claim_ordered.clone(),
+            (true, false) => AssertSqlSafe(claim_ordered_sql(
+                self.s(),
+                " AND NOT (topic ~ ANY($6::text[]))",
+                skip_dead,
+            ))
+            .into_sql_str(),
+        }
+    }
+
+    /// The plan PostgreSQL chooses for the claim statement of `req`, as `EXPLAIN` prints
+    /// it (the statement is planned with `req`'s values, not run): which indexes a claim
+    /// reads, for tests and for operators checking a large table.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn explain_claim(&self, req: &ClaimRequest) -> Result<String> {
+        let sql = format!("EXPLAIN {}", self.claim_statement(req).as_str());
+        let query = bind_claim(sqlx::query(AssertSqlSafe(sql)), req, Uuid::nil());
+        let rows = query.persistent(false).fetch_all(&self.inner.pool).await?;
+        let lines: Vec<String> = rows
+            .iter()
+            .map(|r| r.try_get::<String, _>(0))
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(lines.join("\n"))
     }
 
     /// Enqueues `msg` inside the caller's transaction. Idempotent on the message id: when a
@@ -933,37 +995,7 @@ impl Store for PgStore {
         // Not a named prepared statement: PostgreSQL plans an unnamed statement with the
         // actual parameters every time, so the claim never falls back to a generic plan
         // (which collapsed throughput under concurrent inserts when measured).
-        let ordered = req.ordering.is_on();
-        let skip_dead = req.ordering.skip_dead;
-        let sql = match (ordered, req.skip_topics.is_empty()) {
-            (false, true) => self.inner.sql.claim.clone(),
-            (false, false) => self.inner.sql.claim_skip.clone(),
-            (true, true) if skip_dead => self.inner.sql.claim_ordered_skip_dead.clone(),
-            (true, true) => self.inner.sql.claim_ordered.clone(),
-            (true, false) => AssertSqlSafe(claim_ordered_sql(
-                self.s(),
-                " AND NOT (topic ~ ANY($6::text[]))",
-                skip_dead,
-            ))
-            .into_sql_str(),
-        };
-        let mut query = sqlx::query(sql)
-            .persistent(false)
-            .bind(i64::from(req.batch_size))
-            .bind(&req.relay_id)
-            .bind(token)
-            .bind(millis(req.lease));
-        if ordered {
-            query = query.bind(req.ordering.regexes());
-        }
-        if !req.skip_topics.is_empty() {
-            query = query.bind(
-                req.skip_topics
-                    .iter()
-                    .map(TopicPattern::regex)
-                    .collect::<Vec<_>>(),
-            );
-        }
+        let query = bind_claim(sqlx::query(self.claim_statement(req)), req, token);
         let rows = query.fetch_all(&self.inner.pool).await?;
         let mut claim = super::claim_from_rows(token, &rows, Self::row_to_message, |r| {
             r.try_get::<i64, _>(col::ID).unwrap_or(-1)

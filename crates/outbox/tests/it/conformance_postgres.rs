@@ -4,17 +4,17 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{PgSchema, pg_connect, pg_url};
-use crate::conformance::{Backend, Kind, Row, SqlCall, TxOpts, assert_in_source};
+use crate::conformance::{Backend, Kind, Row, SqlCall, TxOpts};
 use async_trait::async_trait;
 use outbox::message::{Enqueued, Message};
 use outbox::postgres::PgStore;
+use outbox::sink::router::TopicPattern;
+use outbox::store::{ClaimRequest, KeyOrdering};
 use outbox::{Ident, Store, StoreConfig};
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Connection, Postgres, Row as _, Transaction};
 use std::sync::Arc;
 use std::time::Duration;
-
-const STORE_SOURCE: &str = include_str!("../../src/store/postgres.rs");
 
 pub(crate) struct PgBackend {
     pub(crate) store: PgStore,
@@ -235,26 +235,15 @@ impl Backend for PgBackend {
     }
 
     async fn assert_claim_uses_live_index(&self) {
-        // The claim's inner SELECT, as the store has it.
-        let template = "SELECT id FROM {s}.messages
-           WHERE status <= 1 AND available_at <= now(){extra}
-             AND NOT EXISTS (SELECT 1 FROM {s}.control c WHERE c.id AND c.paused)
-             AND (NOT EXISTS (SELECT 1 FROM {s}.topic_pauses)
-                  OR NOT EXISTS (SELECT 1 FROM {s}.topic_pauses tp
-                                 WHERE tp.regex IS NULL OR topic ~ tp.regex))
-           ORDER BY available_at, id
-           LIMIT $1
-           FOR UPDATE SKIP LOCKED";
-        assert_in_source(STORE_SOURCE, template, "src/store/postgres.rs");
-        let query = template
-            .replace("{s}", self.s())
-            .replace("{extra}", "")
-            .replace("$1", "100");
-        let plan: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!("EXPLAIN {query}")))
-            .fetch_all(&self.app)
-            .await
-            .unwrap();
-        let plan = plan.join("\n");
+        // The store's own claim statements, planned with real values.
+        let mut req = ClaimRequest {
+            relay_id: "plan".into(),
+            batch_size: 100,
+            lease: Duration::from_secs(30),
+            skip_topics: Vec::new(),
+            ordering: Default::default(),
+        };
+        let plan = self.store.explain_claim(&req).await.unwrap();
         eprintln!("claim plan:\n{plan}");
         // The pause switch and the topic pauses are one-row and tiny tables read by
         // subplans; the messages table must never be scanned.
@@ -265,6 +254,22 @@ impl Backend for PgBackend {
         assert!(
             plan.contains("messages_live"),
             "the claim does not use the live-row index:\n{plan}"
+        );
+        // The ordered claim: the live rows by the live index, each key's rows by the key
+        // index (the head of a candidate's key, the fence of each key claimed).
+        req.ordering = KeyOrdering {
+            topics: vec![TopicPattern::parse("t.>").unwrap()],
+            skip_dead: false,
+        };
+        let plan = self.store.explain_claim(&req).await.unwrap();
+        eprintln!("ordered claim plan:\n{plan}");
+        assert!(
+            !plan.contains("Seq Scan on messages"),
+            "the ordered claim scans the table:\n{plan}"
+        );
+        assert!(
+            plan.contains("messages_live") && plan.matches("messages_key").count() >= 2,
+            "the ordered claim does not read the live and key indexes:\n{plan}"
         );
     }
 
