@@ -59,11 +59,18 @@ pub const RELAYS_ALIVE: &str = "outbox_relays_alive";
 pub const TOPIC_PAUSES: &str = "outbox_topic_pauses";
 /// Gauge: 1 while the global pause switch is on (store sample).
 pub const PAUSED: &str = "outbox_paused";
+/// Gauge: keys of ordered topics blocked by a dead letter (store sample; strict
+/// ordering only).
+pub const ORDERED_BLOCKED_KEYS: &str = "outbox_ordered_blocked_keys";
+/// Gauge: messages waiting behind those dead letters (store sample).
+pub const ORDERED_HELD: &str = "outbox_ordered_held_messages";
+/// Gauge (s): the oldest of them's age, database clock (store sample; 0 when none).
+pub const ORDERED_OLDEST_HELD_AGE: &str = "outbox_ordered_oldest_held_age_seconds";
 /// Gauge (one-hot): each destination's `state` (`up`, `down`, `open`).
 pub const DESTINATION_STATE: &str = "outbox_destination_state";
 
 /// Every name above, for documentation checks.
-pub const ALL: [&str; 25] = [
+pub const ALL: [&str; 28] = [
     RELAY_INFO,
     PUBLISHES,
     QUARANTINED,
@@ -87,6 +94,9 @@ pub const ALL: [&str; 25] = [
     DEAD_BY_TOPIC,
     RELAYS_ALIVE,
     TOPIC_PAUSES,
+    ORDERED_BLOCKED_KEYS,
+    ORDERED_HELD,
+    ORDERED_OLDEST_HELD_AGE,
     PAUSED,
     DESTINATION_STATE,
 ];
@@ -175,6 +185,13 @@ pub(crate) fn store_sample(
     gauge!(RELAYS_ALIVE).set(relays_alive as f64);
     gauge!(TOPIC_PAUSES).set(pause.topics.len() as f64);
     gauge!(PAUSED).set(if pause.paused { 1.0 } else { 0.0 });
+}
+
+/// Sets the ordering gauges from a store sample ([`crate::store::Store::held_keys`]).
+pub(crate) fn ordering_sample(h: &crate::store::HeldKeys) {
+    gauge!(ORDERED_BLOCKED_KEYS).set(h.blocked_keys as f64);
+    gauge!(ORDERED_HELD).set(h.held as f64);
+    gauge!(ORDERED_OLDEST_HELD_AGE).set(h.oldest_held_age_seconds.unwrap_or(0) as f64);
 }
 
 /// The `messaging_system` label of a sink, from the scheme of its description (the
@@ -294,6 +311,19 @@ pub fn describe() {
         "Relays with a fresh registry heartbeat (store sample)."
     );
     describe_gauge!(TOPIC_PAUSES, "Topic pauses in force (store sample).");
+    describe_gauge!(
+        ORDERED_BLOCKED_KEYS,
+        "Keys of ordered topics blocked by a dead letter (store sample)."
+    );
+    describe_gauge!(
+        ORDERED_HELD,
+        "Messages waiting behind dead letters of ordered keys (store sample)."
+    );
+    describe_gauge!(
+        ORDERED_OLDEST_HELD_AGE,
+        Unit::Seconds,
+        "Age of the oldest message waiting behind a dead letter of its key (store sample)."
+    );
     describe_gauge!(
         PAUSED,
         "1 while the global pause switch is on (store sample)."

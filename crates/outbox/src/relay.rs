@@ -846,6 +846,10 @@ impl Relay {
         let overview = self.store.overview(10).await?;
         let pause = self.store.pause_state().await?;
         crate::metrics::store_sample(&overview, relays.len(), &pause);
+        let ordering = &self.config.ordering;
+        if ordering.is_on() && !ordering.skip_dead {
+            crate::metrics::ordering_sample(&self.store.held_keys(ordering).await?);
+        }
         Ok(())
     }
 

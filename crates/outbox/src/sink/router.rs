@@ -84,20 +84,35 @@ impl TopicPattern {
         })
     }
 
-    /// Does `topic` match?
+    /// Does `topic` match? The same rule as [`TopicPattern::regex`], which the stores
+    /// match in SQL (topic pauses, per-key ordering): a wildcard never matches an empty
+    /// token (`o.*` does not match `o.`), and `>` needs something after the dot.
     pub fn matches(&self, topic: &str) -> bool {
-        let mut parts = topic.split('.');
+        let mut rest = topic;
         for (i, t) in self.tokens.iter().enumerate() {
             if t == ">" {
-                // One or more tokens remain.
-                return parts.next().is_some() && i + 1 == self.tokens.len();
+                // One or more characters remain (one or more tokens, as `.+`).
+                return !rest.is_empty() && i + 1 == self.tokens.len();
             }
-            match parts.next() {
-                Some(p) if t == "*" || t == p => {}
-                _ => return false,
+            let (part, after) = match rest.split_once('.') {
+                Some((p, a)) => (p, Some(a)),
+                None => (rest, None),
+            };
+            let ok = if t == "*" {
+                !part.is_empty()
+            } else {
+                t == part
+            };
+            if !ok {
+                return false;
+            }
+            match after {
+                Some(a) if i + 1 < self.tokens.len() => rest = a,
+                Some(_) => return false,
+                None => return i + 1 == self.tokens.len(),
             }
         }
-        parts.next().is_none()
+        false
     }
 
     /// The pattern as written.
@@ -825,6 +840,24 @@ mod tests {
         assert!(!m("*.placed.*", "orders.shipped.v1"));
         assert!(m("orders.placed.v1", "orders.placed.v1"));
         assert!(!m("orders.placed.v1", "orders.placed.v2"));
+    }
+
+    /// Topics with empty tokens (which `enqueue` accepts) match as the pattern's regex
+    /// does in SQL, so the relay and the claim agree on which topics are ordered.
+    #[test]
+    fn empty_tokens_match_as_the_regex_does() {
+        // `^o\..+$`, `^o\.[^.]+$`, `^o\.[^.]+\.b$`, `^[^.]+$`
+        for (p, t, regex_matches) in [
+            ("o.>", "o.", false),
+            ("o.>", "o..x", true),
+            ("o.*", "o.", false),
+            ("o.*.b", "o..b", false),
+            ("*", "", false),
+            ("o.*", "o.x", true),
+            ("o.x", "o.x.", false),
+        ] {
+            assert_eq!(m(p, t), regex_matches, "{p} against {t:?}");
+        }
     }
 
     #[test]

@@ -198,6 +198,18 @@ impl std::fmt::Display for KeyOrdering {
     }
 }
 
+/// What strict per-key ordering holds back behind dead letters ([`Store::held_keys`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeldKeys {
+    /// Keys (topic and key) of ordered topics with a dead letter: their later messages
+    /// wait until it is replayed or discarded.
+    pub blocked_keys: i64,
+    /// Messages not delivered yet (pending or claimed) behind those dead letters.
+    pub held: i64,
+    /// Age of the oldest of them in seconds (database clock); `None` when none wait.
+    pub oldest_held_age_seconds: Option<i64>,
+}
+
 impl KeyOrdering {
     /// True when some topic is ordered.
     pub fn is_on(&self) -> bool {
@@ -538,6 +550,11 @@ pub trait Store: Send + Sync + 'static {
     /// top `top_n` topics of pending and dead rows.
     async fn overview(&self, top_n: u32) -> Result<Overview>;
 
+    /// What strict per-key ordering holds back now: the keys of `ordering`'s topics with a
+    /// dead letter, the messages not delivered behind them, and the oldest one's age
+    /// (database clock). One statement; meant for the sampled gauges.
+    async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys>;
+
     /// A counter that moves whenever new rows may be due (a `NOTIFY`, a commit seen by the
     /// store). The relay marks it seen before each claim and, when a claim finds nothing,
     /// waits for a change or its poll interval, whichever comes first; so a commit between
@@ -700,6 +717,9 @@ impl Store for AnyStore {
     }
     async fn overview(&self, top_n: u32) -> Result<Overview> {
         self.inner().overview(top_n).await
+    }
+    async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
+        self.inner().held_keys(ordering).await
     }
     fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
         self.inner().wakeups()

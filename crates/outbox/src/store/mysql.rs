@@ -21,9 +21,10 @@
 
 use super::ops::{self, Dialect};
 use super::{
-    Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, Leases, Overview,
-    PauseState, PurgeBatch, RelayHeartbeat, RelayRecord, ReplayAction, ReplayOutcome, ReplayRecord,
-    ReplayRequest, Settled, Settlement, Store, StoreConfig, TopicPause, millis, parse_headers,
+    Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, HeldKeys, KeyOrdering,
+    Leases, Overview, PauseState, PurgeBatch, RelayHeartbeat, RelayRecord, ReplayAction,
+    ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement, Store, StoreConfig,
+    TopicPause, millis, parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::inbox::Accepted;
@@ -938,6 +939,10 @@ impl MySqlStore {
     ///    limit, locked by another claim, or not ready;
     /// 3. the rows before their key's fence are taken; the others stay as they are.
     ///
+    /// The per-key reads name the `order_key` index (`FORCE INDEX`): with one hot key
+    /// holding most rows, the optimizer would otherwise walk the primary key for `ORDER BY
+    /// id LIMIT 1` and pass every dispatched row of the key on each read.
+    ///
     /// Rows are matched by `order_key` alone: a hash collision between two keys can only
     /// hold one back behind the other, never let a row pass its own key's fence.
     async fn claim_ordered_ids(
@@ -964,7 +969,8 @@ impl MySqlStore {
             .collect();
         let head_ready = format!(
             " AND (m.order_key IS NULL OR NOT ({ordered}) OR COALESCE(
-                  (SELECT h.status = 3 OR h.available_at > m.available_at FROM {p}_messages h
+                  (SELECT h.status = 3 OR h.available_at > m.available_at
+                   FROM {p}_messages h FORCE INDEX ({p}_messages_key)
                    WHERE h.order_key = m.order_key{dead_h} ORDER BY h.id LIMIT 1), 0) = 0){skip}"
         );
         let select = claim_select(p.as_str(), &head_ready).replacen(
@@ -1009,7 +1015,7 @@ impl MySqlStore {
             rows.push_str("' AS ok");
         }
         let fences: Vec<(Vec<u8>, Option<i64>)> = sqlx::raw_sql(AssertSqlSafe(format!(
-            "SELECT x.ok, (SELECT e.id FROM {p}_messages e
+            "SELECT x.ok, (SELECT e.id FROM {p}_messages e FORCE INDEX ({p}_messages_key)
                            WHERE e.order_key = x.ok{dead_e} AND e.id NOT IN ({list})
                            ORDER BY e.id LIMIT 1) AS fence
              FROM ({rows}) x"
@@ -1411,7 +1417,7 @@ impl Store for MySqlStore {
             "SELECT id, message_id, topic, `key`, attempts, occurred_at, available_at, last_error,
                     headers, CAST(OCTET_LENGTH(payload) AS SIGNED) AS payload_bytes,
                     {payload} AS payload, replay_id,
-                    (SELECT COUNT(*) FROM {p}_messages l
+                    (SELECT COUNT(*) FROM {p}_messages l FORCE INDEX ({p}_messages_key)
                      WHERE l.order_key = m.order_key AND l.topic = m.topic AND l.`key` = m.`key`
                        AND l.status <= 1 AND l.id > m.id) AS waiting_behind
              FROM {p}_messages m WHERE {filter} ORDER BY id LIMIT {limit}"
@@ -1711,6 +1717,40 @@ impl Store for MySqlStore {
             .execute(&self.inner.pool)
             .await?;
         Ok(r.rows_affected() > 0)
+    }
+
+    async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
+        if !ordering.is_on() {
+            return Ok(HeldKeys::default());
+        }
+        let p = &self.inner.config.schema;
+        let regexes = ordering.regexes();
+        let ord: String = regexes
+            .iter()
+            .map(|_| "topic REGEXP ?")
+            .collect::<Vec<_>>()
+            .join(" OR ");
+        let mut query = sqlx::query_as::<_, (i64, i64, Option<i64>)>(AssertSqlSafe(format!(
+            "WITH blocked AS (
+               SELECT MIN(order_key) AS order_key, topic, `key`, MIN(id) AS id FROM {p}_messages
+               WHERE status = 3 AND `key` IS NOT NULL AND ({ord}) GROUP BY topic, `key`),
+             held AS (
+               SELECT m.occurred_at FROM blocked b JOIN {p}_messages m FORCE INDEX ({p}_messages_key)
+                 ON m.order_key = b.order_key AND m.topic = b.topic AND m.`key` = b.`key`
+                AND m.status <= 1 AND m.id > b.id)
+             SELECT CAST((SELECT COUNT(*) FROM blocked) AS SIGNED),
+                    CAST((SELECT COUNT(*) FROM held) AS SIGNED),
+                    CAST((SELECT TIMESTAMPDIFF(SECOND, MIN(occurred_at), {NOW}) FROM held) AS SIGNED)"
+        )));
+        for re in &regexes {
+            query = query.bind(re.as_str());
+        }
+        let (blocked_keys, held, oldest) = query.fetch_one(&self.inner.pool).await?;
+        Ok(HeldKeys {
+            blocked_keys,
+            held,
+            oldest_held_age_seconds: oldest,
+        })
     }
 
     async fn overview(&self, top_n: u32) -> Result<Overview> {

@@ -8,9 +8,10 @@
 
 use super::ops::{self, Dialect};
 use super::{
-    Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, Leases, Overview,
-    PauseState, PurgeBatch, RelayHeartbeat, RelayRecord, ReplayAction, ReplayOutcome, ReplayRecord,
-    ReplayRequest, Settled, Settlement, Store, StoreConfig, TopicPause, millis, parse_headers,
+    Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, HeldKeys, KeyOrdering,
+    Leases, Overview, PauseState, PurgeBatch, RelayHeartbeat, RelayRecord, ReplayAction,
+    ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement, Store, StoreConfig,
+    TopicPause, millis, parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::inbox::Accepted;
@@ -176,7 +177,8 @@ fn claim_ordered_select(p: &str, ordered: usize, skip: usize, skip_dead: bool) -
         .collect();
     let dead_h = if skip_dead { " AND h.status <> 3" } else { "" };
     format!(
-        "SELECT id, topic, key, (key IS NOT NULL AND ({ord})) AS ord FROM {p}_messages m
+        "SELECT id, CAST(topic AS BLOB), CAST(key AS BLOB), (key IS NOT NULL AND ({ord})) AS ord
+         FROM {p}_messages m
          WHERE status <= 1 AND available_at <= {n}{skip}
            AND NOT EXISTS (SELECT 1 FROM {p}_control c WHERE c.id = 1 AND c.paused)
            AND (key IS NULL OR NOT ({ord}) OR coalesce(
@@ -689,13 +691,29 @@ impl SqliteStore {
     ) -> Result<Vec<i64>> {
         let regexes = req.ordering.regexes();
         let sql = claim_ordered_select(p, regexes.len(), skip.len(), req.ordering.skip_dead);
+        // Topic and key as bytes: a row written by hand with a BLOB or non-UTF-8 topic or
+        // key must not fail the claim (it is claimed as unordered, then quarantined as
+        // malformed when read).
         let mut query =
-            sqlx::query_as::<_, (i64, String, Option<String>, bool)>(AssertSqlSafe(sql))
+            sqlx::query_as::<_, (i64, Vec<u8>, Option<Vec<u8>>, bool)>(AssertSqlSafe(sql))
                 .bind(i64::from(req.batch_size));
         for re in regexes.iter().chain(skip) {
             query = query.bind(re.as_str());
         }
-        let cand = query.fetch_all(&mut **tx).await?;
+        let cand: Vec<(i64, String, Option<String>, bool)> = query
+            .fetch_all(&mut **tx)
+            .await?
+            .into_iter()
+            .map(|(id, topic, key, ord)| {
+                let topic = String::from_utf8(topic).ok();
+                let key = key.map(String::from_utf8);
+                match (topic, key) {
+                    (Some(t), Some(Ok(k))) => (id, t, Some(k), ord),
+                    (Some(t), None) => (id, t, None, ord),
+                    _ => (id, String::new(), None, false),
+                }
+            })
+            .collect();
         let mut keys: Vec<(&str, &str)> = cand
             .iter()
             .filter(|c| c.3)
@@ -1267,6 +1285,39 @@ impl Store for SqliteStore {
         .execute(&self.inner.pool)
         .await?;
         Ok(r.rows_affected() > 0)
+    }
+
+    async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
+        if !ordering.is_on() {
+            return Ok(HeldKeys::default());
+        }
+        let p = self.p();
+        let n = NOW_MS;
+        let regexes = ordering.regexes();
+        let ord: String = (1..=regexes.len())
+            .map(|i| format!("topic REGEXP ?{i}"))
+            .collect::<Vec<_>>()
+            .join(" OR ");
+        let mut query = sqlx::query_as::<_, (i64, i64, Option<i64>)>(AssertSqlSafe(format!(
+            "WITH blocked AS (
+               SELECT topic, key, min(id) AS id FROM {p}_messages
+               WHERE status = 3 AND key IS NOT NULL AND ({ord}) GROUP BY topic, key),
+             held AS (
+               SELECT m.occurred_at FROM blocked b JOIN {p}_messages m
+                 ON m.topic = b.topic AND m.key = b.key AND m.status <> 2
+                AND m.status <= 1 AND m.id > b.id)
+             SELECT (SELECT count(*) FROM blocked), (SELECT count(*) FROM held),
+                    (SELECT ({n} - min(occurred_at)) / 1000 FROM held)"
+        )));
+        for re in &regexes {
+            query = query.bind(re.as_str());
+        }
+        let (blocked_keys, held, oldest) = query.fetch_one(&self.inner.pool).await?;
+        Ok(HeldKeys {
+            blocked_keys,
+            held,
+            oldest_held_age_seconds: oldest,
+        })
     }
 
     async fn overview(&self, top_n: u32) -> Result<Overview> {

@@ -403,3 +403,87 @@ async fn a_dead_letter_blocks_its_key_until_replayed_or_discarded() {
     );
     assert_eq!(store.counts().await.unwrap().dead, 0);
 }
+
+/// SQLite keeps any type in any column: rows written by hand with a BLOB key or topic do
+/// not fail the ordered claim (which would stop every key); they are claimed and come
+/// back malformed, to be quarantined, while the other rows are claimed as usual.
+#[tokio::test]
+async fn sqlite_rows_with_blob_keys_do_not_stop_the_ordered_claim() {
+    use crate::conformance_sqlite::SqliteBackend;
+    use outbox::store::ClaimRequest;
+    let db = SqliteBackend::create("blob", crate::conformance::DEFAULT_MAX).await;
+    sqlx::raw_sql(
+        "INSERT INTO outbox_messages (message_id, topic, key, payload) VALUES
+           ('00000000-0000-7000-8000-000000000001', 'o.a', X'6B31', X'00'),
+           ('00000000-0000-7000-8000-000000000002', X'6F2E61', 'k2', X'00'),
+           ('00000000-0000-7000-8000-000000000003', 'o.a', X'FF', X'00')",
+    )
+    .execute(db.app())
+    .await
+    .unwrap();
+    let good = db
+        .enqueue_all(&[
+            Message::new("o.a", b"x".to_vec()).key("k1"),
+            Message::new("u.a", b"x".to_vec()),
+        ])
+        .await;
+    let claim = db
+        .store()
+        .claim(&ClaimRequest {
+            relay_id: "blob".into(),
+            batch_size: 100,
+            lease: Duration::from_secs(30),
+            skip_topics: Vec::new(),
+            ordering: ordered("o.>"),
+        })
+        .await
+        .unwrap();
+    let ids: Vec<i64> = claim.messages.iter().map(|m| m.id).collect();
+    assert_eq!(ids, good.iter().map(|e| e.id).collect::<Vec<_>>());
+    assert_eq!(claim.malformed.len(), 3, "{:?}", claim.malformed);
+}
+
+/// PostgreSQL indexes a key by its hash: a key longer than a btree entry may be (2,704
+/// bytes) is enqueued and claimed in order like any other.
+#[tokio::test]
+async fn postgres_takes_keys_longer_than_an_index_entry() {
+    use outbox::store::ClaimRequest;
+    let db = PgBackend::create("longkey", crate::conformance::DEFAULT_MAX).await;
+    let key: String = (0..400)
+        .map(|_| uuid::Uuid::new_v4().simple().to_string())
+        .collect();
+    assert!(key.len() > 10_000);
+    let ids: Vec<i64> = db
+        .enqueue_all(&[
+            Message::new("o.a", b"1".to_vec()).key(key.clone()),
+            Message::new("o.a", b"2".to_vec()).key(key.clone()),
+        ])
+        .await
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let req = ClaimRequest {
+        relay_id: "long".into(),
+        batch_size: 1,
+        lease: Duration::from_secs(30),
+        skip_topics: Vec::new(),
+        ordering: ordered("o.>"),
+    };
+    let store = db.store();
+    let first = store.claim(&req).await.unwrap();
+    assert_eq!(
+        first.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
+        vec![ids[0]]
+    );
+    assert!(
+        store.claim(&req).await.unwrap().messages.is_empty(),
+        "the second waits"
+    );
+    store.mark_dispatched(first.token, &[ids[0]]).await.unwrap();
+    let second = store.claim(&req).await.unwrap();
+    assert_eq!(
+        second.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
+        vec![ids[1]]
+    );
+    assert_eq!(second.messages[0].key.as_deref(), Some(key.as_str()));
+}

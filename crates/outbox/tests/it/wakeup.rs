@@ -165,6 +165,12 @@ impl outbox::Store for Counting {
     async fn overview(&self, top_n: u32) -> outbox::Result<outbox::store::Overview> {
         self.inner.overview(top_n).await
     }
+    async fn held_keys(
+        &self,
+        ordering: &outbox::store::KeyOrdering,
+    ) -> outbox::Result<outbox::store::HeldKeys> {
+        self.inner.held_keys(ordering).await
+    }
     fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
         self.inner.wakeups()
     }

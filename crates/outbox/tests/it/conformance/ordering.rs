@@ -2,7 +2,7 @@
 
 use super::*;
 use outbox::sink::router::TopicPattern;
-use outbox::store::{DeadSelector, KeyOrdering, ReplayAction, ReplayRequest, Settlement};
+use outbox::store::{DeadSelector, HeldKeys, KeyOrdering, ReplayAction, ReplayRequest, Settlement};
 
 fn ordering(skip_dead: bool) -> KeyOrdering {
     KeyOrdering {
@@ -149,6 +149,16 @@ pub(crate) async fn ordered_claims_follow_each_key<B: Backend>() {
             .is_empty(),
         "d2 waits behind the dead d1"
     );
+    let held = store.held_keys(&strict).await.unwrap();
+    assert_eq!((held.blocked_keys, held.held), (1, 1), "{held:?}");
+    assert!(
+        held.oldest_held_age_seconds.is_some_and(|a| a >= 0),
+        "{held:?}"
+    );
+    assert_eq!(
+        store.held_keys(&KeyOrdering::default()).await.unwrap(),
+        HeldKeys::default()
+    );
     let skip = claim_ordered(&store, 100, &ordering(true)).await;
     assert_eq!(
         claim_ids(&skip),
@@ -173,6 +183,7 @@ pub(crate) async fn ordered_claims_follow_each_key<B: Backend>() {
         vec![d[1]],
         "then the rest of its key"
     );
+    assert_eq!(store.held_keys(&strict).await.unwrap(), HeldKeys::default());
 
     // Discarding a blocking dead letter releases the rest of its key.
     let e: Vec<i64> = b
