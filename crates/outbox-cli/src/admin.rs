@@ -114,7 +114,7 @@ pub(crate) enum DeadCommand {
         #[arg(long = "ordered", env = "OUTBOX_ORDERED", value_delimiter = ' ', value_parser = outbox::sink::router::TopicPattern::parse)]
         ordered: Vec<outbox::sink::router::TopicPattern>,
         /// As the relays' --ordered-skip-dead: dead letters block nothing.
-        #[arg(long, env = "OUTBOX_ORDERED_SKIP_DEAD")]
+        #[arg(long, env = "OUTBOX_ORDERED_SKIP_DEAD", requires = "ordered")]
         ordered_skip_dead: bool,
         /// Most rows to show.
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
@@ -212,7 +212,7 @@ pub(crate) async fn dead(store: &dyn Store, cmd: &DeadCommand) -> anyhow::Result
             }
             out(&format!(
                 "{:>8}  {:<36}  {:<28}  {:<12}  {:>4}  {:<20}  {:>6}  {:<6}  last error",
-                "id", "message id", "topic", "key", "att", "died at", "behind", ""
+                "id", "message id", "topic", "key", "att", "died at", "behind", "order"
             ));
             for r in &rows {
                 out(&format!(

@@ -763,6 +763,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     "drain finished: nothing is due now, but {pending} rows are pending for later (delayed messages, or retries scheduled earlier; `outbox status` shows them)"
                 );
             }
+            if config.ordering.is_on() && !config.ordering.skip_dead {
+                let held = store.held_keys(&config.ordering).await?;
+                if held.held > 0 {
+                    eprintln!(
+                        "{} of them wait behind the dead letters of {} ordered keys: `outbox dead list --ordered …` marks them BLOCKS; `outbox replay` or `outbox dead discard` releases each key",
+                        held.held, held.blocked_keys
+                    );
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Status {

@@ -811,7 +811,13 @@ fn an_ordered_relay_holds_a_key_behind_its_dead_letter() {
     enqueue("k2", "k2:0");
     let sink = format!("file:{}", out.display());
     let relay = ["relay", "--drain", "--sink", &sink, "--ordered", "o.>"];
-    run_ok(db.cmd().args(relay));
+    let drained = run(db.cmd().args(relay));
+    assert!(drained.status.success());
+    let said = String::from_utf8_lossy(&drained.stderr);
+    assert!(
+        said.contains("2 of them wait behind the dead letters of 1 ordered keys"),
+        "{said}"
+    );
     let payloads = || -> Vec<String> {
         std::fs::read_to_string(&out)
             .unwrap_or_default()
