@@ -222,6 +222,43 @@ fn claim_select(p: &str, extra: &str) -> String {
     )
 }
 
+/// The ordered claim's first step (see `MySqlStore::claim_ordered_ids`): `ordered`
+/// regexes bound twice (the `ord` column, then the head test), then `skip` regexes, then
+/// the limit.
+fn ordered_select(p: &str, ordered: usize, skip: usize, skip_dead: bool) -> String {
+    let ord: String = (0..ordered)
+        .map(|_| "m.topic REGEXP ?")
+        .collect::<Vec<_>>()
+        .join(" OR ");
+    let dead_h = if skip_dead { " AND h.status <> 3" } else { "" };
+    let skip: String = (0..skip).map(|_| " AND m.topic NOT REGEXP ?").collect();
+    let head_ready = format!(
+        " AND (m.order_key IS NULL OR NOT ({ord}) OR COALESCE(
+              (SELECT h.status = 3 OR h.available_at > m.available_at
+               FROM {p}_messages h FORCE INDEX ({p}_messages_key)
+               WHERE h.order_key = m.order_key{dead_h} ORDER BY h.id LIMIT 1), 0) = 0){skip}"
+    );
+    claim_select(p, &head_ready).replacen(
+        "SELECT id FROM",
+        &format!(
+            "SELECT id, CAST(order_key IS NOT NULL AND ({ord}) AS SIGNED) AS ord, order_key FROM"
+        ),
+        1,
+    )
+}
+
+/// The ordered claim's fences: per key hash of `rows` (a derived table of `ok` values), its
+/// first row not dispatched (nor dead, with `skip_dead`) outside the ids `list`.
+fn fence_sql(p: &str, skip_dead: bool, list: &str, rows: &str) -> String {
+    let dead_e = if skip_dead { " AND e.status <> 3" } else { "" };
+    format!(
+        "SELECT x.ok, (SELECT e.id FROM {p}_messages e FORCE INDEX ({p}_messages_key)
+                       WHERE e.order_key = x.ok{dead_e} AND e.id NOT IN ({list})
+                       ORDER BY e.id LIMIT 1) AS fence
+         FROM ({rows}) x"
+    )
+}
+
 /// A UUIDv7 built in SQL (RFC 9562 section 5.7): 48-bit Unix ms, version 7, variant 10,
 /// the rest from MD5 of RAND() and UUID().
 fn uuid_v7_sql() -> &'static str {
@@ -926,6 +963,49 @@ impl MySqlStore {
         Ok(claim)
     }
 
+    /// The plans MySQL/MariaDB chooses for the ordered claim's two reads of `req` (the
+    /// candidates, then the fences), one line per `EXPLAIN` row as `table key`: which
+    /// indexes an ordered claim reads, for tests and for operators.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn explain_ordered_claim(&self, req: &ClaimRequest) -> Result<String> {
+        let p = self.inner.config.schema.as_str();
+        let regexes = req.ordering.regexes();
+        let select = ordered_select(p, regexes.len(), 0, req.ordering.skip_dead);
+        let mut query = sqlx::query(AssertSqlSafe(format!("EXPLAIN {select}")));
+        for re in regexes.iter().chain(regexes.iter()) {
+            query = query.bind(re.as_str());
+        }
+        let mut rows = query
+            .bind(i64::from(req.batch_size))
+            .fetch_all(&self.inner.pool)
+            .await?;
+        let fence = fence_sql(p, req.ordering.skip_dead, "0", "SELECT X'00' AS ok");
+        rows.extend(
+            sqlx::raw_sql(AssertSqlSafe(format!("EXPLAIN {fence}")))
+                .fetch_all(&self.inner.pool)
+                .await?,
+        );
+        let col = |r: &MySqlRow, name: &str| -> String {
+            r.try_get::<Option<String>, _>(name)
+                .ok()
+                .flatten()
+                .or_else(|| {
+                    r.try_get::<Option<Vec<u8>>, _>(name)
+                        .ok()
+                        .flatten()
+                        .map(|b| String::from_utf8_lossy(&b).into_owned())
+                })
+                .unwrap_or_else(|| "-".into())
+        };
+        Ok(rows
+            .iter()
+            .map(|r| format!("{} {}", col(r, "table"), col(r, "key")))
+            .collect::<Vec<_>>()
+            .join("\n"))
+    }
+
     /// The ids an ordered claim takes ([`super::KeyOrdering`]), the rows locked in `tx`:
     ///
     /// 1. the due rows as the unordered claim selects them (`FOR UPDATE SKIP LOCKED`),
@@ -952,34 +1032,8 @@ impl MySqlStore {
     ) -> Result<Vec<i64>> {
         let p = &self.inner.config.schema;
         let regexes = req.ordering.regexes();
-        let ordered: String = regexes
-            .iter()
-            .map(|_| "m.topic REGEXP ?")
-            .collect::<Vec<_>>()
-            .join(" OR ");
-        let (dead_h, dead_e) = if req.ordering.skip_dead {
-            (" AND h.status <> 3", " AND e.status <> 3")
-        } else {
-            ("", "")
-        };
-        let skip: String = req
-            .skip_topics
-            .iter()
-            .map(|_| " AND m.topic NOT REGEXP ?")
-            .collect();
-        let head_ready = format!(
-            " AND (m.order_key IS NULL OR NOT ({ordered}) OR COALESCE(
-                  (SELECT h.status = 3 OR h.available_at > m.available_at
-                   FROM {p}_messages h FORCE INDEX ({p}_messages_key)
-                   WHERE h.order_key = m.order_key{dead_h} ORDER BY h.id LIMIT 1), 0) = 0){skip}"
-        );
-        let select = claim_select(p.as_str(), &head_ready).replacen(
-            "SELECT id FROM",
-            &format!(
-                "SELECT id, CAST(order_key IS NOT NULL AND ({ordered}) AS SIGNED) AS ord, order_key FROM"
-            ),
-            1,
-        );
+        let skip_dead = req.ordering.skip_dead;
+        let select = ordered_select(p.as_str(), regexes.len(), req.skip_topics.len(), skip_dead);
         let mut query = sqlx::query_as::<_, (i64, i64, Option<Vec<u8>>)>(AssertSqlSafe(select));
         for re in regexes.iter().chain(regexes.iter()) {
             query = query.bind(re.as_str());
@@ -1014,11 +1068,11 @@ impl MySqlStore {
             }
             rows.push_str("' AS ok");
         }
-        let fences: Vec<(Vec<u8>, Option<i64>)> = sqlx::raw_sql(AssertSqlSafe(format!(
-            "SELECT x.ok, (SELECT e.id FROM {p}_messages e FORCE INDEX ({p}_messages_key)
-                           WHERE e.order_key = x.ok{dead_e} AND e.id NOT IN ({list})
-                           ORDER BY e.id LIMIT 1) AS fence
-             FROM ({rows}) x"
+        let fences: Vec<(Vec<u8>, Option<i64>)> = sqlx::raw_sql(AssertSqlSafe(fence_sql(
+            p.as_str(),
+            skip_dead,
+            &list,
+            &rows,
         )))
         .fetch_all(&mut **tx)
         .await?

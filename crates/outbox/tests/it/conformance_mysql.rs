@@ -314,6 +314,34 @@ impl Backend for MySqlBackend {
             !extra.unwrap_or_default().contains("filesort"),
             "the claim sorts: {plan}"
         );
+        // The ordered claim: candidates by the live index (alias m), each key's head (h)
+        // and fence (e) by the key index.
+        let plan = self
+            .store
+            .explain_ordered_claim(&outbox::store::ClaimRequest {
+                relay_id: "plan".into(),
+                batch_size: 100,
+                lease: Duration::from_secs(30),
+                skip_topics: Vec::new(),
+                ordering: outbox::store::KeyOrdering {
+                    topics: vec![outbox::sink::router::TopicPattern::parse("t.>").unwrap()],
+                    skip_dead: false,
+                },
+            })
+            .await
+            .unwrap();
+        eprintln!("ordered claim plans:\n{plan}");
+        let p = self.p();
+        for line in [
+            format!("m {p}_messages_live"),
+            format!("h {p}_messages_key"),
+            format!("e {p}_messages_key"),
+        ] {
+            assert!(
+                plan.lines().any(|l| l == line),
+                "no `{line}` in the ordered claim's plans:\n{plan}"
+            );
+        }
     }
 
     async fn hold_write_lock(&self) -> sqlx::Transaction<'static, Self::Database> {

@@ -258,6 +258,39 @@ impl Backend for SqliteBackend {
             "the claim scans the table:\n{plan}"
         );
         assert!(!plan.contains("TEMP B-TREE"), "the claim sorts:\n{plan}");
+        // The ordered claim: candidates by the live index, each key's head and fence by
+        // the key index.
+        let plan = self
+            .store
+            .explain_ordered_claim(&outbox::store::ClaimRequest {
+                relay_id: "plan".into(),
+                batch_size: 100,
+                lease: Duration::from_secs(30),
+                skip_topics: Vec::new(),
+                ordering: outbox::store::KeyOrdering {
+                    topics: vec![outbox::sink::router::TopicPattern::parse("t.>").unwrap()],
+                    skip_dead: false,
+                },
+            })
+            .await
+            .unwrap();
+        eprintln!("ordered claim plans:\n{plan}");
+        for line in [
+            format!("SEARCH m USING INDEX {P}_messages_live"),
+            format!("SEARCH h USING INDEX {P}_messages_key"),
+            format!("SEARCH e USING INDEX {P}_messages_key"),
+        ] {
+            assert!(
+                plan.lines().any(|l| l.starts_with(&line)),
+                "no `{line}` in the ordered claim's plans:\n{plan}"
+            );
+        }
+        assert!(
+            !plan
+                .lines()
+                .any(|l| ["SCAN m", "SCAN h", "SCAN e"].contains(&l.trim())),
+            "the ordered claim scans the table:\n{plan}"
+        );
     }
 
     async fn hold_write_lock(&self) -> sqlx::Transaction<'static, Self::Database> {
