@@ -588,7 +588,7 @@ pub(crate) async fn purge_dead(
 /// The verdict `status` prints and `status --check` exits on.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub(crate) struct Verdict {
-    /// `OK`, `STUCK`, `BEHIND`, `DEAD`, `PAUSED`.
+    /// `OK`, `STUCK`, `BLOCKED`, `BEHIND`, `DEAD`, `PAUSED`.
     pub(crate) state: &'static str,
     /// One line for people.
     pub(crate) text: String,
@@ -605,20 +605,25 @@ pub(crate) struct Limits {
     pub(crate) stuck_after: Duration,
 }
 
-/// Decides the verdict from the overview, the live relays and the pause switch, in the
-/// order an operator acts on: stuck (nothing moves), paused, behind, dead letters.
+/// Decides the verdict from the overview, the live relays, the pause switch and what
+/// per-key ordering holds behind dead letters (`held`; zero without `--ordered`), in the
+/// order an operator acts on: stuck (nothing moves), paused, blocked (ordered keys behind
+/// dead letters), behind, dead letters.
 pub(crate) fn verdict(
     o: &Overview,
     relays: &[RelayRecord],
     pause: &PauseState,
+    held: &outbox::store::HeldKeys,
     limits: &Limits,
 ) -> Verdict {
     let stuck_s = limits.stuck_after.as_secs() as i64;
     let claiming = relays
         .iter()
         .any(|r| last_claim_ago_s(r).is_some_and(|s| s <= stuck_s as f64));
+    // Rows held behind dead letters are due but wait by design: they are not stuck.
+    let due_free = o.due - held.held;
     if let Some(due_s) = o.oldest_due_s
-        && o.due > 0
+        && due_free > 0
         && due_s >= stuck_s
         && !claiming
         && !pause.paused
@@ -632,7 +637,7 @@ pub(crate) fn verdict(
         };
         return Verdict {
             state: "STUCK",
-            text: format!("{} messages due for {due_s} s and {who}", group(o.due)),
+            text: format!("{} messages due for {due_s} s and {who}", group(due_free)),
         };
     }
     if let Some(due_s) = o.oldest_due_s
@@ -657,6 +662,17 @@ pub(crate) fn verdict(
             text: format!(
                 "relays are not publishing ({}); `outbox resume` lifts it",
                 pause.reason.as_deref().unwrap_or("no reason given")
+            ),
+        };
+    }
+    if held.held > 0 {
+        return Verdict {
+            state: "BLOCKED",
+            text: format!(
+                "{} messages of {} ordered keys wait behind dead letters (oldest {}): `outbox dead list --ordered …` marks them BLOCKS; `outbox replay` delivers one first, `outbox dead discard` releases the rest",
+                group(held.held),
+                group(held.blocked_keys),
+                human(held.oldest_held_age_seconds.unwrap_or(0))
             ),
         };
     }
@@ -725,19 +741,25 @@ fn human(s: i64) -> String {
     }
 }
 
-/// `outbox status`.
+/// `outbox status`; `ordering` as the relays run (for what waits behind dead letters).
 pub(crate) async fn status(
     store: &dyn Store,
     json: bool,
     by_topic: bool,
     check: bool,
     limits: Limits,
+    ordering: &outbox::store::KeyOrdering,
 ) -> anyhow::Result<ExitCode> {
     let top = if by_topic { 10 } else { 0 };
     let o = store.overview(top).await?;
     let pause = store.pause_state().await?;
     let relays = store.relays(RELAY_EXPIRY).await?;
-    let v = verdict(&o, &relays, &pause, &limits);
+    let held = if ordering.is_on() && !ordering.skip_dead {
+        store.held_keys(ordering).await?
+    } else {
+        outbox::store::HeldKeys::default()
+    };
+    let v = verdict(&o, &relays, &pause, &held, &limits);
     let live = |id: &str| relays.iter().any(|r| r.relay_id == id);
     let orphaned: Vec<&outbox::store::ClaimsBy> =
         o.claims_by.iter().filter(|c| !live(&c.relay_id)).collect();
@@ -758,6 +780,8 @@ pub(crate) async fn status(
             "claims_by": o.claims_by,
             "claims_of_gone_relays": orphaned,
             "topic_pauses": pause.topics,
+            "ordered_blocked_keys": held.blocked_keys,
+            "ordered_held": held.held,
             "verdict": v,
         });
         if by_topic {
@@ -901,6 +925,12 @@ mod tests {
         stuck_after: Duration::from_secs(30),
     };
 
+    const NONE_HELD: outbox::store::HeldKeys = outbox::store::HeldKeys {
+        blocked_keys: 0,
+        held: 0,
+        oldest_held_age_seconds: None,
+    };
+
     fn unpaused() -> PauseState {
         PauseState {
             paused: false,
@@ -914,7 +944,13 @@ mod tests {
     fn verdicts_in_the_order_an_operator_acts_on() {
         let now = Utc::now();
         let p = unpaused();
-        let v = verdict(&overview(1204, Some(95), Some(95), 3), &[], &p, &LIMITS);
+        let v = verdict(
+            &overview(1204, Some(95), Some(95), 3),
+            &[],
+            &p,
+            &NONE_HELD,
+            &LIMITS,
+        );
         assert_eq!(v.state, "STUCK");
         assert_eq!(v.text, "1,204 messages due for 95 s and no relay is alive");
         // A relay claimed a moment ago: not stuck, but behind.
@@ -922,6 +958,7 @@ mod tests {
             &overview(1204, Some(95), Some(840), 0),
             &[relay(Some(2), now)],
             &p,
+            &NONE_HELD,
             &LIMITS,
         );
         assert_eq!(
@@ -936,6 +973,7 @@ mod tests {
             &overview(5, Some(40), Some(40), 0),
             &[relay(Some(300), now)],
             &p,
+            &NONE_HELD,
             &LIMITS,
         );
         assert_eq!(v.state, "STUCK");
@@ -952,6 +990,7 @@ mod tests {
             &overview(3, Some(64), Some(64), 0),
             &[relay(None, now)],
             &topic_paused,
+            &NONE_HELD,
             &LIMITS,
         );
         assert_eq!(v.state, "PAUSED", "{v:?}");
@@ -963,20 +1002,75 @@ mod tests {
             &overview(3, Some(64), Some(64), 0),
             &[],
             &topic_paused,
+            &NONE_HELD,
             &LIMITS,
         );
         assert_eq!(v.state, "STUCK", "no relay alive at all: {v:?}");
-        let v = verdict(&overview(0, None, None, 10), &[], &p, &LIMITS);
+        let v = verdict(&overview(0, None, None, 10), &[], &p, &NONE_HELD, &LIMITS);
         assert_eq!(v.state, "DEAD");
-        let v = verdict(&overview(0, None, None, 0), &[], &p, &LIMITS);
+        let v = verdict(&overview(0, None, None, 0), &[], &p, &NONE_HELD, &LIMITS);
         assert_eq!(v.state, "OK");
         let paused = PauseState {
             paused: true,
             reason: Some("deploy".into()),
             ..unpaused()
         };
-        let v = verdict(&overview(5, Some(400), Some(400), 0), &[], &paused, &LIMITS);
+        let v = verdict(
+            &overview(5, Some(400), Some(400), 0),
+            &[],
+            &paused,
+            &NONE_HELD,
+            &LIMITS,
+        );
         assert_eq!(v.state, "PAUSED");
+    }
+
+    /// Ordered keys behind dead letters: their rows are due but wait by design, so they
+    /// are neither stuck nor merely behind; the verdict names them and the way out.
+    #[test]
+    fn rows_held_behind_dead_letters_are_blocked_not_stuck() {
+        let now = Utc::now();
+        let held = outbox::store::HeldKeys {
+            blocked_keys: 1,
+            held: 5,
+            oldest_held_age_seconds: Some(840),
+        };
+        // Every due row is held, no relay alive: not STUCK.
+        let v = verdict(
+            &overview(5, Some(840), Some(840), 1),
+            &[],
+            &unpaused(),
+            &held,
+            &LIMITS,
+        );
+        assert_eq!(v.state, "BLOCKED", "{v:?}");
+        assert!(
+            v.text.starts_with(
+                "5 messages of 1 ordered keys wait behind dead letters (oldest 14 min)"
+            ),
+            "{v:?}"
+        );
+        // Other due rows and no relay: STUCK first, counting only the others.
+        let v = verdict(
+            &overview(8, Some(840), Some(840), 1),
+            &[],
+            &unpaused(),
+            &held,
+            &LIMITS,
+        );
+        assert_eq!(
+            (v.state, v.text.as_str()),
+            ("STUCK", "3 messages due for 840 s and no relay is alive")
+        );
+        // A relay claiming: BLOCKED before BEHIND.
+        let v = verdict(
+            &overview(5, Some(840), Some(840), 1),
+            &[relay(Some(2), now)],
+            &unpaused(),
+            &held,
+            &LIMITS,
+        );
+        assert_eq!(v.state, "BLOCKED");
     }
 
     #[test]

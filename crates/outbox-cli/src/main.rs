@@ -220,6 +220,14 @@ enum Command {
         /// STUCK when rows have been due this long and no live relay claimed within it.
         #[arg(long, default_value = "30s", value_parser = admin::parse_duration)]
         stuck_after: Duration,
+        /// The ordered topics, as the relays get them (--ordered there; OUTBOX_ORDERED):
+        /// rows of ordered keys waiting behind dead letters are BLOCKED, not STUCK or
+        /// BEHIND.
+        #[arg(long = "ordered", env = "OUTBOX_ORDERED", value_delimiter = ' ', value_parser = outbox::sink::router::TopicPattern::parse)]
+        ordered: Vec<outbox::sink::router::TopicPattern>,
+        /// As the relays' --ordered-skip-dead: dead letters block nothing.
+        #[arg(long, env = "OUTBOX_ORDERED_SKIP_DEAD", requires = "ordered")]
+        ordered_skip_dead: bool,
     },
     /// Stop relays from publishing: every topic, or (with --topic) only matching topics
     /// while the others flow. Producers keep writing.
@@ -781,6 +789,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             max_age,
             max_dead,
             stuck_after,
+            ordered,
+            ordered_skip_dead,
         } => {
             let store = connect(&cli, false).await?;
             store.check_schema().await?;
@@ -789,7 +799,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 max_dead: *max_dead,
                 stuck_after: *stuck_after,
             };
-            admin::status(&store, *json, *by_topic, *check, limits).await
+            let ordering = outbox::store::KeyOrdering {
+                topics: ordered.clone(),
+                skip_dead: *ordered_skip_dead,
+            };
+            admin::status(&store, *json, *by_topic, *check, limits, &ordering).await
         }
         Command::Pause { reason, topic, by } => {
             let store = connect(&cli, false).await?;

@@ -836,6 +836,22 @@ fn an_ordered_relay_holds_a_key_behind_its_dead_letter() {
         "{s}"
     );
 
+    let status = |args: &[&str]| -> serde_json::Value {
+        let out = run(db
+            .cmd()
+            .args(["status", "--json", "--stuck-after", "0s"])
+            .args(args));
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap()
+    };
+    let st = status(&["--ordered", "o.>"]);
+    assert_eq!(st["verdict"]["state"], "BLOCKED", "{st}");
+    assert_eq!(st["ordered_held"], 2, "{st}");
+    assert_eq!(st["ordered_blocked_keys"], 1, "{st}");
+    let unaware = status(&[]);
+    assert_eq!(
+        unaware["verdict"]["state"], "STUCK",
+        "without --ordered: {unaware}"
+    );
     let listed = run_ok(
         db.cmd()
             .args(["dead", "list", "--ordered", "o.>", "--json"]),
