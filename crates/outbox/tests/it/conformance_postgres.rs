@@ -8,8 +8,7 @@ use crate::conformance::{Backend, Kind, Row, SqlCall, TxOpts};
 use async_trait::async_trait;
 use outbox::message::{Enqueued, Message};
 use outbox::postgres::PgStore;
-use outbox::sink::router::TopicPattern;
-use outbox::store::{ClaimRequest, KeyOrdering};
+use outbox::store::ClaimRequest;
 use outbox::{Ident, Store, StoreConfig};
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Connection, Postgres, Row as _, Transaction};
@@ -236,7 +235,7 @@ impl Backend for PgBackend {
 
     async fn assert_claim_uses_live_index(&self) {
         // The store's own claim statements, planned with real values.
-        let mut req = ClaimRequest {
+        let req = ClaimRequest {
             relay_id: "plan".into(),
             batch_size: 100,
             lease: Duration::from_secs(30),
@@ -257,11 +256,11 @@ impl Backend for PgBackend {
         );
         // The ordered claim: the live rows by the live index, each key's rows by the key
         // index (the head of a candidate's key, the fence of each key claimed).
-        req.ordering = KeyOrdering {
-            topics: vec![TopicPattern::parse("t.>").unwrap()],
-            skip_dead: false,
-        };
-        let plan = self.store.explain_claim(&req).await.unwrap();
+        let plan = self
+            .store
+            .explain_claim(&crate::conformance::ordered_plan_request())
+            .await
+            .unwrap();
         eprintln!("ordered claim plan:\n{plan}");
         assert!(
             !plan.contains("Seq Scan on messages"),

@@ -262,16 +262,7 @@ impl Backend for SqliteBackend {
         // the key index.
         let plan = self
             .store
-            .explain_ordered_claim(&outbox::store::ClaimRequest {
-                relay_id: "plan".into(),
-                batch_size: 100,
-                lease: Duration::from_secs(30),
-                skip_topics: Vec::new(),
-                ordering: outbox::store::KeyOrdering {
-                    topics: vec![outbox::sink::router::TopicPattern::parse("t.>").unwrap()],
-                    skip_dead: false,
-                },
-            })
+            .explain_ordered_claim(&crate::conformance::ordered_plan_request())
             .await
             .unwrap();
         eprintln!("ordered claim plans:\n{plan}");

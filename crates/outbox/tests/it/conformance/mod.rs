@@ -323,6 +323,20 @@ pub(crate) async fn claim(
         .unwrap()
 }
 
+/// The ordered claim the plan cases explain: 100 rows, topics `t.>` ordered, strict.
+pub(crate) fn ordered_plan_request() -> ClaimRequest {
+    ClaimRequest {
+        relay_id: "plan".into(),
+        batch_size: 100,
+        lease: Duration::from_secs(30),
+        skip_topics: Vec::new(),
+        ordering: outbox::store::KeyOrdering {
+            topics: vec![outbox::sink::router::TopicPattern::parse("t.>").unwrap()],
+            skip_dead: false,
+        },
+    }
+}
+
 pub(crate) fn claim_ids(c: &Claim) -> Vec<i64> {
     c.messages.iter().map(|m| m.id).collect()
 }

@@ -48,6 +48,26 @@ fn replay(ids: Vec<i64>, action: ReplayAction) -> ReplayRequest {
     }
 }
 
+/// Enqueues two messages of `key` on `o.t` and quarantines the first (claimed alone);
+/// returns their ids.
+async fn first_of_two_dead<B: Backend>(b: &B, key: &str) -> Vec<i64> {
+    let store = b.store();
+    let ids: Vec<i64> = b
+        .enqueue_all(&[keyed("o.t", Some(key)), keyed("o.t", Some(key))])
+        .await
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let c = claim_ordered(&store, 1, &ordering(false)).await;
+    assert_eq!(claim_ids(&c), vec![ids[0]]);
+    let dead = Dead {
+        id: ids[0],
+        error: "permanent: rejected".into(),
+    };
+    assert_eq!(store.quarantine(c.token, &[dead]).await.unwrap(), 1);
+    ids
+}
+
 /// A row of an ordered key is claimed only when every earlier row of its topic and key is
 /// dispatched or in the same claim: a claim cut off by its limit, a key's row in flight, a
 /// retry waiting for its time and (strict) a dead letter each hold back the key's later
@@ -129,19 +149,7 @@ pub(crate) async fn ordered_claims_follow_each_key<B: Backend>() {
     );
 
     // Strict: a dead letter blocks its key; replayed, it goes first again.
-    let d: Vec<i64> = b
-        .enqueue_all(&[keyed("o.t", Some("d")), keyed("o.t", Some("d"))])
-        .await
-        .iter()
-        .map(|e| e.id)
-        .collect();
-    let c = claim_ordered(&store, 1, &strict).await;
-    assert_eq!(claim_ids(&c), vec![d[0]]);
-    let dead = Dead {
-        id: d[0],
-        error: "permanent: rejected".into(),
-    };
-    assert_eq!(store.quarantine(c.token, &[dead]).await.unwrap(), 1);
+    let d = first_of_two_dead(&b, "d").await;
     assert!(
         claim_ordered(&store, 100, &strict)
             .await
@@ -186,19 +194,7 @@ pub(crate) async fn ordered_claims_follow_each_key<B: Backend>() {
     assert_eq!(store.held_keys(&strict).await.unwrap(), HeldKeys::default());
 
     // Discarding a blocking dead letter releases the rest of its key.
-    let e: Vec<i64> = b
-        .enqueue_all(&[keyed("o.t", Some("e")), keyed("o.t", Some("e"))])
-        .await
-        .iter()
-        .map(|e| e.id)
-        .collect();
-    let c = claim_ordered(&store, 1, &strict).await;
-    assert_eq!(claim_ids(&c), vec![e[0]]);
-    let dead = Dead {
-        id: e[0],
-        error: "permanent: rejected".into(),
-    };
-    store.quarantine(c.token, &[dead]).await.unwrap();
+    let e = first_of_two_dead(&b, "e").await;
     assert!(
         claim_ordered(&store, 100, &strict)
             .await
