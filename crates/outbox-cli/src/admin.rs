@@ -100,6 +100,35 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?} is not a duration: {e}"))
 }
 
+/// Per-key ordering, as `relay`, `status` and `dead list` take it (one setting, the
+/// same `OUTBOX_ORDERED` for all three).
+#[derive(Args, Debug, Clone)]
+pub(crate) struct OrderingArgs {
+    /// Per-key ordering for topics matching PATTERN (repeatable; `*` one token, `>` one
+    /// or more at the end): the messages of one topic and key are published in id order,
+    /// one after another, while other keys flow in parallel; messages without a key are
+    /// never held back. A message that fails holds back only its key; a dead one blocks
+    /// its key until replayed or discarded (see --ordered-skip-dead). Every relay of the
+    /// outbox, and status and dead list, must be given the same patterns. In
+    /// OUTBOX_ORDERED, separate patterns by spaces.
+    #[arg(long = "ordered", env = "OUTBOX_ORDERED", value_delimiter = ' ', value_parser = outbox::sink::router::TopicPattern::parse)]
+    pub(crate) ordered: Vec<outbox::sink::router::TopicPattern>,
+    /// With --ordered: a dead message does not block its key; the later messages go on
+    /// and the gap stays in the dead letters (availability over order).
+    #[arg(long, env = "OUTBOX_ORDERED_SKIP_DEAD", requires = "ordered")]
+    pub(crate) ordered_skip_dead: bool,
+}
+
+impl OrderingArgs {
+    /// The ordering these flags give.
+    pub(crate) fn ordering(&self) -> outbox::store::KeyOrdering {
+        outbox::store::KeyOrdering {
+            topics: self.ordered.clone(),
+            skip_dead: self.ordered_skip_dead,
+        }
+    }
+}
+
 /// `outbox dead …`
 #[derive(Subcommand, Debug)]
 pub(crate) enum DeadCommand {
@@ -109,13 +138,9 @@ pub(crate) enum DeadCommand {
     List {
         #[command(flatten)]
         select: SelectArgs,
-        /// The ordered topics, as given to the relays (--ordered there; in OUTBOX_ORDERED,
-        /// patterns separated by spaces): which dead letters block their key.
-        #[arg(long = "ordered", env = "OUTBOX_ORDERED", value_delimiter = ' ', value_parser = outbox::sink::router::TopicPattern::parse)]
-        ordered: Vec<outbox::sink::router::TopicPattern>,
-        /// As the relays' --ordered-skip-dead: dead letters block nothing.
-        #[arg(long, env = "OUTBOX_ORDERED_SKIP_DEAD", requires = "ordered")]
-        ordered_skip_dead: bool,
+        // With --ordered, which dead letters block their key.
+        #[command(flatten)]
+        ordering: OrderingArgs,
         /// Most rows to show.
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
@@ -181,17 +206,13 @@ pub(crate) async fn dead(store: &dyn Store, cmd: &DeadCommand) -> anyhow::Result
     match cmd {
         DeadCommand::List {
             select,
-            ordered,
-            ordered_skip_dead,
+            ordering,
             limit,
             json,
         } => {
             let sel = select.selector()?;
             let rows = store.dead_letters(&sel, *limit, false).await?;
-            let ordering = outbox::store::KeyOrdering {
-                topics: ordered.clone(),
-                skip_dead: *ordered_skip_dead,
-            };
+            let ordering = ordering.ordering();
             let blocks = |r: &DeadLetter| {
                 !ordering.skip_dead && r.key.is_some() && ordering.covers(&r.topic)
             };

@@ -165,19 +165,8 @@ enum Command {
         /// after a claim came back full.
         #[arg(long, env = "OUTBOX_IN_FLIGHT_BATCHES", default_value_t = 4)]
         in_flight_batches: u32,
-        /// Per-key ordering for topics matching PATTERN (repeatable; `*` one token, `>` one
-        /// or more at the end): the messages of one topic and key are published in id
-        /// order, one after another, while other keys flow in parallel; messages without a
-        /// key are never held back. A message that fails holds back only its key; a dead
-        /// one blocks its key until replayed or discarded (see --ordered-skip-dead). Every
-        /// relay of the outbox must be given the same patterns. In OUTBOX_ORDERED,
-        /// separate patterns by spaces.
-        #[arg(long = "ordered", env = "OUTBOX_ORDERED", value_delimiter = ' ', value_parser = outbox::sink::router::TopicPattern::parse)]
-        ordered: Vec<outbox::sink::router::TopicPattern>,
-        /// With --ordered: a dead message does not block its key; the later messages go on
-        /// and the gap stays in the dead letters (availability over order).
-        #[arg(long, env = "OUTBOX_ORDERED_SKIP_DEAD", requires = "ordered")]
-        ordered_skip_dead: bool,
+        #[command(flatten)]
+        ordering: admin::OrderingArgs,
         /// Serve /metrics (Prometheus), /healthz and /readyz on HOST:PORT (e.g.
         /// 127.0.0.1:9464). Off by default.
         #[arg(long, env = "OUTBOX_METRICS_ADDR")]
@@ -220,14 +209,10 @@ enum Command {
         /// STUCK when rows have been due this long and no live relay claimed within it.
         #[arg(long, default_value = "30s", value_parser = admin::parse_duration)]
         stuck_after: Duration,
-        /// The ordered topics, as the relays get them (--ordered there; OUTBOX_ORDERED):
-        /// rows of ordered keys waiting behind dead letters are BLOCKED, not STUCK or
-        /// BEHIND.
-        #[arg(long = "ordered", env = "OUTBOX_ORDERED", value_delimiter = ' ', value_parser = outbox::sink::router::TopicPattern::parse)]
-        ordered: Vec<outbox::sink::router::TopicPattern>,
-        /// As the relays' --ordered-skip-dead: dead letters block nothing.
-        #[arg(long, env = "OUTBOX_ORDERED_SKIP_DEAD", requires = "ordered")]
-        ordered_skip_dead: bool,
+        // With --ordered, rows of ordered keys waiting behind dead letters are BLOCKED,
+        // not STUCK or BEHIND.
+        #[command(flatten)]
+        ordering: admin::OrderingArgs,
     },
     /// Stop relays from publishing: every topic, or (with --topic) only matching topics
     /// while the others flow. Producers keep writing.
@@ -640,8 +625,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             metrics_addr,
             summary_interval_s,
             sample_interval_s,
-            ordered,
-            ordered_skip_dead,
+            ordering,
             otlp_endpoint: _,
         } => {
             if routes.is_empty() && sink.is_none() {
@@ -676,10 +660,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 } else {
                     outbox::OnDispatch::Keep
                 },
-                ordering: outbox::store::KeyOrdering {
-                    topics: ordered.clone(),
-                    skip_dead: *ordered_skip_dead,
-                },
+                ordering: ordering.ordering(),
                 ..RelayConfig::default()
             };
             if let Some(id) = relay_id {
@@ -789,8 +770,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             max_age,
             max_dead,
             stuck_after,
-            ordered,
-            ordered_skip_dead,
+            ordering,
         } => {
             let store = connect(&cli, false).await?;
             store.check_schema().await?;
@@ -799,11 +779,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 max_dead: *max_dead,
                 stuck_after: *stuck_after,
             };
-            let ordering = outbox::store::KeyOrdering {
-                topics: ordered.clone(),
-                skip_dead: *ordered_skip_dead,
-            };
-            admin::status(&store, *json, *by_topic, *check, limits, &ordering).await
+            admin::status(
+                &store,
+                *json,
+                *by_topic,
+                *check,
+                limits,
+                &ordering.ordering(),
+            )
+            .await
         }
         Command::Pause { reason, topic, by } => {
             let store = connect(&cli, false).await?;

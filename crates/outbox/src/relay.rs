@@ -460,33 +460,53 @@ pub(crate) fn plan(
     (publish, dead)
 }
 
-/// The rounds in which a claim is published: `rounds[r]` lists indices into `messages`
-/// (in `id` order, as claimed), published together, round `r + 1` only once round `r`
-/// has its outcomes. A message of an ordered topic with a key is in the round after the
-/// previous message of its key in this claim; every other message is in round 0. So a
-/// key's messages go out one at a time in `id` order while different keys go together;
-/// without ordering (or with no key twice) there is one round.
-pub(crate) fn rounds(messages: &[OutgoingMessage], ordering: &KeyOrdering) -> Vec<Vec<usize>> {
-    let mut rounds: Vec<Vec<usize>> = vec![Vec::new()];
+/// The rounds in which a claim is published: `of[r]` lists indices into `messages` (in
+/// `id` order, as claimed), published together, round `r + 1` only once round `r` has its
+/// outcomes. A message of an ordered topic with a key is in the round after the previous
+/// message of its key in this claim; every other message is in round 0. So a key's
+/// messages go out one at a time in `id` order while different keys go together; without
+/// ordering (or with no key twice) there is one round.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Rounds {
+    /// The rounds, each a list of indices into the claim's messages.
+    pub(crate) of: Vec<Vec<usize>>,
+    /// Per message, its ordered key's number in this claim (0, 1, …, in order of first
+    /// appearance); `None` for a message that is not ordered.
+    pub(crate) key: Vec<Option<usize>>,
+    /// How many ordered keys the claim holds.
+    pub(crate) keys: usize,
+}
+
+/// The [`Rounds`] of a claim's `messages` under `ordering`.
+pub(crate) fn rounds(messages: &[OutgoingMessage], ordering: &KeyOrdering) -> Rounds {
+    let mut rounds = Rounds {
+        of: vec![Vec::new()],
+        key: vec![None; messages.len()],
+        keys: 0,
+    };
     if !ordering.is_on() {
-        rounds[0].extend(0..messages.len());
+        rounds.of[0].extend(0..messages.len());
         return rounds;
     }
-    let mut next: std::collections::HashMap<(&str, &str), usize> = Default::default();
+    // Per ordered key: its number and the round of its next message.
+    let mut next: std::collections::HashMap<(&str, &str), (usize, usize)> = Default::default();
     for (i, m) in messages.iter().enumerate() {
         let r = match m.key.as_deref() {
             Some(key) if ordering.covers(&m.topic) => {
-                let r = next.entry((m.topic.as_str(), key)).or_insert(0);
+                let fresh = next.len();
+                let (k, r) = next.entry((m.topic.as_str(), key)).or_insert((fresh, 0));
+                rounds.key[i] = Some(*k);
                 *r += 1;
                 *r - 1
             }
             _ => 0,
         };
-        if rounds.len() <= r {
-            rounds.resize_with(r + 1, Vec::new);
+        if rounds.of.len() <= r {
+            rounds.of.resize_with(r + 1, Vec::new);
         }
-        rounds[r].push(i);
+        rounds.of[r].push(i);
     }
+    rounds.keys = next.len();
     rounds
 }
 
@@ -1056,27 +1076,41 @@ impl Relay {
             malformed,
             db_now,
         } = claim;
-        // Ordered keys that must not be published in this claim: a message before them
-        // goes dead unpublished (past max_attempts, or a malformed row, whose key is not
-        // known: every ordered message after it waits), and dead rows hold their key.
-        let mut stopped: std::collections::HashSet<(String, String)> = Default::default();
-        let mut stop_after = i64::MAX;
-        if cfg.ordering.is_on() && !cfg.ordering.skip_dead {
-            stop_after = malformed.iter().map(|d| d.id).min().unwrap_or(i64::MAX);
-            for m in &messages {
-                if m.attempts > policy.max_attempts
-                    && let Some(k) = ordered_key(&cfg.ordering, m)
-                {
-                    stopped.insert(k);
-                }
-            }
-        }
+        // Messages that go dead unpublished stop what follows them when dead rows hold
+        // their key: one past max_attempts stops its key (`dead_keys`), a malformed row,
+        // whose key is not known, every ordered message after it (`stop_after`).
+        let strict = cfg.ordering.is_on() && !cfg.ordering.skip_dead;
+        let stop_after = if strict {
+            malformed.iter().map(|d| d.id).min().unwrap_or(i64::MAX)
+        } else {
+            i64::MAX
+        };
+        let dead_keys: Vec<(String, Option<String>)> = if strict {
+            messages
+                .iter()
+                .filter(|m| m.attempts > policy.max_attempts && cfg.ordering.covers(&m.topic))
+                .map(|m| (m.topic.clone(), m.key.clone()))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let (mut to_publish, mut dead) = plan(messages, &policy);
         let mut dead_all: Vec<Dead> = malformed;
         dead_all.append(&mut dead);
         let rounds = rounds(&to_publish, &cfg.ordering);
+        // Per ordered key of the claim: true once it must not be published further.
+        let mut stopped = vec![false; rounds.keys];
+        for (m, k) in to_publish.iter().zip(&rounds.key) {
+            if let Some(k) = k
+                && dead_keys
+                    .iter()
+                    .any(|(t, key)| *t == m.topic && *key == m.key)
+            {
+                stopped[*k] = true;
+            }
+        }
         // One round with nothing held back: the batch goes out as one publish.
-        let whole = rounds.len() == 1 && stopped.is_empty() && stop_after == i64::MAX;
+        let whole = rounds.of.len() == 1 && dead_keys.is_empty() && stop_after == i64::MAX;
         let sent = std::sync::Mutex::new(vec![whole; to_publish.len()]);
 
         // A producer span per message (only with an OpenTelemetry layer); it also puts
@@ -1098,7 +1132,7 @@ impl Relay {
                             .await;
                     }
                     let mut stopped = stopped;
-                    for round in &rounds {
+                    for round in &rounds.of {
                         if cancel.is_cancelled() {
                             break; // the rest is released
                         }
@@ -1106,10 +1140,8 @@ impl Relay {
                             .iter()
                             .copied()
                             .filter(|&i| {
-                                let m = &to_publish[i];
-                                m.id < stop_after
-                                    && ordered_key(&cfg.ordering, m)
-                                        .is_none_or(|k| !stopped.contains(&k))
+                                to_publish[i].id < stop_after
+                                    && rounds.key[i].is_none_or(|k| !stopped[k])
                             })
                             .collect();
                         if ids.is_empty() {
@@ -1128,9 +1160,9 @@ impl Relay {
                             .await;
                         for &i in &ids {
                             if !matches!(confirm.get(i), Some(Ok(())))
-                                && let Some(k) = ordered_key(&cfg.ordering, &to_publish[i])
+                                && let Some(k) = rounds.key[i]
                             {
-                                stopped.insert(k);
+                                stopped[k] = true;
                             }
                         }
                     }
@@ -1387,14 +1419,6 @@ impl Relay {
 }
 
 /// The `reason` label of `outbox_messages_quarantined_total` for a dead row's error.
-/// The (topic, key) a message is ordered by, when its topic is ordered and it has a key.
-fn ordered_key(ordering: &KeyOrdering, m: &OutgoingMessage) -> Option<(String, String)> {
-    let key = m.key.as_ref()?;
-    ordering
-        .covers(&m.topic)
-        .then(|| (m.topic.clone(), key.clone()))
-}
-
 fn quarantine_reason(error: &str) -> &'static str {
     if error.starts_with("malformed row") {
         "malformed"
@@ -1599,15 +1623,27 @@ mod tests {
             keyed(7, "orders.placed", Some("a")),
             keyed(8, "audit.seen", Some("a")),
         ];
+        let r = rounds(&batch, &ordering);
+        assert_eq!(r.of, vec![vec![0, 1, 3, 4, 5, 7], vec![2], vec![6]]);
+        // Keys: orders.placed/a 0, orders.placed/b 1, orders.paid/a 2.
         assert_eq!(
-            rounds(&batch, &ordering),
-            vec![vec![0, 1, 3, 4, 5, 7], vec![2], vec![6]]
+            r.key,
+            vec![
+                Some(0),
+                Some(1),
+                Some(0),
+                None,
+                Some(2),
+                None,
+                Some(0),
+                None
+            ]
         );
+        assert_eq!(r.keys, 3);
         // Without ordering, one round.
-        assert_eq!(
-            rounds(&batch, &KeyOrdering::default()),
-            vec![(0..8).collect::<Vec<_>>()]
-        );
+        let r = rounds(&batch, &KeyOrdering::default());
+        assert_eq!(r.of, vec![(0..8).collect::<Vec<_>>()]);
+        assert_eq!((r.keys, r.key.iter().flatten().count()), (0, 0));
     }
 
     #[test]
