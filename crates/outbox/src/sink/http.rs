@@ -159,6 +159,9 @@ impl WebhookSink {
         };
         let mut parsed = Url::parse(url).map_err(|e| invalid(e.to_string()))?;
         let timeout_param = take_timeout_param(&mut parsed).map_err(invalid)?;
+        let files = super::tls::take_prefixed(&mut parsed, PARAM_PREFIX)
+            .map_err(|e| invalid(e.to_string()))?;
+        let bearer = take_bearer(&mut parsed).map_err(|e| invalid(e.to_string()))?;
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(invalid("the scheme must be http or https".into()));
         }
@@ -166,21 +169,57 @@ impl WebhookSink {
             return Err(invalid("the URL has no host".into()));
         }
         install_ring_provider();
+        let open_error = |e: Box<dyn std::error::Error + Send + Sync>| SinkError::Open {
+            url: redact_url_without_query(url),
+            source: e,
+        };
+        let tls = if parsed.scheme() == "https" {
+            let config =
+                std::sync::Arc::new(files.client_config().map_err(|e| invalid(e.to_string()))?);
+            let host = parsed.host_str().unwrap_or_default().to_owned();
+            let port = parsed.port_or_known_default().unwrap_or(443);
+            super::tls::check_handshake(
+                &host,
+                port,
+                config.clone(),
+                super::tls::Preamble::None,
+                files.ca.as_deref(),
+            )
+            .await
+            .map_err(|e| open_error(Box::new(e)))?;
+            Some(config)
+        } else if files.named() {
+            return Err(invalid(format!(
+                "{PARAM_PREFIX}ca, {PARAM_PREFIX}cert and {PARAM_PREFIX}key need an https:// URL"
+            )));
+        } else {
+            None
+        };
         let timeout = timeout_param
             .unwrap_or(options.timeout)
             .max(Duration::from_millis(1));
         let max_in_flight = options.max_in_flight.max(1);
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        if let Some(config) = tls {
+            builder = builder.tls_backend_preconfigured((*config).clone());
+        }
+        if let Some(token) = bearer {
+            let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| invalid("the bearer token is not a valid HTTP header value".into()))?;
+            value.set_sensitive(true);
+            builder = builder.default_headers(HeaderMap::from_iter([(
+                reqwest::header::AUTHORIZATION,
+                value,
+            )]));
+        }
+        let client = builder
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(5)))
             .redirect(reqwest::redirect::Policy::none())
             .pool_max_idle_per_host(max_in_flight)
             .user_agent(concat!("outbox/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|e| SinkError::Open {
-                url: redact_url_without_query(url),
-                source: Box::new(e.without_url()),
-            })?;
+            .map_err(|e| open_error(Box::new(e.without_url())))?;
         Ok(WebhookSink {
             client,
             describe: redact_url_without_query(url),
@@ -528,6 +567,26 @@ fn take_timeout_param(url: &mut Url) -> Result<Option<Duration>, String> {
         url.set_query((!kept.is_empty()).then_some(kept.as_str()));
     }
     Ok(timeout)
+}
+
+/// The prefix of the sink's own query parameters (removed before any request is sent):
+/// `outbox_ca`, `outbox_cert`, `outbox_key` and `outbox_password_file` as in
+/// [`super::tls`] (prefixed, because the endpoint's own query may use `key`), and
+/// [`BEARER_FILE_PARAM`].
+pub const PARAM_PREFIX: &str = "outbox_";
+
+/// `outbox_bearer_file=PATH`: every request carries `Authorization: Bearer <first line of
+/// PATH>`. (Basic authentication comes from the URL's userinfo, or its password from
+/// `outbox_password_file`.)
+pub const BEARER_FILE_PARAM: &str = "outbox_bearer_file";
+
+fn take_bearer(url: &mut Url) -> Result<Option<String>, super::tls::TlsError> {
+    match super::tls::take_params(url, &[BEARER_FILE_PARAM]).pop() {
+        None => Ok(None),
+        Some((_, path)) => {
+            super::tls::read_secret("outbox_bearer_file", std::path::Path::new(&path)).map(Some)
+        }
+    }
 }
 
 /// The workspace's one rustls provider, ring (async-nats enables it; with a second provider

@@ -27,6 +27,8 @@ pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis_streams;
 pub mod router;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 /// What a failed publish says, and so what the relay does with the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -399,12 +401,18 @@ pub trait Sink: Send + Sync + 'static {
 /// Opens the sink named by `url`:
 /// - `stdout`: JSON lines on standard output, confirmed once written and flushed;
 /// - `file:PATH`: JSON lines appended to PATH, confirmed once flushed and `fsync`ed;
-/// - `nats://HOST:PORT`: NATS JetStream, confirmed by the PubAck (feature `nats`);
+/// - `nats://HOST:PORT` or `tls://HOST:PORT`: NATS JetStream, confirmed by the PubAck
+///   (feature `nats`);
 /// - `kafka://HOST:PORT`: Kafka, confirmed by the delivery report (feature `kafka`);
-/// - `amqp://…`: RabbitMQ, confirmed by the publisher confirm (feature `rabbitmq`);
-/// - `redis://…`: Redis Streams, confirmed by the `XADD` reply (feature `redis`);
-/// - `mqtt://…`: MQTT 5, confirmed by PUBACK / PUBCOMP (feature `mqtt`);
+/// - `amqp://…` or `amqps://…`: RabbitMQ, confirmed by the publisher confirm (feature
+///   `rabbitmq`);
+/// - `redis://…` or `rediss://…`: Redis Streams, confirmed by the `XADD` reply (feature
+///   `redis`);
+/// - `mqtt://…` or `mqtts://…`: MQTT 5, confirmed by PUBACK / PUBCOMP (feature `mqtt`);
 /// - `http(s)://…`: a webhook, confirmed by a 2xx (feature `http`).
+///
+/// The network sinks take the same TLS and secret parameters (`ca=`, `cert=`, `key=`,
+/// `password_file=`; [`tls`]) besides their own.
 ///
 /// # Errors
 /// [`SinkError::InvalidUrl`] for an unknown or malformed URL, [`SinkError::Open`] when the
@@ -429,7 +437,7 @@ pub async fn open(url: &str) -> Result<Box<dyn Sink>, SinkError> {
             }
         })?));
     }
-    if url.starts_with("nats://") {
+    if url.starts_with("nats://") || url.starts_with("tls://") {
         #[cfg(feature = "nats")]
         return Ok(Box::new(
             nats::NatsSink::connect(url, nats::NatsOptions::default()).await?,

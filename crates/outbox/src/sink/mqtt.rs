@@ -147,6 +147,8 @@ struct Conn {
     /// A publish rumqttc holds back because its packet id is still in use (a broker that
     /// acknowledges out of order); it goes out later under that packet id.
     collided: Option<(u16, Waiter)>,
+    /// The broker refused the credentials (CONNACK): the reason, for `connect` to report.
+    refused: Option<String>,
 }
 
 struct Shared {
@@ -606,10 +608,24 @@ impl MqttSink {
     /// As [`MqttSink::connect`].
     pub async fn connect_with(url: &str, options: MqttSinkOptions) -> Result<Self, SinkError> {
         let redacted = redact_url_without_query(url);
-        let parsed = parse_url(url).map_err(|reason| SinkError::InvalidUrl {
+        let invalid = |reason: String| SinkError::InvalidUrl {
             url: redacted.clone(),
             reason,
-        })?;
+        };
+        // The TLS and secret parameters (`ca`, `cert`, `key`, `password_file`) first.
+        let mut u = url::Url::parse(url).map_err(|e| invalid(e.to_string()))?;
+        let files = super::tls::take_settings(&mut u).map_err(|e| invalid(e.to_string()))?;
+        let cleaned;
+        let url = if u.as_str() == url {
+            url
+        } else {
+            cleaned = u.to_string();
+            cleaned.as_str()
+        };
+        let parsed = parse_url(url).map_err(invalid)?;
+        if files.named() && !parsed.tls {
+            return Err(invalid("ca, cert and key need an mqtts:// URL".into()));
+        }
         let client_id = parsed
             .client_id
             .clone()
@@ -624,16 +640,23 @@ impl MqttSink {
         }
         if parsed.tls {
             install_ring_provider();
-            // rumqttc's default TLS configuration loads the system roots and panics when
-            // that fails; turn a panic into an error.
-            let tls =
-                std::panic::catch_unwind(rumqttc::TlsConfiguration::default).map_err(|_| {
-                    SinkError::Open {
-                        url: redacted.clone(),
-                        source: "cannot load the system's root certificates for mqtts".into(),
-                    }
-                })?;
-            opts.set_transport(rumqttc::Transport::tls_with_config(tls));
+            let config = Arc::new(files.client_config().map_err(|e| invalid(e.to_string()))?);
+            let host = parsed.host.trim_start_matches('[').trim_end_matches(']');
+            super::tls::check_handshake(
+                host,
+                parsed.port,
+                config.clone(),
+                super::tls::Preamble::None,
+                files.ca.as_deref(),
+            )
+            .await
+            .map_err(|e| SinkError::Open {
+                url: redacted.clone(),
+                source: Box::new(e),
+            })?;
+            opts.set_transport(rumqttc::Transport::tls_with_config(
+                rumqttc::TlsConfiguration::Rustls(config),
+            ));
         }
         let max_inflight = usize::from(parsed.max_inflight);
         // The request channel never holds more than the in-flight permits allow, plus a
@@ -649,6 +672,7 @@ impl MqttSink {
                 waiting: VecDeque::new(),
                 inflight: HashMap::new(),
                 collided: None,
+                refused: None,
             }),
             connected: connected_tx,
         });
@@ -667,6 +691,24 @@ impl MqttSink {
         // being made; a broker that is down is not an error here.
         let _ =
             tokio::time::timeout(options.initial_connect_wait, connected_rx.wait_for(|c| *c)).await;
+        let mut refused = shared.lock().refused.take();
+        if refused.is_none()
+            && !parsed.tls
+            && !*shared.connected.borrow()
+            && super::tls::speaks_tls(&parsed.host, parsed.port).await
+        {
+            refused = Some(format!(
+                "{}:{} speaks TLS: use mqtts://",
+                parsed.host, parsed.port
+            ));
+        }
+        if let Some(reason) = refused {
+            cancel.cancel();
+            return Err(SinkError::Open {
+                url: redacted,
+                source: reason.into(),
+            });
+        }
         Ok(MqttSink {
             client,
             shared,
@@ -790,6 +832,9 @@ async fn drive(
             },
             Err(e) => {
                 let reason = format!("MQTT connection to {describe}: {e}");
+                if let Some(refusal) = credentials_refused(&e) {
+                    shared.lock().refused = Some(refusal);
+                }
                 shared.lost(&mut el, &reason, blames_sent_messages(&e));
                 failures = failures.saturating_add(1);
                 // Log the first failure of an outage, then every 100th: never flood.
@@ -810,6 +855,21 @@ async fn drive(
         }
     }
     shared.lost(&mut el, "the MQTT sink is closed", false);
+}
+
+/// The broker's CONNACK refused who we are (user name, password, client certificate):
+/// an error that no reconnect will fix.
+fn credentials_refused(e: &ConnectionError) -> Option<String> {
+    use rumqttc::v5::mqttbytes::v5::ConnectReturnCode as C;
+    match e {
+        ConnectionError::ConnectionRefused(
+            code @ (C::BadUserNamePassword
+            | C::NotAuthorized
+            | C::BadAuthenticationMethod
+            | C::Banned),
+        ) => Some(format!("the broker refused the connection: {code:?}")),
+        _ => None,
+    }
 }
 
 /// Did the broker end the connection over something it was sent? It then sent a packet

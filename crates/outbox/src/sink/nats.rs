@@ -28,6 +28,7 @@ use async_trait::async_trait;
 use futures::future::join_all;
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long [`NatsSink::connect`] waits for the first connection before it returns anyway
@@ -58,23 +59,137 @@ pub struct NatsSink {
 }
 
 impl NatsSink {
-    /// Connects to `url` (`nats://HOST:PORT`, optionally `nats://USER:PASS@HOST:PORT` or
-    /// `nats://TOKEN@HOST:PORT`, percent-encoded).
+    /// Connects to `url`: `nats://HOST:PORT` (TLS when the server requires it) or
+    /// `tls://HOST:PORT` (TLS always), optionally with `USER:PASS@` or `TOKEN@`
+    /// (percent-encoded) and these query parameters:
+    /// - `ca=PATH`, `cert=PATH&key=PATH`, `password_file=PATH`: see [`super::tls`];
+    /// - `token_file=PATH`: the token, read from a file;
+    /// - `nkey=PATH`: a file holding an NKey seed (`SU…`), signing the server's nonce;
+    /// - `creds=PATH`: a `.creds` file (user JWT and NKey seed), as `nsc` writes them.
+    ///
     /// The connection is made in the background and kept alive: a server that is down at
     /// start makes publishes report the destination unavailable until it is up (their
-    /// attempts are given back); it does not fail the relay.
+    /// attempts are given back); it does not fail the relay. What can never work fails
+    /// here instead: a certificate the server refuses or that is not trusted (one TLS
+    /// handshake at start, [`super::tls::check_handshake`]), and credentials the server
+    /// refused while the first connection was being made.
     ///
     /// # Errors
-    /// [`SinkError::InvalidUrl`] when the URL cannot be parsed.
+    /// [`SinkError::InvalidUrl`] when the URL cannot be parsed or a file it names cannot be
+    /// read; [`SinkError::Open`] for a TLS handshake that failed or credentials the server
+    /// refused.
     pub async fn connect(url: &str, options: NatsOptions) -> Result<Self, SinkError> {
+        let invalid = |reason: String| SinkError::InvalidUrl {
+            url: redact_url(url),
+            reason,
+        };
+        let mut parsed = url::Url::parse(url).map_err(|e| invalid(e.to_string()))?;
+        let tls_always = match parsed.scheme() {
+            "nats" => false,
+            "tls" => true,
+            other => {
+                return Err(invalid(format!(
+                    "the scheme must be nats:// or tls://, not {other}://"
+                )));
+            }
+        };
+        let files = super::tls::take_settings(&mut parsed).map_err(|e| invalid(e.to_string()))?;
+        let mut token_file = None;
+        let mut nkey = None;
+        let mut creds = None;
+        let mut rest = Vec::new();
+        for (k, v) in parsed.query_pairs() {
+            let path = std::path::PathBuf::from(v.as_ref());
+            match k.as_ref() {
+                "token_file" => token_file = Some(path),
+                "nkey" => nkey = Some(path),
+                "creds" => creds = Some(path),
+                other => rest.push(other.to_owned()),
+            }
+        }
+        if !rest.is_empty() {
+            return Err(invalid(format!(
+                "unknown query parameter(s) {rest:?}: the NATS sink takes ca, cert, key, password_file, token_file, nkey and creds"
+            )));
+        }
+        parsed.set_query(None);
         let mut connect = async_nats::ConnectOptions::new();
         // async-nats reads no credentials from the URL itself: pass them on.
-        match url_credentials(url) {
+        match url_credentials(parsed.as_str()) {
             Some((user, Some(pass))) => connect = connect.user_and_password(user, pass),
             Some((token, None)) => connect = connect.token(token),
             None => {}
         }
+        if let Some(path) = &token_file {
+            connect = connect.token(
+                super::tls::read_secret("token_file", path).map_err(|e| invalid(e.to_string()))?,
+            );
+        }
+        if let Some(path) = &nkey {
+            let seed = super::tls::read_secret("nkey", path).map_err(|e| invalid(e.to_string()))?;
+            if !seed.starts_with('S') {
+                return Err(invalid(format!(
+                    "nkey file {path:?} does not hold an NKey seed (a line starting with S)"
+                )));
+            }
+            connect = connect.nkey(seed);
+        }
+        if let Some(path) = &creds {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| invalid(format!("cannot read creds file {path:?}: {e}")))?;
+            connect = connect
+                .credentials(&text)
+                .map_err(|e| invalid(format!("creds file {path:?}: {e}")))?;
+        }
+        let tls = Arc::new(files.client_config().map_err(|e| invalid(e.to_string()))?);
+        let tls_required = tls_always || files.cert.is_some();
+        let host = parsed.host_str().unwrap_or("127.0.0.1").to_owned();
+        let port = parsed.port().unwrap_or(4222);
+        super::tls::check_handshake(
+            &host,
+            port,
+            tls.clone(),
+            super::tls::Preamble::NatsInfo {
+                required: tls_required,
+            },
+            files.ca.as_deref(),
+        )
+        .await
+        .map_err(|e| SinkError::Open {
+            url: redact_url(url),
+            source: Box::new(e),
+        })?;
+        let refused: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+        let seen = refused.clone();
+        // The server's address without credentials or parameters (they were taken above).
+        let _ = parsed.set_password(None);
+        let _ = parsed.set_username("");
         let client = connect
+            .tls_client_config((*tls).clone())
+            .require_tls(tls_required)
+            .event_callback(move |event| {
+                let seen = seen.clone();
+                async move {
+                    // While the first connection is made, a refusal comes as a client
+                    // error naming the connect error's kind; later, as a server error.
+                    let refusal = match &event {
+                        async_nats::Event::ServerError(
+                            async_nats::ServerError::AuthorizationViolation,
+                        ) => Some("authorization violation".to_owned()),
+                        async_nats::Event::ClientError(async_nats::ClientError::Other(text))
+                            if text.contains("authoriz") || text.contains("signing nonce") =>
+                        {
+                            Some(text.clone())
+                        }
+                        _ => None,
+                    };
+                    if let Some(refusal) = refusal
+                        && let Ok(mut slot) = seen.lock()
+                    {
+                        *slot = Some(format!("the server refused the credentials ({refusal})"));
+                    }
+                }
+            })
             .retry_on_initial_connect()
             .max_reconnects(None)
             // Reconnect quickly after a broker restart: 50 ms doubling to at most 1 s.
@@ -83,12 +198,9 @@ impl NatsSink {
                     .min(Duration::from_secs(1))
             })
             .connection_timeout(Duration::from_secs(2))
-            .connect(url)
+            .connect(parsed.as_str())
             .await
-            .map_err(|e| SinkError::InvalidUrl {
-                url: redact_url(url),
-                reason: scrub(&e.to_string(), url),
-            })?;
+            .map_err(|e| invalid(scrub(&e.to_string(), url)))?;
         let js = async_nats::jetstream::ContextBuilder::new()
             .timeout(options.ack_timeout)
             .build(client.clone());
@@ -100,6 +212,14 @@ impl NatsSink {
         // Give the first connection a moment, so the first batch does not find it still
         // being made; a server that is down is not an error here, but it is said once.
         if !sink.connected_within(INITIAL_CONNECT_WAIT).await {
+            let refusal = refused.lock().ok().and_then(|r| r.clone());
+            if let Some(reason) = refusal {
+                sink.client.drain().await.ok();
+                return Err(SinkError::Open {
+                    url: redact_url(url),
+                    source: reason.into(),
+                });
+            }
             tracing::warn!(sink = %sink.describe, wait = ?INITIAL_CONNECT_WAIT, "NATS not reachable yet; the connection keeps retrying in the background");
         }
         Ok(sink)

@@ -5,7 +5,10 @@
 //! which routes a message to the queue named like its routing key. The URL may also carry
 //! lapin's own parameters `frame_max`, `channel_max`, `heartbeat` (seconds),
 //! `connection_timeout` (milliseconds) and `auth_mechanism`; anything else is refused.
-//! `amqps://` is refused too: this build has no TLS for AMQP.
+//! `amqps://` is TLS (default port 5671), trusting the system's roots and the `ca=PATH`
+//! bundle; `cert=PATH&key=PATH` is the client identity (for the `EXTERNAL` mechanism or
+//! mutual TLS beside a password) and `password_file=PATH` the password (see
+//! [`super::tls`]).
 //!
 //! - Routing key = topic. Every message is published with `mandatory` set, persistent
 //!   (`delivery_mode` 2), `message_id` = message id, `timestamp` = occurred-at in whole
@@ -106,6 +109,8 @@ impl Default for RabbitMqOptions {
 /// Publishes to a RabbitMQ exchange and waits for each publisher confirm.
 pub struct RabbitMqSink {
     uri: AMQPUri,
+    /// The CA bundle and client identity for `amqps://`.
+    tls: lapin::tcp::OwnedTLSConfig,
     exchange: ShortString,
     options: RabbitMqOptions,
     link: Mutex<Option<Arc<Link>>>,
@@ -195,12 +200,8 @@ impl RabbitMqSink {
     /// [`SinkError::InvalidUrl`] when the URL cannot be parsed, uses `amqps://`, carries an
     /// unknown parameter, or names an exchange longer than 255 bytes.
     pub async fn connect(url: &str) -> Result<Self, SinkError> {
-        let (uri, options) = parse_url(url)?;
-        let sink = Self::with_options(uri, options, url)?;
-        if let Err(e) = sink.link().await {
-            tracing::warn!(sink = %sink.describe, error = %e, "RabbitMQ not reachable yet; each batch will retry");
-        }
-        Ok(sink)
+        let (_, options, _) = parse_url(url)?;
+        Self::connect_with(url, options).await
     }
 
     /// As [`RabbitMqSink::connect`], with settings given in code (the URL's own
@@ -209,9 +210,60 @@ impl RabbitMqSink {
     /// # Errors
     /// As [`RabbitMqSink::connect`].
     pub async fn connect_with(url: &str, options: RabbitMqOptions) -> Result<Self, SinkError> {
-        let (uri, _) = parse_url(url)?;
-        let sink = Self::with_options(uri, options, url)?;
+        let (uri, _, files) = parse_url(url)?;
+        let invalid = |reason: String| SinkError::InvalidUrl {
+            url: redact(url),
+            reason,
+        };
+        let mut tls = lapin::tcp::OwnedTLSConfig::default();
+        if uri.scheme == AMQPScheme::AMQPS {
+            super::tls::install_provider();
+            let config = Arc::new(files.client_config().map_err(|e| invalid(e.to_string()))?);
+            tls.cert_chain = files
+                .ca_pem()
+                .map_err(|e| invalid(e.to_string()))?
+                .map(|pem| String::from_utf8_lossy(&pem).into_owned());
+            tls.identity = files
+                .identity_pem()
+                .map_err(|e| invalid(e.to_string()))?
+                .map(|(pem, key)| lapin::tcp::OwnedIdentity::PKCS8 { pem, key });
+            super::tls::check_handshake(
+                &uri.authority.host,
+                uri.authority.port,
+                config,
+                super::tls::Preamble::None,
+                files.ca.as_deref(),
+            )
+            .await
+            .map_err(|e| SinkError::Open {
+                url: redact(url),
+                source: Box::new(e),
+            })?;
+        } else if files.named() {
+            return Err(invalid("ca, cert and key need an amqps:// URL".into()));
+        }
+        let mut sink = Self::with_options(uri, options, url)?;
+        sink.tls = tls;
         if let Err(e) = sink.link().await {
+            // Credentials never get better by retrying: say so now.
+            if e.to_string().contains("ACCESS_REFUSED") {
+                return Err(SinkError::Open {
+                    url: redact(url),
+                    source: format!("RabbitMQ refused the credentials: {e}").into(),
+                });
+            }
+            if sink.uri.scheme == AMQPScheme::AMQP
+                && super::tls::speaks_tls(&sink.uri.authority.host, sink.uri.authority.port).await
+            {
+                return Err(SinkError::Open {
+                    url: redact(url),
+                    source: format!(
+                        "{}:{} speaks TLS: use amqps:// ({e})",
+                        sink.uri.authority.host, sink.uri.authority.port
+                    )
+                    .into(),
+                });
+            }
             tracing::warn!(sink = %sink.describe, error = %e, "RabbitMQ not reachable yet; each batch will retry");
         }
         Ok(sink)
@@ -230,13 +282,19 @@ impl RabbitMqSink {
             host.clone()
         };
         let describe = format!(
-            "amqp://{host}:{}/{} exchange {:?}",
+            "{}://{host}:{}/{} exchange {:?}",
+            if uri.scheme == AMQPScheme::AMQPS {
+                "amqps"
+            } else {
+                "amqp"
+            },
             uri.authority.port,
             uri.vhost.replace('%', "%25").replace('/', "%2f"),
             options.exchange
         );
         Ok(RabbitMqSink {
             uri,
+            tls: lapin::tcp::OwnedTLSConfig::default(),
             exchange,
             options,
             link: Mutex::new(None),
@@ -275,9 +333,12 @@ impl RabbitMqSink {
             PublishError::unavailable(format!("{what} {}: {e}", self.describe))
         };
         let props = ConnectionProperties::default().with_connection_name("outbox relay".into());
-        let connection = Connection::connect_uri(self.uri.clone(), props)
-            .await
-            .map_err(|e| unavailable("cannot connect to", e))?;
+        let runtime =
+            lapin::runtime::default_runtime().map_err(|e| unavailable("no runtime for", e))?;
+        let connection =
+            lapin::Connect::connect_with_config(self.uri.clone(), props, self.tls.clone(), runtime)
+                .await
+                .map_err(|e| unavailable("cannot connect to", e))?;
         let channel = connection
             .create_channel()
             .await
@@ -654,17 +715,23 @@ const LAPIN_PARAMS: [&str; 5] = [
     "auth_mechanism",
 ];
 
-/// Splits our parameters off `url` and parses the rest as lapin's URI.
-fn parse_url(url: &str) -> Result<(AMQPUri, RabbitMqOptions), SinkError> {
+/// Splits our parameters off `url` and parses the rest as lapin's URI; the TLS files and
+/// the password of `password_file` (put into the URI) come out first.
+fn parse_url(url: &str) -> Result<(AMQPUri, RabbitMqOptions, super::tls::TlsFiles), SinkError> {
     let invalid = |reason: String| SinkError::InvalidUrl {
         url: redact(url),
         reason,
     };
-    if url.starts_with("amqps://") {
-        return Err(invalid(
-            "amqps:// (TLS) is not supported by this build; use amqp://".into(),
-        ));
-    }
+    let original = url::Url::parse(url).map_err(|e| invalid(e.to_string()))?;
+    let mut parsed = original.clone();
+    let files = super::tls::take_settings(&mut parsed).map_err(|e| invalid(e.to_string()))?;
+    // The text as written unless a parameter was taken out (lapin reads the vhost from it).
+    let cleaned = parsed.to_string();
+    let url = if parsed == original {
+        url
+    } else {
+        cleaned.as_str()
+    };
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut options = RabbitMqOptions::default();
     let mut kept = Vec::new();
@@ -696,15 +763,15 @@ fn parse_url(url: &str) -> Result<(AMQPUri, RabbitMqOptions), SinkError> {
         format!("{base}?{}", kept.join("&"))
     };
     let mut uri = AMQPUri::from_str(&lapin_url).map_err(invalid)?;
-    if uri.scheme != AMQPScheme::AMQP {
-        return Err(invalid("only amqp:// is supported".into()));
+    if uri.scheme != AMQPScheme::AMQP && uri.scheme != AMQPScheme::AMQPS {
+        return Err(invalid("only amqp:// and amqps:// are supported".into()));
     }
     // lapin takes the host from the URL's domain only, so an IP address would silently
     // become "localhost": put the literal address back.
     if let Some(ip) = ip_host(base) {
         uri.authority.host = ip;
     }
-    Ok((uri, options))
+    Ok((uri, options, files))
 }
 
 /// The host of `url` when it is an IP address literal (IPv6 without brackets).
@@ -754,7 +821,7 @@ mod tests {
 
     #[test]
     fn url_parameters_are_split_off() {
-        let (uri, o) = parse_url(
+        let (uri, o, _) = parse_url(
             "amqp://u:p@127.0.0.1:5673/%2f?exchange=ev%2Eout&heartbeat=10&max_message_bytes=1000",
         )
         .unwrap();
@@ -764,13 +831,16 @@ mod tests {
         assert_eq!(uri.authority.port, 5673);
         assert_eq!(uri.vhost, "/");
         assert_eq!(uri.query.heartbeat, Some(10));
-        let (_, o) = parse_url("amqp://h/v").unwrap();
+        let (_, o, _) = parse_url("amqp://h/v").unwrap();
         assert_eq!(o.exchange, "");
         assert_eq!(o.max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES);
         assert!(parse_url("amqp://h/v?exchnage=x").is_err());
-        assert!(parse_url("amqps://h/v").is_err());
+        let (uri, _, files) = parse_url("amqps://h/v?ca=/ca.pem&exchange=x").unwrap();
+        assert_eq!(uri.scheme, AMQPScheme::AMQPS);
+        assert_eq!(uri.authority.port, 5671);
+        assert_eq!(files.ca.as_deref(), Some(std::path::Path::new("/ca.pem")));
         assert!(parse_url("amqp://h/v?max_message_bytes=0").is_err());
-        let (uri, _) = parse_url("amqp://[::1]:5672/%2f").unwrap();
+        let (uri, _, _) = parse_url("amqp://[::1]:5672/%2f").unwrap();
         assert_eq!(uri.authority.host, "::1");
     }
 

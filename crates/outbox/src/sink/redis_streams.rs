@@ -2,8 +2,11 @@
 //!
 //! URL: `redis://[USER:PASS@]HOST:PORT[/DB][?maxlen=N][&max_message_bytes=N]`. `maxlen`
 //! trims every stream to about N entries (`MAXLEN ~ N`: Redis trims whole macro nodes,
-//! so a stream may keep somewhat more). `rediss://` is refused: this build has no TLS for
-//! Redis. The `protocol` parameter is passed on to the client; anything else is refused.
+//! so a stream may keep somewhat more). `rediss://` is TLS: the system's roots are trusted,
+//! or, when a `ca=PATH` bundle is given (or `OUTBOX_TLS_CA_FILE` is set), that bundle
+//! instead of them; `cert=PATH&key=PATH` is the client identity and `password_file=PATH`
+//! the password (see [`super::tls`]). An ACL user authenticates as `USER:PASS@`. The
+//! `protocol` parameter is passed on to the client; anything else is refused.
 //!
 //! - Stream key = topic. Each message becomes one entry:
 //!   `XADD <topic> [MAXLEN ~ N] * message_id <uuid> topic <topic> key <key, or empty when
@@ -42,6 +45,7 @@ use crate::redact::redact_url as redact;
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError, RedisResult, Value};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
 
@@ -90,11 +94,13 @@ impl RedisStreamsSink {
     /// reached is not an error here: it is logged, and each batch retries the connection.
     ///
     /// # Errors
-    /// [`SinkError::InvalidUrl`] when the URL cannot be parsed, uses `rediss://` or carries
-    /// an unknown parameter.
+    /// [`SinkError::InvalidUrl`] when the URL cannot be parsed, carries an unknown parameter
+    /// or names a TLS file that cannot be read; [`SinkError::Open`] when the TLS handshake
+    /// fails (an untrusted or expired certificate, a wrong host name) or the server refuses
+    /// the credentials at start.
     pub async fn connect(url: &str) -> Result<Self, SinkError> {
-        let (redis_url, options) = parse_url(url)?;
-        Self::connect_with(&redis_url, options).await
+        let (_, options, _) = parse_url(url)?;
+        Self::connect_with(url, options).await
     }
 
     /// As [`RedisStreamsSink::connect`], with settings given in code (`maxlen` and
@@ -103,15 +109,53 @@ impl RedisStreamsSink {
     /// # Errors
     /// As [`RedisStreamsSink::connect`].
     pub async fn connect_with(url: &str, options: RedisStreamsOptions) -> Result<Self, SinkError> {
-        let (redis_url, _) = parse_url(url)?;
-        let client =
-            redis::Client::open(redis_url.as_str()).map_err(|e| SinkError::InvalidUrl {
-                url: redact(url),
-                reason: e.to_string(),
-            })?;
+        let (redis_url, _, files) = parse_url(url)?;
+        let invalid = |reason: String| SinkError::InvalidUrl {
+            url: redact(url),
+            reason,
+        };
+        let tls = redis_url.starts_with("rediss://");
+        let client = if tls {
+            super::tls::install_provider();
+            let config = Arc::new(files.client_config().map_err(|e| invalid(e.to_string()))?);
+            let certificates = redis::TlsCertificates {
+                client_tls: files
+                    .identity_pem()
+                    .map_err(|e| invalid(e.to_string()))?
+                    .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                        client_cert,
+                        client_key,
+                    }),
+                root_cert: files.ca_pem().map_err(|e| invalid(e.to_string()))?,
+            };
+            let client = redis::Client::build_with_tls(redis_url.as_str(), certificates)
+                .map_err(|e| invalid(e.to_string()))?;
+            let info = client.get_connection_info();
+            if let redis::ConnectionAddr::TcpTls { host, port, .. } = info.addr() {
+                super::tls::check_handshake(
+                    host,
+                    *port,
+                    config,
+                    super::tls::Preamble::None,
+                    files.ca.as_deref(),
+                )
+                .await
+                .map_err(|e| SinkError::Open {
+                    url: redact(url),
+                    source: Box::new(e),
+                })?;
+            }
+            client
+        } else {
+            if files.named() {
+                return Err(invalid("ca, cert and key need a rediss:// URL".into()));
+            }
+            redis::Client::open(redis_url.as_str()).map_err(|e| invalid(e.to_string()))?
+        };
         let info = client.get_connection_info();
         let describe = format!(
-            "redis://{}/{}{}",
+            "{}://{}/{}{}",
+            if tls { "rediss" } else { "redis" },
             info.addr(),
             info.redis_settings().db(),
             options
@@ -124,8 +168,31 @@ impl RedisStreamsSink {
             connection: Mutex::new(None),
             describe,
         };
-        if let Err(e) = sink.connection().await {
-            tracing::warn!(sink = %sink.describe, error = %e, "Redis not reachable yet; each batch will retry");
+        match sink.open_connection().await {
+            Ok(c) => *sink.connection.lock().await = Some(c),
+            // Wrong credentials never get better by retrying: say so now.
+            Err(e)
+                if e.kind() == redis::ErrorKind::AuthenticationFailed
+                    || e.code() == Some("WRONGPASS")
+                    || e.code() == Some("NOAUTH") =>
+            {
+                return Err(SinkError::Open {
+                    url: redact(url),
+                    source: format!("the Redis server refused the credentials: {e}").into(),
+                });
+            }
+            Err(e) => {
+                if let redis::ConnectionAddr::Tcp(host, port) =
+                    sink.client.get_connection_info().addr()
+                    && super::tls::speaks_tls(host, *port).await
+                {
+                    return Err(SinkError::Open {
+                        url: redact(url),
+                        source: format!("{host}:{port} speaks TLS: use rediss:// ({e})").into(),
+                    });
+                }
+                tracing::warn!(sink = %sink.describe, error = %e, "Redis not reachable yet; each batch will retry");
+            }
         }
         Ok(sink)
     }
@@ -136,19 +203,22 @@ impl RedisStreamsSink {
         if let Some(c) = slot.as_ref() {
             return Ok(c.clone());
         }
+        let c = self.open_connection().await.map_err(|e| {
+            PublishError::unavailable(format!("cannot connect to {}: {e}", self.describe))
+                .with_code("not_connected")
+        })?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    /// A new connection, within the connect and response timeouts.
+    async fn open_connection(&self) -> RedisResult<MultiplexedConnection> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.options.connect_timeout))
             .set_response_timeout(Some(self.options.response_timeout));
-        let c = self
-            .client
+        self.client
             .get_multiplexed_async_connection_with_config(&config)
             .await
-            .map_err(|e| {
-                PublishError::unavailable(format!("cannot connect to {}: {e}", self.describe))
-                    .with_code("not_connected")
-            })?;
-        *slot = Some(c.clone());
-        Ok(c)
     }
 
     /// Forgets the connection, so the next batch makes a new one.
@@ -294,20 +364,28 @@ fn classify_reply(e: &RedisError, topic: &str) -> PublishError {
     }
 }
 
-/// Splits our parameters off `url`; returns the URL for the client and the options.
-fn parse_url(url: &str) -> Result<(String, RedisStreamsOptions), SinkError> {
+/// Splits our parameters off `url`; returns the URL for the client, the options and the
+/// TLS files (the password of `password_file` is put into the URL returned).
+fn parse_url(url: &str) -> Result<(String, RedisStreamsOptions, super::tls::TlsFiles), SinkError> {
     let invalid = |reason: String| SinkError::InvalidUrl {
         url: redact(url),
         reason,
     };
-    if url.starts_with("rediss://") {
+    if !url.starts_with("redis://") && !url.starts_with("rediss://") {
         return Err(invalid(
-            "rediss:// (TLS) is not supported by this build; use redis://".into(),
+            "expected redis://HOST:PORT[/DB] or rediss://…".into(),
         ));
     }
-    if !url.starts_with("redis://") {
-        return Err(invalid("expected redis://HOST:PORT[/DB]".into()));
-    }
+    let original = url::Url::parse(url).map_err(|e| invalid(e.to_string()))?;
+    let mut parsed = original.clone();
+    let files = super::tls::take_settings(&mut parsed).map_err(|e| invalid(e.to_string()))?;
+    // The text as written unless a parameter was taken out.
+    let cleaned = parsed.to_string();
+    let url = if parsed == original {
+        url
+    } else {
+        cleaned.as_str()
+    };
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut options = RedisStreamsOptions::default();
     let mut kept = Vec::new();
@@ -338,7 +416,7 @@ fn parse_url(url: &str) -> Result<(String, RedisStreamsOptions), SinkError> {
     } else {
         format!("{base}?{}", kept.join("&"))
     };
-    Ok((redis_url, options))
+    Ok((redis_url, options, files))
 }
 
 #[cfg(test)]
@@ -348,16 +426,21 @@ mod tests {
 
     #[test]
     fn url_parameters_are_split_off() {
-        let (u, o) = parse_url("redis://:pw@127.0.0.1:6379/3?maxlen=1000").unwrap();
+        let (u, o, _) = parse_url("redis://:pw@127.0.0.1:6379/3?maxlen=1000").unwrap();
         assert_eq!(u, "redis://:pw@127.0.0.1:6379/3");
         assert_eq!(o.maxlen, Some(1000));
-        let (u, o) = parse_url("redis://h:1?protocol=resp3&max_message_bytes=10").unwrap();
+        let (u, o, _) = parse_url("redis://h:1?protocol=resp3&max_message_bytes=10").unwrap();
         assert_eq!(u, "redis://h:1?protocol=resp3");
         assert_eq!(o.maxlen, None);
         assert_eq!(o.max_message_bytes, 10);
         assert!(parse_url("redis://h?maxlen=0").is_err());
         assert!(parse_url("redis://h?maxln=5").is_err());
-        assert!(parse_url("rediss://h").is_err());
+        let (u, _, files) = parse_url("rediss://h:6380?ca=/etc/ca.pem&maxlen=5").unwrap();
+        assert_eq!(u, "rediss://h:6380");
+        assert_eq!(
+            files.ca.as_deref(),
+            Some(std::path::Path::new("/etc/ca.pem"))
+        );
         assert_eq!(redact("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
     }
 }

@@ -49,5 +49,6 @@ mod slow_destinations;
 mod sql_enqueue_headers;
 mod sqlite_e2e;
 mod store_outage;
+mod tls;
 mod transaction;
 mod wakeup;

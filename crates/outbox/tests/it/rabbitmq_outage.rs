@@ -22,15 +22,27 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A RabbitMQ node of its own: own node name, ports, database and logs.
-struct Node {
+pub(crate) struct Node {
     name: String,
-    port: u16,
+    pub(crate) port: u16,
     dist_port: u16,
-    dir: tempfile::TempDir,
+    pub(crate) dir: tempfile::TempDir,
+    /// The user the node was created with (`guest`, or the TLS test's own).
+    user: (String, String),
 }
 
 impl Node {
     async fn start() -> Self {
+        Self::start_with(|_| String::new(), ("guest", "guest")).await
+    }
+
+    /// A node whose configuration gets `extra(dir)` appended (the node's directory, where
+    /// files it reads must be, since the server drops to the rabbitmq user) and whose
+    /// first user is `user` (name, password).
+    pub(crate) async fn start_with(
+        extra: impl FnOnce(&std::path::Path) -> String,
+        user: (&str, &str),
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let node = Node {
@@ -38,6 +50,7 @@ impl Node {
             port,
             dist_port: free_port(),
             dir,
+            user: (user.0.to_owned(), user.1.to_owned()),
         };
         let d = node.dir.path();
         std::fs::create_dir_all(d.join("mnesia")).unwrap();
@@ -45,7 +58,13 @@ impl Node {
         std::fs::write(d.join("plugins"), "[].").unwrap();
         std::fs::write(
             d.join("rabbitmq.conf"),
-            format!("listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\n"),
+            format!(
+                "listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\n\
+                 default_user = {}\ndefault_pass = {}\n{}",
+                user.0,
+                user.1,
+                extra(d)
+            ),
         )
         .unwrap();
         // The server drops to the rabbitmq user: it must own its directories.
@@ -58,8 +77,11 @@ impl Node {
         node
     }
 
-    fn url(&self) -> String {
-        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    pub(crate) fn url(&self) -> String {
+        format!(
+            "amqp://{}:{}@127.0.0.1:{}/%2f",
+            self.user.0, self.user.1, self.port
+        )
     }
 
     fn env(&self, c: &mut Command) {
