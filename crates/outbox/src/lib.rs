@@ -68,5 +68,5 @@ pub use store::sqlite;
 
 /// The README's Rust examples, compiled as doc tests so they stay true.
 #[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
+#[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
