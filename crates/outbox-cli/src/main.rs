@@ -35,6 +35,17 @@ struct Cli {
     )]
     database_url: String,
 
+    /// A file whose first line is the database password (the convention container
+    /// platforms use for secrets): it replaces the password of --database-url, which then
+    /// needs none.
+    #[arg(
+        long,
+        env = "OUTBOX_DATABASE_PASSWORD_FILE",
+        global = true,
+        help_heading = "Global options"
+    )]
+    database_password_file: Option<std::path::PathBuf>,
+
     /// PostgreSQL schema (or MySQL/SQLite table prefix) holding the outbox tables.
     #[arg(
         long,
@@ -105,6 +116,14 @@ enum Command {
         /// trying it out).
         #[arg(long, env = "OUTBOX_SINK")]
         sink: Option<String>,
+        /// A file whose first line is the password of --sink (which then needs none); a
+        /// route's URL takes `password_file=PATH` instead.
+        #[arg(long, env = "OUTBOX_SINK_PASSWORD_FILE")]
+        sink_password_file: Option<std::path::PathBuf>,
+        /// A PEM bundle of certificate authorities every TLS sink trusts besides the
+        /// system's roots, unless its URL names its own with `ca=PATH`.
+        #[arg(long, env = "OUTBOX_TLS_CA_FILE")]
+        tls_ca_file: Option<std::path::PathBuf>,
         /// Route PATTERN=URL (repeatable; first match wins): topics matching PATTERN go to
         /// URL. Patterns are dotted, `*` matches one token, `>` (last) one or more. With
         /// routes, --sink is the catch-all; without it an unmatched topic is quarantined
@@ -511,7 +530,10 @@ fn out(line: &str) {
 /// Opens the store. `create` allows a missing SQLite file to be created (migrate only);
 /// every other command refuses a missing file, rather than leave an empty one behind.
 async fn connect(cli: &Cli, create: bool) -> anyhow::Result<AnyStore> {
-    let url = &cli.database_url;
+    let url = &match &cli.database_password_file {
+        Some(file) => with_password_file(&cli.database_url, file)?,
+        None => cli.database_url.clone(),
+    };
     if !create && let Some(path) = sqlite_path(url) {
         anyhow::ensure!(
             std::path::Path::new(path).exists(),
@@ -549,6 +571,20 @@ async fn connect(cli: &Cli, create: bool) -> anyhow::Result<AnyStore> {
         Some(limit) if limit != default => open(limit).await,
         _ => Ok(store),
     }
+}
+
+/// `url` with its password replaced by the first line of `file`.
+fn with_password_file(url: &str, file: &std::path::Path) -> anyhow::Result<String> {
+    let password = outbox::sink::tls::read_secret("password", file)?;
+    let mut parsed = url::Url::parse(url)
+        .with_context(|| format!("{} is not a URL", outbox::redact::redact_url(url)))?;
+    parsed.set_password(Some(&password)).map_err(|()| {
+        anyhow::anyhow!(
+            "{} cannot carry a password",
+            outbox::redact::redact_url(url)
+        )
+    })?;
+    Ok(parsed.to_string())
 }
 
 /// The file of a `sqlite:` URL.
@@ -607,6 +643,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Relay {
             sink,
+            sink_password_file,
+            tls_ca_file,
             routes,
             drain,
             drain_wait_leases,
@@ -634,6 +672,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(2));
             }
             let store = Arc::new(connect(&cli, false).await?);
+            outbox::sink::tls::set_default_ca(tls_ca_file.clone());
+            let sink = match (sink, sink_password_file) {
+                (Some(url), Some(file)) => Some(with_password_file(url, file)?),
+                (sink, _) => sink.clone(),
+            };
             let open = || open_sink(sink.as_deref(), routes);
             let mut config = RelayConfig {
                 batch_size: *batch_size,

@@ -883,3 +883,126 @@ fn an_ordered_relay_holds_a_key_behind_its_dead_letter() {
     let audit = run_ok(db.cmd().args(["replays", "list", "--json"]));
     assert!(audit.contains("never valid"), "{audit}");
 }
+
+/// Passwords from files (`OUTBOX_DATABASE_PASSWORD_FILE`, `OUTBOX_SINK_PASSWORD_FILE`)
+/// never show: not in the relay's log (at debug, with the summary line every second), not
+/// in `status` (text and JSON, which carry the relay registry's sink summary), not in the
+/// metrics scrape, and not in the error of a store that cannot be reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_from_files_never_show() {
+    const DB_PASS: &str = "SECRET-DBPASS-41d2";
+    const SINK_PASS: &str = "SECRET-SINKPASS-8e0b";
+    let db = Db::postgres();
+    let dir = tempfile::tempdir().unwrap();
+    let db_file = dir.path().join("db-password");
+    let sink_file = dir.path().join("sink-password");
+    std::fs::write(&db_file, format!("{DB_PASS}\n")).unwrap();
+    std::fs::write(&sink_file, SINK_PASS).unwrap();
+    let with_files = |mut c: Command| {
+        c.env("OUTBOX_DATABASE_PASSWORD_FILE", &db_file)
+            .env("OUTBOX_SINK_PASSWORD_FILE", &sink_file)
+            .env("OUTBOX_LOG", "debug");
+        c
+    };
+    let subject = unique("secretfiles");
+    let js = crate::common::jetstream().await;
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: subject.clone(),
+        subjects: vec![format!("{subject}.>")],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+
+    let mut seen = String::new();
+    let capture = |seen: &mut String, out: std::process::Output| {
+        seen.push_str(&String::from_utf8_lossy(&out.stdout));
+        seen.push_str(&String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{seen}");
+    };
+    capture(
+        &mut seen,
+        with_files(db.cmd()).arg("migrate").output().unwrap(),
+    );
+    for i in 0..3 {
+        capture(
+            &mut seen,
+            with_files(db.cmd())
+                .args(["enqueue", "--topic", &format!("{subject}.t"), "--payload"])
+                .arg(format!("{{\"n\":{i}}}"))
+                .output()
+                .unwrap(),
+        );
+    }
+    let port = free_port();
+    let relay = with_files(db.cmd())
+        .args(["relay", "--sink", "nats://outbox@127.0.0.1:4222"])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .args(["--summary-interval-s", "1", "--sample-interval-s", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("3 dispatched", Duration::from_secs(30), || {
+        (db.status()["dispatched"] == 3).then_some(())
+    });
+    let scrape = wait_for("a scrape", Duration::from_secs(30), || {
+        let (code, body) = http_get(port, "/metrics")?;
+        (code == 200 && body.contains("outbox_relay_info")).then_some(body)
+    });
+    seen.push_str(&scrape);
+    std::thread::sleep(Duration::from_millis(1_500));
+    capture(
+        &mut seen,
+        with_files(db.cmd()).arg("status").output().unwrap(),
+    );
+    capture(
+        &mut seen,
+        with_files(db.cmd())
+            .args(["status", "--json"])
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        seen.contains("nats://outbox"),
+        "the relay's sink in status: {seen}"
+    );
+    let _ = Command::new("kill")
+        .args(["-TERM", &relay.id().to_string()])
+        .status();
+    let out = relay.wait_with_output().unwrap();
+    seen.push_str(&String::from_utf8_lossy(&out.stdout));
+    seen.push_str(&String::from_utf8_lossy(&out.stderr));
+    assert!(
+        seen.contains("delivered"),
+        "the summary line was logged: {seen}"
+    );
+
+    // A store that cannot be reached: the error names the URL, not the password.
+    let unreachable = with_files(outbox())
+        .args([
+            "--database-url",
+            "postgres://postgres@127.0.0.1:1/test",
+            "status",
+        ])
+        .output()
+        .unwrap();
+    assert!(!unreachable.status.success());
+    let err = String::from_utf8_lossy(&unreachable.stderr).into_owned();
+    assert!(err.contains("127.0.0.1:1"), "{err}");
+    seen.push_str(&err);
+
+    for marker in [DB_PASS, SINK_PASS] {
+        assert!(!seen.contains(marker), "{marker} showed in:\n{seen}");
+    }
+    // The file is read: one that is missing is an error naming it.
+    let missing = db
+        .cmd()
+        .env("OUTBOX_DATABASE_PASSWORD_FILE", dir.path().join("nope"))
+        .arg("status")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success() && err.contains("nope"), "{err}");
+    let _ = js.delete_stream(&subject).await;
+}

@@ -213,9 +213,9 @@ pub fn take_prefixed(url: &mut url::Url, prefix: &str) -> Result<TlsFiles, TlsEr
         }
     }
     if files.ca.is_none()
-        && let Some(ca) = std::env::var_os(CA_FILE_ENV).filter(|v| !v.is_empty())
+        && let Some(ca) = default_ca()
     {
-        files.ca = Some(PathBuf::from(ca));
+        files.ca = Some(ca);
         files.default_ca = true;
     }
     if let Some(path) = password_file {
@@ -228,6 +228,30 @@ pub fn take_prefixed(url: &mut url::Url, prefix: &str) -> Result<TlsFiles, TlsEr
             })?;
     }
     Ok(files)
+}
+
+static DEFAULT_CA: std::sync::RwLock<Option<PathBuf>> = std::sync::RwLock::new(None);
+
+/// Sets the CA bundle every sink URL without `ca=` trusts besides the system roots, for
+/// this process (the `outbox` binary's `--tls-ca-file`); it takes precedence over
+/// `OUTBOX_TLS_CA_FILE`. `None` goes back to the environment variable.
+pub fn set_default_ca(path: Option<PathBuf>) {
+    if let Ok(mut slot) = DEFAULT_CA.write() {
+        *slot = path;
+    }
+}
+
+/// The CA bundle a URL without `ca=` gets: [`set_default_ca`], else `OUTBOX_TLS_CA_FILE`.
+pub fn default_ca() -> Option<PathBuf> {
+    DEFAULT_CA
+        .read()
+        .ok()
+        .and_then(|slot| slot.clone())
+        .or_else(|| {
+            std::env::var_os(CA_FILE_ENV)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
 }
 
 /// Removes the query parameters called one of `names` from `url` and returns them
