@@ -14,7 +14,21 @@
 //!   message); anything else → transient.
 //!   Error codes: <https://docs.confluent.io/platform/current/clients/librdkafka/html/rdkafka_8h.html>.
 //!
-//! URL: `kafka://HOST:PORT[,HOST:PORT…][?message_timeout_ms=N]`.
+//! URL: `kafka://[USER[:PASS]@]HOST:PORT[,HOST:PORT…][?message_timeout_ms=N]…` (plain
+//! text; `SASL_PLAINTEXT` with a user) or `kafkas://…` (TLS: `SSL`, or `SASL_SSL` with a
+//! user). Parameters:
+//! - `message_timeout_ms=N`: librdkafka's `message.timeout.ms` (default 8,000);
+//! - `sasl_mechanism=PLAIN|SCRAM-SHA-256|SCRAM-SHA-512` (default `PLAIN` when a user is
+//!   given): `sasl.mechanism`, with the user and password as `sasl.username` /
+//!   `sasl.password`; `password_file=PATH` reads the password from a file;
+//! - `ca=PATH`: `ssl.ca.location` (librdkafka then trusts that bundle instead of the
+//!   system's; default `OUTBOX_TLS_CA_FILE`); `cert=PATH&key=PATH`:
+//!   `ssl.certificate.location` / `ssl.key.location` (mutual TLS);
+//! - `security_protocol=…`: overrides what the scheme and the user imply;
+//! - `kafka.NAME=VALUE`: any other librdkafka producer property
+//!   (<https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md>), except
+//!   the ones this sink owns (`bootstrap.servers`, `enable.idempotence`, `acks`,
+//!   `message.timeout.ms`), which are refused.
 
 use super::{Confirmations, ErrorKind, PublishError, Sink, SinkError};
 use crate::message::OutgoingMessage;
@@ -45,40 +59,23 @@ impl KafkaSink {
             url: crate::redact::redact_url(url),
             reason: crate::redact::scrub(&reason, url),
         };
-        let rest = url
-            .strip_prefix("kafka://")
-            .ok_or_else(|| invalid("expected kafka://HOST:PORT".into()))?;
-        let (servers, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let servers = servers.trim_end_matches('/');
-        if servers.is_empty() {
-            return Err(invalid("no broker given".into()));
-        }
-        let mut timeout_ms: u64 = 8_000;
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("message_timeout_ms", v)) => {
-                    timeout_ms = v.parse().map_err(|_| {
-                        invalid(format!("message_timeout_ms={v:?} is not a number"))
-                    })?;
-                }
-                _ => {
-                    // The name only: the value of a mistyped option may be a secret.
-                    let name = pair.split_once('=').map_or(pair, |(k, _)| k);
-                    return Err(invalid(format!("unknown option {name:?}")));
-                }
-            }
-        }
-        let producer: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", servers)
+        let settings = parse_url(url).map_err(invalid)?;
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &settings.servers)
             .set("enable.idempotence", "true")
             .set("acks", "all")
-            .set("message.timeout.ms", timeout_ms.to_string())
-            .set("linger.ms", "2")
+            .set("message.timeout.ms", settings.timeout_ms.to_string())
+            .set("linger.ms", "2");
+        for (k, v) in &settings.properties {
+            config.set(k, v);
+        }
+        let producer: FutureProducer = config
             .create()
             .map_err(|e| invalid(format!("librdkafka refused the configuration: {e}")))?;
         Ok(KafkaSink {
             producer,
-            describe: format!("kafka://{servers}"),
+            describe: format!("{}://{}", settings.scheme, settings.servers),
         })
     }
 
@@ -119,6 +116,152 @@ impl KafkaSink {
         }
         h
     }
+}
+
+/// What a Kafka URL says.
+#[derive(Debug, PartialEq)]
+struct KafkaUrl {
+    scheme: &'static str,
+    servers: String,
+    timeout_ms: u64,
+    /// librdkafka properties besides the ones the sink always sets.
+    properties: Vec<(String, String)>,
+}
+
+/// The librdkafka properties this sink sets itself.
+const OWNED: [&str; 4] = [
+    "bootstrap.servers",
+    "enable.idempotence",
+    "acks",
+    "message.timeout.ms",
+];
+
+fn parse_url(url: &str) -> Result<KafkaUrl, String> {
+    let (scheme, rest) = if let Some(r) = url.strip_prefix("kafka://") {
+        ("kafka", r)
+    } else if let Some(r) = url.strip_prefix("kafkas://") {
+        ("kafkas", r)
+    } else {
+        return Err("expected kafka://HOST:PORT or kafkas://HOST:PORT".into());
+    };
+    let (authority, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (userinfo, servers) = match authority.rsplit_once('@') {
+        Some((u, s)) => (Some(u), s),
+        None => (None, authority),
+    };
+    let servers = servers.trim_end_matches('/');
+    if servers.is_empty() {
+        return Err("no broker given".into());
+    }
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .map(|c| c.into_owned())
+            .map_err(|_| "the URL's user or password is not UTF-8 once percent-decoded".to_owned())
+    };
+    let (mut user, mut password) = (None, None);
+    if let Some(u) = userinfo {
+        match u.split_once(':') {
+            Some((name, pass)) => {
+                user = Some(decode(name)?);
+                password = Some(decode(pass)?);
+            }
+            None => user = Some(decode(u)?),
+        }
+    }
+    let mut timeout_ms: u64 = 8_000;
+    let mut mechanism = None;
+    let mut protocol = None;
+    let mut files = super::tls::TlsFiles::default();
+    let mut properties = Vec::new();
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        match k.as_ref() {
+            "message_timeout_ms" => {
+                timeout_ms = v
+                    .parse()
+                    .map_err(|_| format!("message_timeout_ms={v:?} is not a number"))?;
+            }
+            "sasl_mechanism" => mechanism = Some(v.into_owned()),
+            "security_protocol" => protocol = Some(v.into_owned()),
+            "ca" => files.ca = Some(v.into_owned().into()),
+            "cert" => files.cert = Some(v.into_owned().into()),
+            "key" => files.key = Some(v.into_owned().into()),
+            "password_file" => {
+                password = Some(
+                    super::tls::read_secret("password_file", std::path::Path::new(v.as_ref()))
+                        .map_err(|e| e.to_string())?,
+                );
+            }
+            name => match name.strip_prefix("kafka.") {
+                Some(prop) if OWNED.contains(&prop) => {
+                    return Err(format!(
+                        "kafka.{prop} is set by the sink and cannot be changed"
+                    ));
+                }
+                Some(prop) if !prop.is_empty() => {
+                    properties.push((prop.to_owned(), v.into_owned()));
+                }
+                // The name only: the value of a mistyped option may be a secret.
+                _ => return Err(format!("unknown option {name:?}")),
+            },
+        }
+    }
+    if files.ca.is_none() {
+        files.ca = super::tls::default_ca();
+    }
+    if files.cert.is_some() != files.key.is_some() {
+        return Err("cert= and key= go together: give both or neither".into());
+    }
+    let tls = scheme == "kafkas";
+    let protocol = protocol.unwrap_or_else(|| {
+        match (tls, user.is_some()) {
+            (false, false) => "PLAINTEXT",
+            (false, true) => "SASL_PLAINTEXT",
+            (true, false) => "SSL",
+            (true, true) => "SASL_SSL",
+        }
+        .to_owned()
+    });
+    let mut set = |k: &str, v: String| properties.push((k.to_owned(), v));
+    set("security.protocol", protocol.clone());
+    if let Some(u) = user {
+        set(
+            "sasl.mechanism",
+            mechanism.unwrap_or_else(|| "PLAIN".into()),
+        );
+        set("sasl.username", u);
+        set("sasl.password", password.unwrap_or_default());
+    } else if mechanism.is_some() {
+        return Err("sasl_mechanism needs a user (kafka://USER:PASS@HOST…)".into());
+    }
+    if protocol.contains("SSL") {
+        for (what, path) in [
+            ("ca", &files.ca),
+            ("cert", &files.cert),
+            ("key", &files.key),
+        ] {
+            if let Some(p) = path
+                && let Err(e) = std::fs::metadata(p)
+            {
+                return Err(format!("cannot read {what} file {p:?}: {e}"));
+            }
+        }
+        if let Some(ca) = &files.ca {
+            set("ssl.ca.location", ca.display().to_string());
+        }
+        if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
+            set("ssl.certificate.location", cert.display().to_string());
+            set("ssl.key.location", key.display().to_string());
+        }
+    } else if files.named() {
+        return Err("ca, cert and key need kafkas:// (or security_protocol=SSL / SASL_SSL)".into());
+    }
+    Ok(KafkaUrl {
+        scheme,
+        servers: servers.to_owned(),
+        timeout_ms,
+        properties,
+    })
 }
 
 /// Maps a librdkafka error to the relay's classes.
@@ -221,5 +364,54 @@ impl Sink for KafkaSink {
 
     fn describe(&self) -> String {
         self.describe.clone()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn props(url: &str) -> HashMap<String, String> {
+        parse_url(url).unwrap().properties.into_iter().collect()
+    }
+
+    #[test]
+    fn the_scheme_and_the_user_choose_the_security_protocol() {
+        let p = props("kafka://b1:9092,b2:9092");
+        assert_eq!(p["security.protocol"], "PLAINTEXT");
+        assert!(!p.contains_key("sasl.username"));
+        let p = props("kafka://app:s%40cret@b1:9092?sasl_mechanism=SCRAM-SHA-512");
+        assert_eq!(p["security.protocol"], "SASL_PLAINTEXT");
+        assert_eq!(p["sasl.mechanism"], "SCRAM-SHA-512");
+        assert_eq!(p["sasl.username"], "app");
+        assert_eq!(p["sasl.password"], "s@cret");
+        let ca = tempfile::NamedTempFile::new().unwrap();
+        let p = props(&format!("kafkas://b1:9093?ca={}", ca.path().display()));
+        assert_eq!(p["security.protocol"], "SSL");
+        assert_eq!(p["ssl.ca.location"], ca.path().display().to_string());
+        let p = props("kafkas://app:pw@b1:9093?kafka.client.id=relay-1");
+        assert_eq!(p["security.protocol"], "SASL_SSL");
+        assert_eq!(p["sasl.mechanism"], "PLAIN");
+        assert_eq!(p["client.id"], "relay-1");
+        let u = parse_url("kafka://b1:9092,b2:9092/?message_timeout_ms=5000").unwrap();
+        assert_eq!(u.servers, "b1:9092,b2:9092");
+        assert_eq!(u.timeout_ms, 5000);
+    }
+
+    #[test]
+    fn bad_options_are_refused_by_name() {
+        let e = parse_url("kafka://b:1?kafka.acks=0").unwrap_err();
+        assert!(e.contains("kafka.acks is set by the sink"), "{e}");
+        let e = parse_url("kafka://b:1?sasl.password=x").unwrap_err();
+        assert!(e.contains("unknown option \"sasl.password\""), "{e}");
+        let e = parse_url("kafka://b:1?ca=/etc/ca.pem").unwrap_err();
+        assert!(e.contains("need kafkas://"), "{e}");
+        let e = parse_url("kafkas://b:1?cert=/etc/c.pem").unwrap_err();
+        assert!(e.contains("go together"), "{e}");
+        let e = parse_url("kafka://b:1?sasl_mechanism=PLAIN").unwrap_err();
+        assert!(e.contains("needs a user"), "{e}");
+        let e = parse_url("kafkas://b:1?ca=/nonexistent/ca.pem").unwrap_err();
+        assert!(e.contains("cannot read ca file"), "{e}");
     }
 }

@@ -403,7 +403,8 @@ pub trait Sink: Send + Sync + 'static {
 /// - `file:PATH`: JSON lines appended to PATH, confirmed once flushed and `fsync`ed;
 /// - `nats://HOST:PORT` or `tls://HOST:PORT`: NATS JetStream, confirmed by the PubAck
 ///   (feature `nats`);
-/// - `kafka://HOST:PORT`: Kafka, confirmed by the delivery report (feature `kafka`);
+/// - `kafka://HOST:PORT` or `kafkas://HOST:PORT` (TLS): Kafka, confirmed by the delivery
+///   report (feature `kafka`);
 /// - `amqp://…` or `amqps://…`: RabbitMQ, confirmed by the publisher confirm (feature
 ///   `rabbitmq`);
 /// - `redis://…` or `rediss://…`: Redis Streams, confirmed by the `XADD` reply (feature
@@ -445,7 +446,7 @@ pub async fn open(url: &str) -> Result<Box<dyn Sink>, SinkError> {
         #[cfg(not(feature = "nats"))]
         return Err(invalid("this build has no nats feature"));
     }
-    if url.starts_with("kafka://") {
+    if url.starts_with("kafka://") || url.starts_with("kafkas://") {
         #[cfg(feature = "kafka")]
         return Ok(Box::new(kafka::KafkaSink::connect(url).await?));
         #[cfg(not(feature = "kafka"))]
