@@ -109,7 +109,17 @@ impl std::fmt::Display for DbDisplay<'_> {
                     None => Ok(()),
                 }
             }
-            other => write!(f, "{other}"),
+            other => {
+                // sqlx reports a failed handshake (an untrusted or misnamed certificate)
+                // as "error communicating with database": say it is TLS.
+                #[cfg(any(feature = "postgres", feature = "mysql"))]
+                if let sqlx::Error::Io(io) = other
+                    && let Some(tls) = io.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>())
+                {
+                    return write!(f, "TLS: {tls}");
+                }
+                write!(f, "{other}")
+            }
         }
     }
 }

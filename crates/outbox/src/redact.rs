@@ -282,6 +282,28 @@ mod tests {
     }
 
     #[test]
+    fn database_tls_parameters_are_kept() {
+        // File paths, not secrets: an operator sees which CA and mode a store uses.
+        assert_eq!(
+            redact_url(
+                "postgres://app:pw@db.example.com/shop?sslmode=verify-full\
+                 &sslrootcert=/etc/ssl/db-ca.pem&sslcert=/run/c.pem&sslkey=/run/c.key"
+            ),
+            "postgres://app:***@db.example.com/shop?sslmode=verify-full\
+             &sslrootcert=/etc/ssl/db-ca.pem&sslcert=/run/c.pem&sslkey=/run/c.key"
+        );
+        // `ssl-key` has `key` as a part, so it is masked like the sinks' `key=`.
+        assert_eq!(
+            redact_url(
+                "mysql://app:pw@db:3306/shop?ssl-mode=VERIFY_IDENTITY&ssl-ca=/etc/ca.pem\
+                 &ssl-cert=/run/c.pem&ssl-key=/run/c.key"
+            ),
+            "mysql://app:***@db:3306/shop?ssl-mode=VERIFY_IDENTITY&ssl-ca=/etc/ca.pem\
+             &ssl-cert=/run/c.pem&ssl-key=***"
+        );
+    }
+
+    #[test]
     fn unparseable_text_is_redacted_textually() {
         assert_eq!(redact_url("stdout"), "stdout");
         assert_eq!(redact_url(""), "");

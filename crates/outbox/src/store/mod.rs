@@ -113,6 +113,15 @@ pub(crate) fn classify(e: &sqlx::Error) -> Failure {
     }
 }
 
+/// Installs rustls' *ring* provider as the process default (a provider already installed
+/// is kept). sqlx builds its TLS client on *ring* itself, but its `verify-ca`/`VERIFY_CA`
+/// verifier takes the process default, which rustls cannot choose on its own when a second
+/// provider is compiled into the application.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Runs `connect` (establishing a connection) within [`ACQUIRE_TIMEOUT`].
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) async fn bounded_connect<T>(

@@ -637,9 +637,16 @@ impl MySqlStore {
     /// Connects a pool of its own to `url` (`mysql://user:pass@host:port/database`). Its
     /// connections use `READ COMMITTED` and the UTC session time zone.
     ///
+    /// TLS follows the URL (sqlx's parameters): `ssl-mode=DISABLED`, `PREFERRED` (the
+    /// default: TLS when the server offers it, its certificate not checked), `REQUIRED`
+    /// (TLS, not checked), `VERIFY_CA` (the chain) or `VERIFY_IDENTITY` (the chain and the
+    /// host name); `ssl-ca=PATH` adds CAs to the system's roots; `ssl-cert=PATH&ssl-key=PATH`
+    /// is a client certificate.
+    ///
     /// # Errors
     /// Database errors when the connection fails.
     pub async fn connect(url: &str, config: StoreConfig) -> Result<Self> {
+        super::install_tls_provider();
         let options = MySqlConnectOptions::from_str(url)?.timezone(Some("+00:00".to_owned()));
         // One direct connection first: an unreachable server or a bad password is
         // reported as itself at once, not as a pool timeout later; bounded by

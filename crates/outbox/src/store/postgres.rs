@@ -586,9 +586,17 @@ pub(crate) fn classify(sqlstate: &str) -> super::Failure {
 impl PgStore {
     /// Connects a pool of its own to `url` (the relay's connections).
     ///
+    /// TLS follows the URL (sqlx's parameters, named as libpq's): `sslmode=disable`,
+    /// `prefer` (the default: TLS when the server offers it, its certificate not checked),
+    /// `require` (TLS, not checked), `verify-ca` (the chain) or `verify-full` (the chain and
+    /// the host name); `sslrootcert=PATH` adds CAs to the system's roots;
+    /// `sslcert=PATH&sslkey=PATH` is a client certificate. Without a password in the URL,
+    /// `PGPASSWORD` or the password file (`PGPASSFILE`, `~/.pgpass`) supplies it.
+    ///
     /// # Errors
     /// Database errors when the connection fails.
     pub async fn connect(url: &str, config: StoreConfig) -> Result<Self> {
+        super::install_tls_provider();
         // One direct connection first: an unreachable server or a bad password is
         // reported as itself at once, not as a pool timeout later. sqlx has no connect
         // timeout for PostgreSQL, so the bound is ours: a server that accepts TCP and never

@@ -25,7 +25,9 @@ const USER: &str = "app";
 const PASSWORD: &str = "s3cret-TLS-pw";
 
 /// A throwaway PKI in a directory every server can read: a CA, a server certificate for
-/// `localhost` and `127.0.0.1`, a client certificate, and a second CA nobody uses.
+/// `localhost` and `127.0.0.1`, a client certificate (common name and DNS name
+/// `outbox-relay`, which a database can take as the user name), and a second CA nobody
+/// uses. Shared with `store_tls.rs`.
 pub(crate) struct Pki {
     dir: tempfile::TempDir,
 }
@@ -53,23 +55,23 @@ impl Pki {
         let (other_pem, _) = ca("other CA");
         std::fs::write(d.join("ca.pem"), ca_pem).unwrap();
         std::fs::write(d.join("other-ca.pem"), other_pem).unwrap();
-        let leaf = |names: Vec<String>, purpose: ExtendedKeyUsagePurpose, file: &str| {
+        let leaf = |cn: &str, names: Vec<String>, purpose: ExtendedKeyUsagePurpose, file: &str| {
             let key = KeyPair::generate().unwrap();
             let mut params = CertificateParams::new(names).unwrap();
-            params
-                .distinguished_name
-                .push(DnType::CommonName, format!("outbox test {file}"));
+            params.distinguished_name.push(DnType::CommonName, cn);
             params.extended_key_usages = vec![purpose];
             let cert = params.signed_by(&key, &issuer).unwrap();
             std::fs::write(d.join(format!("{file}.pem")), cert.pem()).unwrap();
             std::fs::write(d.join(format!("{file}.key")), key.serialize_pem()).unwrap();
         };
         leaf(
+            "outbox test server",
             vec!["localhost".into(), "127.0.0.1".into()],
             ExtendedKeyUsagePurpose::ServerAuth,
             "server",
         );
         leaf(
+            "outbox-relay",
             vec!["outbox-relay".into()],
             ExtendedKeyUsagePurpose::ClientAuth,
             "client",
@@ -114,15 +116,15 @@ impl Pki {
     }
 }
 
-/// A server process of the test's own, killed when dropped.
-struct Server {
+/// A server process of the test's own, killed when dropped. Shared with `store_tls.rs`.
+pub(crate) struct Server {
     child: Child,
     what: &'static str,
     log: PathBuf,
 }
 
 impl Server {
-    fn spawn(what: &'static str, mut cmd: Command, log: PathBuf) -> Self {
+    pub(crate) fn spawn(what: &'static str, mut cmd: Command, log: PathBuf) -> Self {
         let out = std::fs::File::create(&log).unwrap();
         let child = cmd
             .stdin(Stdio::null())
@@ -135,26 +137,52 @@ impl Server {
         Server { child, what, log }
     }
 
-    async fn wait_port(&mut self, port: u16) {
+    pub(crate) async fn wait_port(&mut self, port: u16) {
         let start = Instant::now();
         while tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .is_err()
         {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "private {} exited with {status}; log:\n{}",
-                    self.what,
-                    std::fs::read_to_string(&self.log).unwrap_or_default()
-                );
-            }
+            self.assert_running();
             assert!(
                 start.elapsed() < Duration::from_secs(15),
                 "private {} did not listen on {port}; log:\n{}",
                 self.what,
-                std::fs::read_to_string(&self.log).unwrap_or_default()
+                self.log()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Panics with the server's log unless it is still running.
+    pub(crate) fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!(
+                "private {} exited with {status}; log:\n{}",
+                self.what,
+                self.log()
+            );
+        }
+    }
+
+    /// The server's output so far.
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Asks the server to shut down with `signal` (a database cleans up after itself: its
+    /// shared memory, its socket) and waits up to 10 s for it; the drop kills it after that.
+    pub(crate) fn stop(&mut self, signal: &str) {
+        let _ = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }
