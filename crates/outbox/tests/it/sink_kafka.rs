@@ -208,3 +208,36 @@ async fn two_relays_keep_every_keys_order_into_kafka() {
         assert_eq!(seqs, &want, "key {k} arrived out of order");
     }
 }
+
+/// TLS and SASL settings reach librdkafka and it accepts them (it refuses `SSL` and the
+/// SCRAM mechanisms when built without OpenSSL), and a property it does not know is a
+/// clear error at open. The Kafka-protocol broker here cannot serve either (tansu 0.6
+/// takes a certificate but never wraps a connection in TLS, and with `--authentication`
+/// no first user can be created), so delivery over them is not tested here.
+#[tokio::test]
+async fn tls_and_sasl_settings_are_accepted_by_librdkafka() {
+    let pki = crate::tls::Pki::new();
+    let files = format!(
+        "ca={}&cert={}&key={}",
+        pki.show("ca.pem"),
+        pki.show("client.pem"),
+        pki.show("client.key")
+    );
+    for url in [
+        format!("kafkas://127.0.0.1:9?{files}"),
+        format!("kafkas://app:pw@127.0.0.1:9?sasl_mechanism=SCRAM-SHA-512&{files}"),
+        "kafka://app:pw@127.0.0.1:9?sasl_mechanism=SCRAM-SHA-256".to_owned(),
+        "kafka://app:pw@127.0.0.1:9?kafka.client.id=relay-1".to_owned(),
+    ] {
+        let sink = KafkaSink::connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert!(!sink.describe().contains("pw"), "{}", sink.describe());
+    }
+    let e = KafkaSink::connect("kafka://127.0.0.1:9?kafka.no.such.property=1")
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("librdkafka refused the configuration"), "{e}");
+}
