@@ -56,6 +56,21 @@ fn unique() -> String {
 /// Enqueues one message per topic (marker payload and header), runs the relay to `sink`
 /// with `--drain`, and checks its output for the markers. Returns the final status.
 fn relay_and_check(label: &str, sink: &str, topics: &[&str]) -> serde_json::Value {
+    relay_and_check_with(label, sink, topics, false)
+}
+
+/// As [`relay_and_check`] for credentials the server refuses: the relay stops at start
+/// (exit 1) saying so.
+fn relay_refused_and_check(label: &str, sink: &str, topics: &[&str]) -> serde_json::Value {
+    relay_and_check_with(label, sink, topics, true)
+}
+
+fn relay_and_check_with(
+    label: &str,
+    sink: &str,
+    topics: &[&str],
+    refused: bool,
+) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", dir.path().join("outbox.db").display());
     let ok = |out: Output, what: &str| {
@@ -87,11 +102,19 @@ fn relay_and_check(label: &str, sink: &str, topics: &[&str]) -> serde_json::Valu
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        matches!(out.status.code(), Some(0 | 3)),
-        "{label}: relay exited with {:?}: {stderr}",
-        out.status
-    );
+    if refused {
+        assert!(
+            out.status.code() == Some(1) && stderr.contains("refused the credentials"),
+            "{label}: relay exited with {:?}, expected a refusal at start: {stderr}",
+            out.status
+        );
+    } else {
+        assert!(
+            matches!(out.status.code(), Some(0 | 3)),
+            "{label}: relay exited with {:?}: {stderr}",
+            out.status
+        );
+    }
     for marker in MARKERS.iter().flat_map(|m| renderings(m)) {
         assert!(
             !stderr.contains(&marker),
@@ -189,10 +212,10 @@ async fn nats_success_refusal_unroutable_and_unreachable() {
         (1, 2)
     );
 
-    // A wrong password and an unreachable server: the start warning and the errors name
-    // the URL, redacted.
+    // A wrong password (refused at start) and an unreachable server: the errors and the
+    // start warning name the URL, redacted.
     let wrong = format!("nats://relay:{PASS}-wrong@127.0.0.1:{}", server.port);
-    relay_and_check("nats wrong password", &wrong, &["ok.b"]);
+    relay_refused_and_check("nats wrong password", &wrong, &["ok.b"]);
     let closed = format!("nats://relay:{PASS}@127.0.0.1:{}", free_port());
     let status = relay_and_check("nats unreachable", &closed, &["ok.c"]);
     assert_eq!(count(&status, "dead"), 0);
@@ -260,7 +283,7 @@ async fn rabbitmq_success_refusal_and_unroutable() {
         (1, 2)
     );
     // A wrong password.
-    relay_and_check(
+    relay_refused_and_check(
         "rabbitmq wrong password",
         &format!("amqp://{user}:{PASS}-wrong@127.0.0.1:5672/%2f"),
         &[&ok_queue],
@@ -305,7 +328,7 @@ async fn redis_success_and_refusal() {
         (count(&status, "dispatched"), count(&status, "dead")),
         (1, 1)
     );
-    relay_and_check(
+    relay_refused_and_check(
         "redis wrong password",
         &format!("redis://{user}:{PASS}-wrong@127.0.0.1:6379/0"),
         &[&stream],
