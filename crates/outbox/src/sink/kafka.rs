@@ -14,11 +14,23 @@
 //!   message); anything else → transient.
 //!   Error codes: <https://docs.confluent.io/platform/current/clients/librdkafka/html/rdkafka_8h.html>.
 //!
-//! URL: `kafka://HOST:PORT[,HOST:PORT…][?message_timeout_ms=N]`.
+//! - With `envelope=cloudevents` ([`crate::cloudevents`], the Kafka binding's binary mode):
+//!   record headers `ce_specversion`, `ce_id`, `ce_source`, `ce_type`, `ce_time` and the
+//!   other attributes with the `ce_` prefix (UTF-8), `content-type` = `datacontenttype`,
+//!   the value = the payload, the record key = the key (also `ce_partitionkey`). With
+//!   `envelope=cloudevents-structured`: `content-type: application/cloudevents+json` and
+//!   the JSON event as the value. No `message-id`, `topic`, `key` or `occurred-at` headers
+//!   then.
+//!
+//! URL: `kafka://HOST:PORT[,HOST:PORT…][?message_timeout_ms=N][&envelope=…][&ce_source=…]`.
 
 use super::{Confirmations, ErrorKind, PublishError, Sink, SinkError};
-use crate::message::OutgoingMessage;
+use crate::cloudevents::{
+    Binding, ENVELOPE_PARAM, EnvelopeFormat, JSON_FORMAT, Mode, SOURCE_PARAM,
+};
+use crate::message::{OutgoingMessage, header};
 use async_trait::async_trait;
+use bytes::Bytes;
 use futures::future::join_all;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -31,6 +43,7 @@ use std::time::Duration;
 pub struct KafkaSink {
     producer: FutureProducer,
     describe: String,
+    envelope: EnvelopeFormat,
 }
 
 impl KafkaSink {
@@ -54,20 +67,34 @@ impl KafkaSink {
             return Err(invalid("no broker given".into()));
         }
         let mut timeout_ms: u64 = 8_000;
+        let mut envelope = None;
+        let mut source = None;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let decoded = || {
+                url::form_urlencoded::parse(pair.as_bytes())
+                    .next()
+                    .map(|(_, v)| v.into_owned())
+            };
             match pair.split_once('=') {
                 Some(("message_timeout_ms", v)) => {
                     timeout_ms = v.parse().map_err(|_| {
                         invalid(format!("message_timeout_ms={v:?} is not a number"))
                     })?;
                 }
+                Some((ENVELOPE_PARAM, _)) => envelope = decoded(),
+                Some((SOURCE_PARAM, _)) => source = decoded(),
                 _ => {
                     // The name only: the value of a mistyped option may be a secret.
                     let name = pair.split_once('=').map_or(pair, |(k, _)| k);
-                    return Err(invalid(format!("unknown option {name:?}")));
+                    return Err(invalid(format!(
+                        "unknown option {name:?} (known: message_timeout_ms, envelope, ce_source)"
+                    )));
                 }
             }
         }
+        let envelope =
+            EnvelopeFormat::parse(Binding::Kafka, "", envelope.as_deref(), source.as_deref())
+                .map_err(invalid)?;
         let producer: FutureProducer = ClientConfig::new()
             .set("bootstrap.servers", servers)
             .set("enable.idempotence", "true")
@@ -78,7 +105,8 @@ impl KafkaSink {
             .map_err(|e| invalid(format!("librdkafka refused the configuration: {e}")))?;
         Ok(KafkaSink {
             producer,
-            describe: format!("kafka://{servers}"),
+            describe: format!("kafka://{servers}{}", envelope.describe()),
+            envelope,
         })
     }
 
@@ -107,6 +135,34 @@ impl KafkaSink {
             )).with_code("no_destination")),
             _ => None,
         }
+    }
+
+    /// The record headers and value of `m` in this sink's envelope.
+    fn encode(&self, m: &OutgoingMessage) -> Result<(OwnedHeaders, Bytes), PublishError> {
+        let Some(ce) = self.envelope.cloudevents() else {
+            return Ok((Self::headers(m), m.payload.clone()));
+        };
+        let event = ce.event(m)?;
+        let mut h = OwnedHeaders::new_with_capacity(event.attributes.len() + 1);
+        let (content_type, value) = match ce.mode() {
+            Mode::Binary => {
+                for (name, value) in event.binary_headers(Binding::Kafka) {
+                    h = h.insert(Header {
+                        key: &name,
+                        value: Some(value.as_bytes()),
+                    });
+                }
+                (event.datacontenttype.clone(), event.data.clone())
+            }
+            Mode::Structured => (Some(JSON_FORMAT.to_owned()), Bytes::from(event.to_json())),
+        };
+        if let Some(ct) = content_type {
+            h = h.insert(Header {
+                key: header::CONTENT_TYPE,
+                value: Some(ct.as_bytes()),
+            });
+        }
+        Ok((h, value))
     }
 
     fn headers(m: &OutgoingMessage) -> OwnedHeaders {
@@ -168,9 +224,16 @@ impl Sink for KafkaSink {
         // Queue every record (pipelined), then await each delivery report.
         let mut pending = Vec::with_capacity(batch.len());
         for m in batch {
+            let (headers, value) = match self.encode(m) {
+                Ok(encoded) => encoded,
+                Err(e) => {
+                    pending.push(Err(e));
+                    continue;
+                }
+            };
             let mut record = FutureRecord::<str, [u8]>::to(&m.topic)
-                .payload(&m.payload)
-                .headers(Self::headers(m));
+                .payload(&value)
+                .headers(headers);
             if let Some(k) = &m.key {
                 record = record.key(k.as_str());
             }
