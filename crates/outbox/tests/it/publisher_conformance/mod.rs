@@ -448,6 +448,26 @@ macro_rules! publisher_conformance_tests {
     };
 }
 
+/// A harness's envelope (its const parameter): the outbox envelope.
+pub(crate) const OUTBOX: u8 = 0;
+/// CloudEvents as `envelope=cloudevents` selects it (binary mode; NATS: structured).
+pub(crate) const CE: u8 = 1;
+/// CloudEvents structured mode (`envelope=cloudevents-structured`).
+pub(crate) const CE_STRUCTURED: u8 = 2;
+
+/// `url` with the query parameters selecting the envelope `mode` (one of [`OUTBOX`],
+/// [`CE`], [`CE_STRUCTURED`]); `prefix` is the sink's parameter prefix (`outbox_` for
+/// webhooks).
+pub(crate) fn with_envelope(url: &str, mode: u8, prefix: &str) -> String {
+    let envelope = match mode {
+        OUTBOX => return url.to_owned(),
+        CE => "cloudevents",
+        _ => "cloudevents-structured",
+    };
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{prefix}envelope={envelope}&{prefix}ce_source=%2Fconformance%2Ftests")
+}
+
 /// Polls `read` until it holds at least `expected` items (panics after `timeout`), then
 /// once more after `grace` to catch extras.
 pub(crate) async fn poll_read<T, F, Fut>(
