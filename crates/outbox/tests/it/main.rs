@@ -5,6 +5,8 @@
 //! - `publisher_conformance` + `publisher_conformance_<sink>`: the sink contract, once per
 //!   sink against its real broker (`publisher_conformance_cloudevents`: again with the
 //!   CloudEvents envelope);
+//! - `cloudevents`: what the sinks send with `envelope=cloudevents`, read by the official
+//!   CloudEvents Python SDK (`cloudevents_sdk.py`);
 //! - the rest: relay, router, sink and consumer behaviour against real services.
 //!
 //! Run one area with a filter, e.g. `cargo nextest run -p outbox -E 'test(/^conformance_mysql::/)'`
@@ -20,6 +22,7 @@ mod publisher_conformance;
 
 mod bad_input;
 mod broker_outage;
+mod cloudevents;
 mod concurrent_relays;
 mod confirm_crash;
 mod conformance_mysql;
