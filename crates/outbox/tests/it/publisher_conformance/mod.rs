@@ -13,6 +13,11 @@
 //! 4. a duplicate publish of one message id is `Ok` twice; deduplicating brokers store one
 //!    copy, the others two copies with the same message id;
 //! 5. a relay (SQLite store) delivers 200 messages through the sink, each once, unchanged.
+//!
+//! The NATS, Kafka, RabbitMQ, MQTT and HTTP harnesses take the envelope as a const
+//! parameter ([`OUTBOX`], [`CE`], [`CE_STRUCTURED`]): `publisher_conformance_cloudevents.rs`
+//! (Kafka: `publisher_conformance_kafka.rs`) runs the same cases with CloudEvents, read
+//! back through the same decoders.
 
 #![allow(clippy::unwrap_used)]
 
