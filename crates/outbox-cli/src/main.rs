@@ -113,7 +113,8 @@ enum Command {
         /// Sink URL: stdout, file:PATH, nats://HOST:PORT, amqp://…, redis://…, mqtt://…,
         /// http(s)://…; with routes, the catch-all. Required unless --route is given: the
         /// relay refuses to start without a destination (`stdout` prints JSON lines, for
-        /// trying it out).
+        /// trying it out). NATS, Kafka, RabbitMQ, MQTT and webhook URLs take
+        /// `envelope=cloudevents` (webhooks: `outbox_envelope=`) for CloudEvents 1.0.
         #[arg(long, env = "OUTBOX_SINK")]
         sink: Option<String>,
         /// A file whose first line is the password of --sink (which then needs none); a

@@ -16,6 +16,13 @@
 //! | HTTP webhook (`webhook`) | [`from_webhook`] | request headers, percent-decoded |
 //! | stdout / file | [`from_json_line`] | one JSON line |
 //!
+//! A sink URL with `envelope=cloudevents` sends a CloudEvents 1.0 message instead
+//! ([`crate::cloudevents`]): the NATS, Kafka, RabbitMQ, MQTT and webhook decoders read it
+//! too, in binary and structured mode, into the same [`Envelope`] (message id from `id`,
+//! topic from `type`, key from `partitionkey`, occurred-at from `time`, the headers back
+//! under their outbox names). A message with a `message-id` header is always read as the
+//! outbox envelope.
+//!
 //! Each is gated by its sink's feature (the webhook one by `webhook`, which needs no HTTP
 //! client; verify the signature first with [`crate::webhook::WebhookSecret::verify_headers`]).
 //! What cannot come back identically, by the transport's nature:
@@ -36,6 +43,14 @@
 //! Errors never quote the payload: a missing or malformed envelope field names the field
 //! (and at most 64 characters of its value).
 
+#[cfg(any(
+    feature = "nats",
+    feature = "kafka",
+    feature = "rabbitmq",
+    feature = "mqtt",
+    feature = "webhook"
+))]
+use crate::cloudevents::Binding;
 use crate::message::header;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
@@ -172,7 +187,7 @@ struct Fields {
     headers: BTreeMap<String, String>,
 }
 
-fn snippet(v: &str) -> String {
+pub(crate) fn snippet(v: &str) -> String {
     v.chars().take(64).collect()
 }
 
@@ -263,6 +278,59 @@ pub fn from_headers<'a>(
     f.finish(payload.into())
 }
 
+/// The value of header `name` (ASCII-case-insensitive) among `pairs`, if it is text.
+#[cfg(any(feature = "nats", feature = "kafka"))]
+fn find<'a>(pairs: &[(&str, &'a [u8])], name: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .and_then(|(_, v)| std::str::from_utf8(v).ok())
+}
+
+/// The CloudEvents envelope of a delivery, when it is one (`None`: the outbox envelope):
+/// binary mode when an attribute header names `specversion`; structured mode when the
+/// content type is a CloudEvents media type and no `message-id` header says it is an
+/// outbox envelope whose payload happens to be an event.
+#[cfg(any(
+    feature = "nats",
+    feature = "kafka",
+    feature = "rabbitmq",
+    feature = "mqtt",
+    feature = "webhook"
+))]
+fn cloudevents_form(
+    binding: Binding,
+    pairs: &[(&str, &[u8])],
+    content_type: Option<&str>,
+    payload: &Bytes,
+) -> Option<Result<Envelope, EnvelopeError>> {
+    let outbox = pairs
+        .iter()
+        .any(|(n, _)| n.eq_ignore_ascii_case(header::MESSAGE_ID));
+    if outbox {
+        return None;
+    }
+    if crate::cloudevents::is_binary(binding, pairs.iter().map(|(n, _)| *n)) {
+        return Some(crate::cloudevents::from_binary(
+            binding,
+            pairs.iter().copied(),
+            content_type,
+            payload.clone(),
+        ));
+    }
+    let ct = content_type?;
+    if !crate::cloudevents::is_structured_media_type(ct) {
+        return None;
+    }
+    if !crate::cloudevents::is_json_media_type(ct) {
+        return Some(Err(EnvelopeError::Malformed(format!(
+            "a CloudEvents event format other than JSON: {}",
+            snippet(ct)
+        ))));
+    }
+    Some(crate::cloudevents::from_structured(payload))
+}
+
 /// Header names NATS itself sets (`Nats-Msg-Id`, and on a direct get or republish
 /// `Nats-Stream`, `Nats-Sequence`, `Nats-Time-Stamp`, …): NATS reserves the `Nats-` prefix,
 /// so every such name is the transport's, never the envelope's (a user header named
@@ -274,8 +342,9 @@ fn is_nats_header(name: &str) -> bool {
         .is_some_and(|p| p.eq_ignore_ascii_case(b"nats-"))
 }
 
-/// The envelope of a NATS message ([`crate::sink::nats`] writes it as headers). Works on
-/// a core or JetStream delivery (`jetstream::Message` dereferences to it).
+/// The envelope of a NATS message ([`crate::sink::nats`] writes it as headers, or as a
+/// CloudEvents JSON event with `Content-Type: application/cloudevents+json`). Works on a
+/// core or JetStream delivery (`jetstream::Message` dereferences to it).
 ///
 /// # Errors
 /// [`EnvelopeError`]; a message without headers is [`EnvelopeError::Missing`].
@@ -298,6 +367,26 @@ pub fn from_nats_headers(
     headers: &async_nats::HeaderMap,
     payload: Bytes,
 ) -> Result<Envelope, EnvelopeError> {
+    let mut pairs: Vec<(&str, &[u8])> = Vec::new();
+    for (name, values) in headers.iter() {
+        let name: &str = name.as_ref();
+        if is_nats_header(name) {
+            continue;
+        }
+        match values.as_slice() {
+            [v] => pairs.push((name, v.as_str().as_bytes())),
+            [] => {}
+            _ => return Err(EnvelopeError::Repeated(snippet(name))),
+        }
+    }
+    if let Some(ce) = cloudevents_form(
+        Binding::Nats,
+        &pairs,
+        find(&pairs, header::CONTENT_TYPE),
+        &payload,
+    ) {
+        return ce;
+    }
     let mut f = Fields::default();
     for (name, values) in headers.iter() {
         let name: &str = name.as_ref();
@@ -314,15 +403,16 @@ pub fn from_nats_headers(
 }
 
 /// The envelope of a Kafka record ([`crate::sink::kafka`] writes it as record headers; the
-/// record key is the envelope key too). Takes any `rdkafka` message, borrowed or owned.
-/// A null payload reads as empty.
+/// record key is the envelope key too), or a CloudEvent of the Kafka binding (`ce_`
+/// headers, or `content-type: application/cloudevents+json`). Takes any `rdkafka`
+/// message, borrowed or owned. A null payload reads as empty.
 ///
 /// # Errors
 /// [`EnvelopeError`]; a header with a null value is [`EnvelopeError::Invalid`].
 #[cfg(feature = "kafka")]
 pub fn from_kafka<M: rdkafka::Message>(record: &M) -> Result<Envelope, EnvelopeError> {
     use rdkafka::message::Headers as _;
-    let mut f = Fields::default();
+    let mut pairs: Vec<(&str, &[u8])> = Vec::new();
     if let Some(headers) = record.headers() {
         for h in headers.iter() {
             let value = h.value.ok_or_else(|| EnvelopeError::Invalid {
@@ -330,10 +420,19 @@ pub fn from_kafka<M: rdkafka::Message>(record: &M) -> Result<Envelope, EnvelopeE
                 value: String::new(),
                 reason: "a null header value",
             })?;
-            f.push_bytes(h.key, value)?;
+            pairs.push((h.key, value));
         }
     }
-    f.finish(Bytes::copy_from_slice(record.payload().unwrap_or_default()))
+    let payload = Bytes::copy_from_slice(record.payload().unwrap_or_default());
+    let content_type = find(&pairs, header::CONTENT_TYPE);
+    if let Some(ce) = cloudevents_form(Binding::Kafka, &pairs, content_type, &payload) {
+        return ce;
+    }
+    let mut f = Fields::default();
+    for (name, value) in pairs {
+        f.push_bytes(name, value)?;
+    }
+    f.finish(payload)
 }
 
 /// Headers RabbitMQ adds on the way to a consumer: `x-delivery-count` (quorum queues, a
@@ -348,7 +447,9 @@ fn is_rabbitmq_header(name: &str) -> bool {
 }
 
 /// The envelope of an AMQP 0-9-1 delivery ([`crate::sink::rabbitmq`] writes it in the
-/// `headers` table, every value a long string). The `message_id` property carries the
+/// `headers` table, every value a long string), or a CloudEvent of the AMQP binding
+/// (`cloudEvents:` or `cloudEvents_` headers and the `content_type` property, or
+/// `content_type` `application/cloudevents+json`). The `message_id` property carries the
 /// same id. What RabbitMQ adds on the way (a quorum queue's `x-delivery-count`, the
 /// `x-death` history of a dead-lettered message, `x-first-death-*`, `x-last-death-*`,
 /// `x-received-from`) and any header whose value is not a string are left out, so a
@@ -359,7 +460,7 @@ fn is_rabbitmq_header(name: &str) -> bool {
 #[cfg(feature = "rabbitmq")]
 pub fn from_amqp(delivery: &lapin::message::Delivery) -> Result<Envelope, EnvelopeError> {
     use lapin::types::AMQPValue;
-    let mut f = Fields::default();
+    let mut pairs: Vec<(&str, &[u8])> = Vec::new();
     if let Some(table) = delivery.properties.headers() {
         for (name, value) in table.inner() {
             let name = name.as_str();
@@ -367,15 +468,28 @@ pub fn from_amqp(delivery: &lapin::message::Delivery) -> Result<Envelope, Envelo
                 continue;
             }
             match value {
-                AMQPValue::LongString(s) => f.push_bytes(name, s.as_bytes())?,
-                AMQPValue::ShortString(s) => f.push(name, s.as_str().to_owned())?,
+                AMQPValue::LongString(s) => pairs.push((name, s.as_bytes())),
+                AMQPValue::ShortString(s) => pairs.push((name, s.as_str().as_bytes())),
                 // The sink writes every envelope value as a long string: anything else was
                 // added on the way (a plugin, a shovel, a policy) and is not the envelope's.
                 _ => {}
             }
         }
     }
-    f.finish(Bytes::copy_from_slice(&delivery.data))
+    let payload = Bytes::copy_from_slice(&delivery.data);
+    let content_type = delivery
+        .properties
+        .content_type()
+        .as_ref()
+        .map(|c| c.as_str());
+    if let Some(ce) = cloudevents_form(Binding::Amqp, &pairs, content_type, &payload) {
+        return ce;
+    }
+    let mut f = Fields::default();
+    for (name, value) in pairs {
+        f.push_bytes(name, value)?;
+    }
+    f.finish(payload)
 }
 
 /// The envelope of a Redis stream entry ([`crate::sink::redis_streams`] writes the fields
@@ -431,13 +545,30 @@ pub fn from_redis(entry: &redis::streams::StreamId) -> Result<Envelope, Envelope
 }
 
 /// The envelope of an MQTT v5 publish ([`crate::sink::mqtt`] writes it as user
-/// properties, in order; the Content Type property repeats `content-type`).
+/// properties, in order; the Content Type property repeats `content-type`), or a
+/// CloudEvent of the MQTT binding (user properties named as the attributes and the
+/// Content Type property, or Content Type `application/cloudevents+json`).
 ///
 /// # Errors
 /// [`EnvelopeError`]; a publish without properties (MQTT 3.1.1) is
 /// [`EnvelopeError::Missing`].
 #[cfg(feature = "mqtt")]
 pub fn from_mqtt(publish: &rumqttc::v5::mqttbytes::v5::Publish) -> Result<Envelope, EnvelopeError> {
+    if let Some(p) = &publish.properties {
+        let pairs: Vec<(&str, &[u8])> = p
+            .user_properties
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_bytes()))
+            .collect();
+        if let Some(ce) = cloudevents_form(
+            Binding::Mqtt,
+            &pairs,
+            p.content_type.as_deref(),
+            &publish.payload,
+        ) {
+            return ce;
+        }
+    }
     let mut f = Fields::default();
     if let Some(p) = &publish.properties {
         for (name, value) in &p.user_properties {
@@ -448,7 +579,9 @@ pub fn from_mqtt(publish: &rumqttc::v5::mqttbytes::v5::Publish) -> Result<Envelo
 }
 
 /// The envelope of a webhook request ([`crate::sink::http`] writes it as request headers,
-/// values percent-encoded where HTTP cannot carry them, the payload as the body). Header
+/// values percent-encoded where HTTP cannot carry them, the payload as the body), or a
+/// CloudEvent of the HTTP binding (`ce-` headers, percent-decoded, with `Content-Type` as
+/// `datacontenttype`; or `Content-Type: application/cloudevents+json` and the JSON event). Header
 /// names come back lower-case; `Content-Type` is the `content-type` header, except the
 /// `application/octet-stream` the sink sends for a message without one (HTTP also trims
 /// spaces around it). The names of [`crate::webhook::TRANSPORT_HEADERS`] (HTTP's, a
@@ -468,6 +601,41 @@ pub fn from_webhook(
     headers: &http::HeaderMap,
     body: impl Into<Bytes>,
 ) -> Result<Envelope, EnvelopeError> {
+    let body = body.into();
+    let pairs: Vec<(&str, &[u8])> = headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_bytes()))
+        .collect();
+    let content_type = match headers.get(http::header::CONTENT_TYPE) {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| EnvelopeError::NotUtf8(header::CONTENT_TYPE.into()))?,
+        ),
+        None => None,
+    };
+    let envelope = match cloudevents_form(Binding::Http, &pairs, content_type, &body) {
+        Some(ce) => ce?,
+        None => outbox_webhook(headers, body)?,
+    };
+    // A signed delivery's `webhook-id` is the message id: the signature covers it (and the
+    // body), not the `message-id` header (nor `ce-id`), so the two must agree or the dedup
+    // key could be swapped on a replayed request.
+    if let Some(id) = headers.get("webhook-id") {
+        let id = id.to_str().unwrap_or_default();
+        if id != envelope.message_id.to_string() {
+            return Err(EnvelopeError::Invalid {
+                field: "webhook-id".into(),
+                value: snippet(id),
+                reason: "not the message id (message-id or ce-id; the signed id must be the message id)",
+            });
+        }
+    }
+    Ok(envelope)
+}
+
+/// The outbox envelope of a webhook request (see [`from_webhook`]).
+#[cfg(feature = "webhook")]
+fn outbox_webhook(headers: &http::HeaderMap, body: Bytes) -> Result<Envelope, EnvelopeError> {
     let mut f = Fields::default();
     for (name, value) in headers {
         let name = name.as_str();
@@ -488,21 +656,7 @@ pub fn from_webhook(
             .map_err(|_| EnvelopeError::NotUtf8(snippet(name)))?;
         f.push(name, decoded.into_owned())?;
     }
-    let envelope = f.finish(body.into())?;
-    // A signed delivery's `webhook-id` is the message id: the signature covers it (and the
-    // body), not the `message-id` header, so the two must agree or the dedup key could be
-    // swapped on a replayed request.
-    if let Some(id) = headers.get("webhook-id") {
-        let id = id.to_str().unwrap_or_default();
-        if id != envelope.message_id.to_string() {
-            return Err(EnvelopeError::Invalid {
-                field: "webhook-id".into(),
-                value: snippet(id),
-                reason: "not the message-id header (the signed id must be the message id)",
-            });
-        }
-    }
-    Ok(envelope)
+    f.finish(body)
 }
 
 /// Verifies a webhook's Standard Webhooks signature against this host's clock
@@ -839,6 +993,112 @@ mod tests {
         let env = from_nats_headers(&h, m.payload.clone()).unwrap();
         assert_eq!(env.header("näts-x"), Some("y"));
         assert_eq!(env.header("Nats-Msg-Id"), None);
+    }
+
+    #[cfg(feature = "webhook")]
+    #[test]
+    fn webhooks_read_cloudevents_in_both_modes() {
+        use crate::cloudevents::{Binding, CloudEvents, Mode};
+        let m = outgoing();
+        let ce = CloudEvents::new(Mode::Binary, "/shop").unwrap();
+        let event = ce.event(&m).unwrap();
+        let mut h = http::HeaderMap::new();
+        for (n, v) in event.binary_headers(Binding::Http) {
+            h.insert(
+                http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(&v).unwrap(),
+            );
+        }
+        h.insert("idempotency-key", http::HeaderValue::from_static("x"));
+        h.insert("webhook-id", m.message_id.to_string().parse().unwrap());
+        let env = from_webhook(&h, m.payload.clone()).unwrap();
+        assert_eq!(
+            env.wire_headers(),
+            from_headers(
+                m.envelope_headers().iter().map(|(n, v)| (*n, v.as_bytes())),
+                m.payload.clone(),
+            )
+            .unwrap()
+            .wire_headers()
+        );
+        assert_eq!(env.payload, m.payload);
+        // The signed id must be `ce-id`.
+        h.insert("webhook-id", http::HeaderValue::from_static("other"));
+        assert!(matches!(
+            from_webhook(&h, m.payload.clone()),
+            Err(EnvelopeError::Invalid { ref field, .. }) if field == "webhook-id"
+        ));
+        let json = event.to_json();
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            "content-type",
+            http::HeaderValue::from_static("application/cloudevents+json; charset=utf-8"),
+        );
+        let env = from_webhook(&h, json).unwrap();
+        assert_eq!(env.message_id, m.message_id);
+        assert_eq!(env.headers, m.headers);
+        assert_eq!(env.payload, m.payload);
+        // A non-JSON event format is named, not guessed.
+        h.insert(
+            "content-type",
+            http::HeaderValue::from_static("application/cloudevents+avro"),
+        );
+        assert!(matches!(
+            from_webhook(&h, Bytes::new()),
+            Err(EnvelopeError::Malformed(_))
+        ));
+    }
+
+    #[cfg(feature = "nats")]
+    #[test]
+    fn nats_reads_structured_and_draft_binary_cloudevents() {
+        use crate::cloudevents::{Binding, CloudEvents, Mode};
+        let m = outgoing();
+        let event = CloudEvents::new(Mode::Structured, "/shop")
+            .unwrap()
+            .event(&m)
+            .unwrap();
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("Content-Type", crate::cloudevents::JSON_FORMAT);
+        h.insert("Nats-Msg-Id", id_of(&m).as_str());
+        let env = from_nats_headers(&h, Bytes::from(event.to_json())).unwrap();
+        assert_eq!(env.message_id, m.message_id);
+        assert_eq!(env.key, m.key);
+        assert_eq!(env.headers, m.headers);
+        assert_eq!(env.payload, m.payload);
+        // The binding's 1.0.3 draft: `ce-` headers, `ce-datacontenttype`.
+        let mut h = async_nats::HeaderMap::new();
+        for (n, v) in event.binary_headers(Binding::Nats) {
+            h.insert(n.as_str(), v.as_str());
+        }
+        h.insert("ce-datacontenttype", "application/octet-stream");
+        let env = from_nats_headers(&h, m.payload.clone()).unwrap();
+        assert_eq!(env.header("tenant"), Some("grüße ✓"));
+        assert_eq!(env.content_type(), Some("application/octet-stream"));
+    }
+
+    #[cfg(feature = "mqtt")]
+    #[test]
+    fn mqtt_reads_binary_cloudevents() {
+        use crate::cloudevents::{Binding, CloudEvents, Mode};
+        use rumqttc::v5::mqttbytes::{QoS, v5::Publish, v5::PublishProperties};
+        let mut m = outgoing();
+        m.headers
+            .insert("content-type".into(), "application/x-protobuf".into());
+        let event = CloudEvents::new(Mode::Binary, "/shop")
+            .unwrap()
+            .event(&m)
+            .unwrap();
+        let properties = PublishProperties {
+            user_properties: event.binary_headers(Binding::Mqtt),
+            content_type: event.datacontenttype.clone(),
+            ..PublishProperties::default()
+        };
+        let p = Publish::new("t", QoS::AtLeastOnce, m.payload.clone(), Some(properties));
+        let env = from_mqtt(&p).unwrap();
+        assert_eq!(env.message_id, m.message_id);
+        assert_eq!(env.headers, m.headers);
+        assert_eq!(env.payload, m.payload);
     }
 
     #[cfg(feature = "nats")]

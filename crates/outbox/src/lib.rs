@@ -12,7 +12,8 @@
 //! Modules: [`message`] (what producers enqueue), [`events`] (integration events kept
 //! until the commit), [`transaction`] (retried transactions), [`store`] (where messages
 //! live), [`sink`] (where they go), [`relay`] (the loop between), [`envelope`] and
-//! [`inbox`] (the consumer's side), [`trace`] (trace context in headers, producer spans),
+//! [`inbox`] (the consumer's side), [`cloudevents`] (the opt-in CloudEvents 1.0 envelope of
+//! the sinks that have a protocol binding), [`trace`] (trace context in headers, producer spans),
 //! [`metrics`], [`backoff`], [`redact`] (what of a URL may be shown).
 //!
 //! ## Features
@@ -34,6 +35,7 @@
 //! The stdout/file sink, [`envelope::from_json_line`] and the relay are always there.
 
 pub mod backoff;
+pub mod cloudevents;
 pub mod envelope;
 pub mod error;
 pub mod events;

@@ -39,6 +39,17 @@
 //!   named by [`SECRET_FILE_ENV`], in the form `whsec_<base64>` (the key is the decoded
 //!   bytes). It is never logged or shown by `describe()`.
 //!
+//! - CloudEvents (`outbox_envelope=cloudevents`, `outbox_ce_source=URI-reference`;
+//!   [`crate::cloudevents`]): the HTTP binding's binary mode instead of the envelope
+//!   headers: `ce-specversion`, `ce-id`, `ce-source`, `ce-type`, `ce-time` and the other
+//!   attributes as `ce-` headers, values percent-encoded as the binding requires (space,
+//!   `"`, `%` and everything outside printable ASCII), `Content-Type` = `datacontenttype`
+//!   (no `Content-Type` without one), body = the payload.
+//!   `outbox_envelope=cloudevents-structured`: `Content-Type: application/cloudevents+json`
+//!   and the JSON event as the body. `Idempotency-Key` and the signature headers stay
+//!   (the signature covers the body sent); no `message-id`, `topic`, `key` or
+//!   `occurred-at` headers.
+//!
 //! Confirmed = a `2xx` response. Classification (RFC 9110 §15; the README's "Error
 //! classification per sink"):
 //! - `429` Too Many Requests (RFC 6585 §4) and `503` Service Unavailable (RFC 9110
@@ -67,6 +78,7 @@
 //! before answering `2xx`.
 
 use super::{Confirmations, PublishError, Sink, SinkError};
+use crate::cloudevents::{Binding, CloudEvents, EnvelopeFormat, JSON_FORMAT, Mode};
 use crate::message::{OutgoingMessage, header};
 use crate::redact::redact_url_without_query;
 pub use crate::webhook::{SECRET_ENV, SECRET_FILE_ENV, WebhookSecret, WebhookSecretError};
@@ -130,6 +142,7 @@ pub struct WebhookSink {
     secret: Option<WebhookSecret>,
     timeout: Duration,
     max_in_flight: usize,
+    envelope: EnvelopeFormat,
 }
 
 impl WebhookSink {
@@ -162,6 +175,7 @@ impl WebhookSink {
         let files = super::tls::take_prefixed(&mut parsed, PARAM_PREFIX)
             .map_err(|e| invalid(e.to_string()))?;
         let bearer = take_bearer(&mut parsed).map_err(|e| invalid(e.to_string()))?;
+        let envelope = take_envelope(&mut parsed).map_err(invalid)?;
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(invalid("the scheme must be http or https".into()));
         }
@@ -222,7 +236,8 @@ impl WebhookSink {
             .map_err(|e| open_error(Box::new(e.without_url())))?;
         Ok(WebhookSink {
             client,
-            describe: redact_url_without_query(url),
+            describe: format!("{}{}", redact_url_without_query(url), envelope.describe()),
+            envelope,
             url: parsed,
             secret: options.secret,
             timeout,
@@ -235,7 +250,77 @@ impl WebhookSink {
         self.secret.is_some()
     }
 
-    fn headers(&self, m: &OutgoingMessage) -> Result<HeaderMap, PublishError> {
+    /// The request headers and body of `m` in this sink's envelope, signed when a secret
+    /// is set (over the body sent).
+    fn request(&self, m: &OutgoingMessage) -> Result<(HeaderMap, bytes::Bytes), PublishError> {
+        let (mut h, body) = match self.envelope.cloudevents() {
+            None => (Self::headers(m)?, m.payload.clone()),
+            Some(ce) => Self::cloudevents(ce, m)?,
+        };
+        let id = m.message_id.to_string();
+        let id_value = HeaderValue::from_str(&id)
+            .map_err(|_| PublishError::permanent("message id is not a header value"))?;
+        h.insert(HeaderName::from_static("idempotency-key"), id_value.clone());
+        if let Some(secret) = &self.secret {
+            let ts = chrono::Utc::now().timestamp();
+            let sig = secret.sign(&id, ts, &body);
+            h.insert(HeaderName::from_static("webhook-id"), id_value);
+            h.insert(
+                HeaderName::from_static("webhook-timestamp"),
+                HeaderValue::from(ts),
+            );
+            h.insert(
+                HeaderName::from_static("webhook-signature"),
+                HeaderValue::from_str(&sig)
+                    .map_err(|_| PublishError::permanent("signature is not a header value"))?,
+            );
+        }
+        Ok((h, body))
+    }
+
+    /// The HTTP binding's binary mode (`ce-` headers, `Content-Type` = `datacontenttype`,
+    /// none without one) or structured mode (the JSON event).
+    fn cloudevents(
+        ce: &CloudEvents,
+        m: &OutgoingMessage,
+    ) -> Result<(HeaderMap, bytes::Bytes), PublishError> {
+        let event = ce.event(m)?;
+        let mut h = HeaderMap::with_capacity(event.attributes.len() + 5);
+        match ce.mode() {
+            Mode::Binary => {
+                for (name, value) in event.binary_headers(Binding::Http) {
+                    // Lower-case names of a-z 0-9 and `ce-`, percent-encoded values:
+                    // always valid, but never panic on it.
+                    let (Ok(n), Ok(v)) = (
+                        HeaderName::from_bytes(name.as_bytes()),
+                        HeaderValue::from_str(&value),
+                    ) else {
+                        return Err(PublishError::permanent(format!(
+                            "attribute header {name:?} has no valid HTTP form"
+                        ))
+                        .with_code("invalid_header"));
+                    };
+                    h.append(n, v);
+                }
+                if let Some(ct) = &event.datacontenttype {
+                    let v = HeaderValue::from_str(ct).map_err(|_| {
+                        PublishError::permanent(format!(
+                            "the content-type header {ct:?} is not a valid HTTP header value (printable ASCII)"
+                        ))
+                        .with_code("invalid_header")
+                    })?;
+                    h.insert(CONTENT_TYPE, v);
+                }
+                Ok((h, event.data.clone()))
+            }
+            Mode::Structured => {
+                h.insert(CONTENT_TYPE, HeaderValue::from_static(JSON_FORMAT));
+                Ok((h, bytes::Bytes::from(event.to_json())))
+            }
+        }
+    }
+
+    fn headers(m: &OutgoingMessage) -> Result<HeaderMap, PublishError> {
         let envelope = m.envelope_headers();
         let mut h = HeaderMap::with_capacity(envelope.len() + 5);
         let content_type = envelope
@@ -288,34 +373,16 @@ impl WebhookSink {
             })?;
             h.append(n, v);
         }
-        let id = m.message_id.to_string();
-        let id_value = HeaderValue::from_str(&id)
-            .map_err(|_| PublishError::permanent("message id is not a header value"))?;
-        h.insert(HeaderName::from_static("idempotency-key"), id_value.clone());
-        if let Some(secret) = &self.secret {
-            let ts = chrono::Utc::now().timestamp();
-            let sig = secret.sign(&id, ts, &m.payload);
-            h.insert(HeaderName::from_static("webhook-id"), id_value);
-            h.insert(
-                HeaderName::from_static("webhook-timestamp"),
-                HeaderValue::from(ts),
-            );
-            h.insert(
-                HeaderName::from_static("webhook-signature"),
-                HeaderValue::from_str(&sig)
-                    .map_err(|_| PublishError::permanent("signature is not a header value"))?,
-            );
-        }
         Ok(h)
     }
 
     async fn post(&self, m: &OutgoingMessage) -> Result<(), PublishError> {
-        let headers = self.headers(m)?;
+        let (headers, body) = self.request(m)?;
         let sent = self
             .client
             .post(self.url.clone())
             .headers(headers)
-            .body(m.payload.clone())
+            .body(body)
             .send()
             .await;
         let result = match sent {
@@ -571,14 +638,36 @@ fn take_timeout_param(url: &mut Url) -> Result<Option<Duration>, String> {
 
 /// The prefix of the sink's own query parameters (removed before any request is sent):
 /// `outbox_ca`, `outbox_cert`, `outbox_key` and `outbox_password_file` as in
-/// [`super::tls`] (prefixed, because the endpoint's own query may use `key`), and
-/// [`BEARER_FILE_PARAM`].
+/// [`super::tls`] (prefixed, because the endpoint's own query may use `key`),
+/// [`BEARER_FILE_PARAM`] and [`ENVELOPE_PARAMS`].
 pub const PARAM_PREFIX: &str = "outbox_";
 
 /// `outbox_bearer_file=PATH`: every request carries `Authorization: Bearer <first line of
 /// PATH>`. (Basic authentication comes from the URL's userinfo, or its password from
 /// `outbox_password_file`.)
 pub const BEARER_FILE_PARAM: &str = "outbox_bearer_file";
+
+/// `outbox_envelope=cloudevents|cloudevents-binary|cloudevents-structured` and
+/// `outbox_ce_source=URI-reference`: the CloudEvents envelope ([`crate::cloudevents`]).
+pub const ENVELOPE_PARAMS: [&str; 2] = ["outbox_envelope", "outbox_ce_source"];
+
+fn take_envelope(url: &mut Url) -> Result<EnvelopeFormat, String> {
+    let mut envelope = None;
+    let mut source = None;
+    for (name, value) in super::tls::take_params(url, &ENVELOPE_PARAMS) {
+        if name == ENVELOPE_PARAMS[0] {
+            envelope = Some(value);
+        } else {
+            source = Some(value);
+        }
+    }
+    EnvelopeFormat::parse(
+        Binding::Http,
+        PARAM_PREFIX,
+        envelope.as_deref(),
+        source.as_deref(),
+    )
+}
 
 fn take_bearer(url: &mut Url) -> Result<Option<String>, super::tls::TlsError> {
     match super::tls::take_params(url, &[BEARER_FILE_PARAM]).pop() {

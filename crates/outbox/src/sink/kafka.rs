@@ -14,6 +14,14 @@
 //!   message); anything else → transient.
 //!   Error codes: <https://docs.confluent.io/platform/current/clients/librdkafka/html/rdkafka_8h.html>.
 //!
+//! - With `envelope=cloudevents` ([`crate::cloudevents`], the Kafka binding's binary mode):
+//!   record headers `ce_specversion`, `ce_id`, `ce_source`, `ce_type`, `ce_time` and the
+//!   other attributes with the `ce_` prefix (UTF-8), `content-type` = `datacontenttype`,
+//!   the value = the payload, the record key = the key (also `ce_partitionkey`). With
+//!   `envelope=cloudevents-structured`: `content-type: application/cloudevents+json` and
+//!   the JSON event as the value. No `message-id`, `topic`, `key` or `occurred-at` headers
+//!   then.
+//!
 //! URL: `kafka://[USER[:PASS]@]HOST:PORT[,HOST:PORT…][?message_timeout_ms=N]…` (plain
 //! text; `SASL_PLAINTEXT` with a user) or `kafkas://…` (TLS: `SSL`, or `SASL_SSL` with a
 //! user). Parameters:
@@ -25,14 +33,19 @@
 //!   system's; default `OUTBOX_TLS_CA_FILE`); `cert=PATH&key=PATH`:
 //!   `ssl.certificate.location` / `ssl.key.location` (mutual TLS);
 //! - `security_protocol=…`: overrides what the scheme and the user imply;
+//! - `envelope=cloudevents|cloudevents-structured`, `ce_source=URI`: see above;
 //! - `kafka.NAME=VALUE`: any other librdkafka producer property
 //!   (<https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md>), except
 //!   the ones this sink owns (`bootstrap.servers`, `enable.idempotence`, `acks`,
 //!   `message.timeout.ms`), which are refused.
 
 use super::{Confirmations, ErrorKind, PublishError, Sink, SinkError};
-use crate::message::OutgoingMessage;
+use crate::cloudevents::{
+    Binding, ENVELOPE_PARAM, EnvelopeFormat, JSON_FORMAT, Mode, SOURCE_PARAM,
+};
+use crate::message::{OutgoingMessage, header};
 use async_trait::async_trait;
+use bytes::Bytes;
 use futures::future::join_all;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -45,6 +58,7 @@ use std::time::Duration;
 pub struct KafkaSink {
     producer: FutureProducer,
     describe: String,
+    envelope: EnvelopeFormat,
 }
 
 impl KafkaSink {
@@ -60,6 +74,13 @@ impl KafkaSink {
             reason: crate::redact::scrub(&reason, url),
         };
         let settings = parse_url(url).map_err(invalid)?;
+        let envelope = EnvelopeFormat::parse(
+            Binding::Kafka,
+            "",
+            settings.envelope.as_deref(),
+            settings.source.as_deref(),
+        )
+        .map_err(invalid)?;
         let mut config = ClientConfig::new();
         config
             .set("bootstrap.servers", &settings.servers)
@@ -75,7 +96,13 @@ impl KafkaSink {
             .map_err(|e| invalid(format!("librdkafka refused the configuration: {e}")))?;
         Ok(KafkaSink {
             producer,
-            describe: format!("{}://{}", settings.scheme, settings.servers),
+            describe: format!(
+                "{}://{}{}",
+                settings.scheme,
+                settings.servers,
+                envelope.describe()
+            ),
+            envelope,
         })
     }
 
@@ -106,6 +133,34 @@ impl KafkaSink {
         }
     }
 
+    /// The record headers and value of `m` in this sink's envelope.
+    fn encode(&self, m: &OutgoingMessage) -> Result<(OwnedHeaders, Bytes), PublishError> {
+        let Some(ce) = self.envelope.cloudevents() else {
+            return Ok((Self::headers(m), m.payload.clone()));
+        };
+        let event = ce.event(m)?;
+        let mut h = OwnedHeaders::new_with_capacity(event.attributes.len() + 1);
+        let (content_type, value) = match ce.mode() {
+            Mode::Binary => {
+                for (name, value) in event.binary_headers(Binding::Kafka) {
+                    h = h.insert(Header {
+                        key: &name,
+                        value: Some(value.as_bytes()),
+                    });
+                }
+                (event.datacontenttype.clone(), event.data.clone())
+            }
+            Mode::Structured => (Some(JSON_FORMAT.to_owned()), Bytes::from(event.to_json())),
+        };
+        if let Some(ct) = content_type {
+            h = h.insert(Header {
+                key: header::CONTENT_TYPE,
+                value: Some(ct.as_bytes()),
+            });
+        }
+        Ok((h, value))
+    }
+
     fn headers(m: &OutgoingMessage) -> OwnedHeaders {
         let mut h = OwnedHeaders::new_with_capacity(m.headers.len() + 4);
         for (name, value) in m.envelope_headers() {
@@ -124,6 +179,9 @@ struct KafkaUrl {
     scheme: &'static str,
     servers: String,
     timeout_ms: u64,
+    /// `envelope=` and `ce_source=`, as given.
+    envelope: Option<String>,
+    source: Option<String>,
     /// librdkafka properties besides the ones the sink always sets.
     properties: Vec<(String, String)>,
 }
@@ -170,6 +228,7 @@ fn parse_url(url: &str) -> Result<KafkaUrl, String> {
         }
     }
     let mut timeout_ms: u64 = 8_000;
+    let (mut envelope, mut source) = (None, None);
     let mut mechanism = None;
     let mut protocol = None;
     let mut files = super::tls::TlsFiles::default();
@@ -181,6 +240,8 @@ fn parse_url(url: &str) -> Result<KafkaUrl, String> {
                     .parse()
                     .map_err(|_| format!("message_timeout_ms={v:?} is not a number"))?;
             }
+            ENVELOPE_PARAM => envelope = Some(v.into_owned()),
+            SOURCE_PARAM => source = Some(v.into_owned()),
             "sasl_mechanism" => mechanism = Some(v.into_owned()),
             "security_protocol" => protocol = Some(v.into_owned()),
             "ca" => files.ca = Some(v.into_owned().into()),
@@ -260,6 +321,8 @@ fn parse_url(url: &str) -> Result<KafkaUrl, String> {
         scheme,
         servers: servers.to_owned(),
         timeout_ms,
+        envelope,
+        source,
         properties,
     })
 }
@@ -311,9 +374,16 @@ impl Sink for KafkaSink {
         // Queue every record (pipelined), then await each delivery report.
         let mut pending = Vec::with_capacity(batch.len());
         for m in batch {
+            let (headers, value) = match self.encode(m) {
+                Ok(encoded) => encoded,
+                Err(e) => {
+                    pending.push(Err(e));
+                    continue;
+                }
+            };
             let mut record = FutureRecord::<str, [u8]>::to(&m.topic)
-                .payload(&m.payload)
-                .headers(Self::headers(m));
+                .payload(&value)
+                .headers(headers);
             if let Some(k) = &m.key {
                 record = record.key(k.as_str());
             }

@@ -398,6 +398,27 @@ pub trait Sink: Send + Sync + 'static {
     fn describe(&self) -> String;
 }
 
+/// Whether `query` names a CloudEvents parameter (`envelope`, `ce_source`).
+fn has_envelope_param(query: &str) -> bool {
+    url::form_urlencoded::parse(query.as_bytes()).any(|(k, _)| {
+        k == crate::cloudevents::ENVELOPE_PARAM || k == crate::cloudevents::SOURCE_PARAM
+    })
+}
+
+/// The query of a stdout or file URL: `envelope=outbox` and nothing else.
+fn refuse_envelope(sink: &str, query: &str) -> Result<(), String> {
+    let mut envelope = None;
+    let mut source = None;
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        match k.as_ref() {
+            crate::cloudevents::ENVELOPE_PARAM => envelope = Some(v.into_owned()),
+            crate::cloudevents::SOURCE_PARAM => source = Some(v.into_owned()),
+            other => return Err(format!("unknown parameter {other:?} for {sink}")),
+        }
+    }
+    crate::cloudevents::EnvelopeFormat::refuse(sink, envelope.as_deref(), source.as_deref())
+}
+
 /// Opens the sink named by `url`:
 /// - `stdout`: JSON lines on standard output, confirmed once written and flushed;
 /// - `file:PATH`: JSON lines appended to PATH, confirmed once flushed and `fsync`ed;
@@ -413,7 +434,17 @@ pub trait Sink: Send + Sync + 'static {
 /// - `http(s)://…`: a webhook, confirmed by a 2xx (feature `http`).
 ///
 /// The network sinks take the same TLS and secret parameters (`ca=`, `cert=`, `key=`,
-/// `password_file=`; [`tls`]) besides their own.
+/// `password_file=`; [`tls`]) besides their own. NATS, Kafka, RabbitMQ, MQTT and webhooks
+/// also take `envelope=cloudevents` (webhooks: `outbox_envelope=`) for a CloudEvents 1.0
+/// envelope ([`crate::cloudevents`]); Redis Streams, stdout and `file:` refuse it (no
+/// CloudEvents protocol binding).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let e = outbox::sink::open("redis://127.0.0.1:6379?envelope=cloudevents").await;
+/// assert!(matches!(e, Err(outbox::sink::SinkError::InvalidUrl { .. })));
+/// # }
+/// ```
 ///
 /// # Errors
 /// [`SinkError::InvalidUrl`] for an unknown or malformed URL, [`SinkError::Open`] when the
@@ -426,8 +457,23 @@ pub async fn open(url: &str) -> Result<Box<dyn Sink>, SinkError> {
     if url == "stdout" || url == "stdout:" {
         return Ok(Box::new(file::FileSink::stdout()));
     }
+    if let Some(query) = url
+        .strip_prefix("stdout?")
+        .or_else(|| url.strip_prefix("stdout:?"))
+    {
+        refuse_envelope("the stdout sink", query).map_err(|e| invalid(&e))?;
+        return Ok(Box::new(file::FileSink::stdout()));
+    }
     if let Some(path) = url.strip_prefix("file:") {
         let path = path.strip_prefix("//").unwrap_or(path);
+        // `file:PATH?envelope=…`: a query naming the envelope is one, not part of the name.
+        let path = match path.rsplit_once('?') {
+            Some((p, query)) if has_envelope_param(query) => {
+                refuse_envelope("the file sink", query).map_err(|e| invalid(&e))?;
+                p
+            }
+            _ => path,
+        };
         if path.is_empty() {
             return Err(invalid("file: needs a path"));
         }

@@ -1,6 +1,6 @@
 //! MQTT v5 sink (rumqttc).
 //!
-//! - URL: `mqtt://[USER[:PASSWORD]@]HOST[:PORT][?qos=1|2&client_id=ID&max_inflight=N]`
+//! - URL: `mqtt://[USER[:PASSWORD]@]HOST[:PORT][?qos=1|2&client_id=ID&max_inflight=N&envelope=…&ce_source=…]`
 //!   (`mqtts://` for TLS with the system's root certificates; default ports 1883 / 8883).
 //!   `qos` defaults to 1 (QoS 0 is refused: nothing would confirm a message);
 //!   `client_id` defaults to `outbox-<12 random hex digits>` — give each relay its own,
@@ -17,6 +17,13 @@
 //!   then the stored headers, `content-type` included), with the text unchanged, non-ASCII
 //!   included. The `content-type` header also sets the v5 Content Type property. Payload =
 //!   the bytes, unchanged. Retain is off.
+//! - `envelope=cloudevents` (and `ce_source=URI-reference`; [`crate::cloudevents`]): the
+//!   MQTT binding's binary mode instead: user properties named as the attributes
+//!   (`specversion`, `id`, `source`, `type`, `time`, `partitionkey`, `traceparent`,
+//!   `correlationid`, …), the Content Type property = `datacontenttype`, the payload
+//!   unchanged; no `message-id`, `topic`, `key` or `occurred-at` properties.
+//!   `envelope=cloudevents-structured`: Content Type = `application/cloudevents+json`, the
+//!   JSON event as the payload, no user properties.
 //! - MQTT strings may not carry NUL and should not carry control characters or Unicode
 //!   non-characters (MQTT v5 §1.5.4, which lets a receiver close the connection over them;
 //!   Mosquitto does): a header or topic with one is refused permanently, so one message
@@ -61,6 +68,9 @@
 //!   subscribers. Lower `autosave_interval` (or `autosave_on_changes`) to narrow the window.
 
 use super::{Confirmations, PublishError, Sink, SinkError};
+use crate::cloudevents::{
+    Binding, ENVELOPE_PARAM, EnvelopeFormat, JSON_FORMAT, Mode, SOURCE_PARAM,
+};
 use crate::message::{OutgoingMessage, header};
 use crate::redact::redact_url_without_query;
 use async_trait::async_trait;
@@ -112,6 +122,7 @@ pub struct MqttSink {
     qos: QoS,
     ack_timeout: Duration,
     describe: String,
+    envelope: EnvelopeFormat,
     cancel: CancellationToken,
     driver: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -386,6 +397,7 @@ struct MqttUrl {
     qos: QoS,
     client_id: Option<String>,
     max_inflight: u16,
+    envelope: EnvelopeFormat,
 }
 
 fn parse_url(url: &str) -> Result<MqttUrl, String> {
@@ -459,7 +471,10 @@ fn parse_url(url: &str) -> Result<MqttUrl, String> {
         qos: QoS::AtLeastOnce,
         client_id: None,
         max_inflight: 100,
+        envelope: EnvelopeFormat::Outbox,
     };
+    let mut envelope = None;
+    let mut source = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let v = percent_decode(v)?;
@@ -490,13 +505,17 @@ fn parse_url(url: &str) -> Result<MqttUrl, String> {
                     .filter(|n| *n > 0)
                     .ok_or_else(|| format!("max_inflight must be 1-65535, got {v:?}"))?;
             }
+            ENVELOPE_PARAM => envelope = Some(v),
+            SOURCE_PARAM => source = Some(v),
             other => {
                 return Err(format!(
-                    "unknown parameter {other:?} (known: qos, client_id, max_inflight)"
+                    "unknown parameter {other:?} (known: qos, client_id, max_inflight, envelope, ce_source)"
                 ));
             }
         }
     }
+    parsed.envelope =
+        EnvelopeFormat::parse(Binding::Mqtt, "", envelope.as_deref(), source.as_deref())?;
     Ok(parsed)
 }
 
@@ -551,9 +570,10 @@ fn topic_problem(topic: &str) -> Option<&'static str> {
 /// A message checked and turned into what rumqttc sends.
 struct Prepared {
     properties: PublishProperties,
+    payload: bytes::Bytes,
 }
 
-fn prepare(m: &OutgoingMessage) -> Result<Prepared, PublishError> {
+fn prepare(m: &OutgoingMessage, envelope: &EnvelopeFormat) -> Result<Prepared, PublishError> {
     if let Some(why) = topic_problem(&m.topic) {
         return Err(PublishError::permanent(format!(
             "topic {:?} is not a valid MQTT topic name: {why}",
@@ -561,20 +581,50 @@ fn prepare(m: &OutgoingMessage) -> Result<Prepared, PublishError> {
         ))
         .with_code("invalid_topic"));
     }
-    let mut user_properties = Vec::new();
-    let mut content_type = None;
-    for (name, value) in m.envelope_headers() {
-        for (what, text) in [("name", name), ("value", value.as_str())] {
+    // The user properties, the Content Type property and the payload.
+    let (pairs, content_type, payload) = match envelope.cloudevents() {
+        None => (
+            m.envelope_headers()
+                .into_iter()
+                .map(|(n, v)| (n.to_owned(), v))
+                .collect::<Vec<_>>(),
+            m.headers.get(header::CONTENT_TYPE).cloned(),
+            m.payload.clone(),
+        ),
+        Some(ce) => {
+            let event = ce.event(m)?;
+            match ce.mode() {
+                Mode::Binary => (
+                    event.binary_headers(Binding::Mqtt),
+                    event.datacontenttype.clone(),
+                    event.data.clone(),
+                ),
+                Mode::Structured => (
+                    Vec::new(),
+                    Some(JSON_FORMAT.to_owned()),
+                    bytes::Bytes::from(event.to_json()),
+                ),
+            }
+        }
+    };
+    if let Some(ct) = &content_type
+        && (ct.len() > MQTT_MAX_STRING || !is_mqtt_string(ct))
+    {
+        return Err(PublishError::permanent(
+            "the content type cannot be an MQTT string (NUL, control characters, Unicode non-characters, or over 65,535 bytes)",
+        )
+        .with_code("invalid_header"));
+    }
+    let mut user_properties = Vec::with_capacity(pairs.len());
+    for (name, value) in pairs {
+        for (what, text) in [("name", name.as_str()), ("value", value.as_str())] {
             if text.len() > MQTT_MAX_STRING || !is_mqtt_string(text) {
                 return Err(PublishError::permanent(format!(
                     "header {name:?}: the {what} cannot be an MQTT string (NUL, control characters, Unicode non-characters, or over 65,535 bytes)"
                 )).with_code("invalid_header"));
             }
         }
-        if name == header::CONTENT_TYPE {
-            content_type = Some(value.clone());
-        }
-        user_properties.push((name.to_owned(), value));
+        user_properties.push((name, value));
     }
     Ok(Prepared {
         properties: PublishProperties {
@@ -582,6 +632,7 @@ fn prepare(m: &OutgoingMessage) -> Result<Prepared, PublishError> {
             content_type,
             ..PublishProperties::default()
         },
+        payload,
     })
 }
 
@@ -677,8 +728,9 @@ impl MqttSink {
             connected: connected_tx,
         });
         let describe = format!(
-            "{redacted} (qos {}, client id {client_id})",
-            qos_number(parsed.qos)
+            "{redacted} (qos {}, client id {client_id}){}",
+            qos_number(parsed.qos),
+            parsed.envelope.describe()
         );
         let cancel = CancellationToken::new();
         let driver = tokio::spawn(drive(
@@ -716,6 +768,7 @@ impl MqttSink {
             qos: parsed.qos,
             ack_timeout: options.ack_timeout,
             describe,
+            envelope: parsed.envelope,
             cancel,
             driver: Mutex::new(Some(driver)),
         })
@@ -736,7 +789,7 @@ impl MqttSink {
 
     /// Hands one message to rumqttc; the slot settles when its acknowledgement arrives.
     async fn send(&self, m: &OutgoingMessage) -> Slot {
-        let prepared = match prepare(m) {
+        let prepared = match prepare(m, &self.envelope) {
             Ok(p) => p,
             Err(e) => return Slot::Done(Err(e)),
         };
@@ -759,11 +812,11 @@ impl MqttSink {
         }
         let limit = c.max_packet_size.map_or(MQTT_MAX_PACKET, u64::from);
         // Without an announced limit only a payload near MQTT's own one needs measuring.
-        if c.max_packet_size.is_some() || m.payload.len() as u64 > MQTT_MAX_PACKET / 2 {
+        if c.max_packet_size.is_some() || prepared.payload.len() as u64 > MQTT_MAX_PACKET / 2 {
             let probe = Publish::new(
                 m.topic.as_str(),
                 self.qos,
-                m.payload.clone(),
+                prepared.payload.clone(),
                 Some(prepared.properties.clone()),
             );
             // `size()` counts a packet id only once one is assigned: add its 2 bytes.
@@ -778,7 +831,7 @@ impl MqttSink {
             m.topic.as_str(),
             self.qos,
             false,
-            m.payload.clone(),
+            prepared.payload,
             prepared.properties,
         ) {
             Ok(()) => {
@@ -1001,6 +1054,17 @@ mod tests {
         assert_eq!(u.qos, QoS::ExactlyOnce);
         assert_eq!(u.client_id.as_deref(), Some("relay-1"));
         assert_eq!(u.max_inflight, 7);
+        assert_eq!(u.envelope, EnvelopeFormat::Outbox);
+        let u = parse_url("mqtt://h?envelope=cloudevents&ce_source=urn%3Ashop").unwrap();
+        let ce = u.envelope.cloudevents().unwrap();
+        assert_eq!((ce.mode(), ce.source()), (Mode::Binary, "urn:shop"));
+        for bad in [
+            "mqtt://h?envelope=cloud",
+            "mqtt://h?ce_source=%2Fx",
+            "mqtt://h?envelope=cloudevents&ce_source=a%20b",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
         for bad in [
             "http://x",
             "mqtt://",

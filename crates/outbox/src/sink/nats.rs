@@ -8,6 +8,10 @@
 //!   the server's `sync_interval` (NATS 2.9 defaults to syncing every 2 minutes; set
 //!   `sync_interval: always` in the server's `jetstream` block for fsync-before-ack).
 //! - Envelope headers: `message-id`, `topic`, `key`, `occurred-at`, then the stored headers.
+//!   With `envelope=cloudevents` (and `ce_source=URI-reference`), CloudEvents structured
+//!   mode instead (the NATS binding 1.0.2 defines no other): the payload is the JSON event
+//!   ([`crate::cloudevents`]), with the header `Content-Type: application/cloudevents+json`;
+//!   `Nats-Msg-Id` stays.
 //! - Errors (each rule and its source: the README's "Error classification per sink", and
 //!   the JetStream error code table in this module's source): a subject that no stream covers, a message over the
 //!   server's `max_payload` or the stream's `max_msg_size` (10054), a header NATS cannot
@@ -19,6 +23,7 @@
 //!   keeps its attempts); anything else is transient.
 
 use super::{Confirmations, ErrorKind, PublishError, Sink, SinkError};
+use crate::cloudevents::{Binding, ENVELOPE_PARAM, EnvelopeFormat, JSON_FORMAT, SOURCE_PARAM};
 use crate::message::OutgoingMessage;
 use crate::redact::{redact_url, scrub};
 use async_nats::HeaderMap;
@@ -56,6 +61,7 @@ pub struct NatsSink {
     client: async_nats::Client,
     js: async_nats::jetstream::Context,
     describe: String,
+    envelope: EnvelopeFormat,
 }
 
 impl NatsSink {
@@ -65,7 +71,9 @@ impl NatsSink {
     /// - `ca=PATH`, `cert=PATH&key=PATH`, `password_file=PATH`: see [`super::tls`];
     /// - `token_file=PATH`: the token, read from a file;
     /// - `nkey=PATH`: a file holding an NKey seed (`SU…`), signing the server's nonce;
-    /// - `creds=PATH`: a `.creds` file (user JWT and NKey seed), as `nsc` writes them.
+    /// - `creds=PATH`: a `.creds` file (user JWT and NKey seed), as `nsc` writes them;
+    /// - `envelope=cloudevents` (or `cloudevents-structured`), `ce_source=URI-reference`:
+    ///   CloudEvents structured mode ([`crate::cloudevents`]).
     ///
     /// The connection is made in the background and kept alive: a server that is down at
     /// start makes publishes report the destination unavailable until it is up (their
@@ -97,6 +105,8 @@ impl NatsSink {
         let mut token_file = None;
         let mut nkey = None;
         let mut creds = None;
+        let mut envelope = None;
+        let mut source = None;
         let mut rest = Vec::new();
         for (k, v) in parsed.query_pairs() {
             let path = std::path::PathBuf::from(v.as_ref());
@@ -104,14 +114,19 @@ impl NatsSink {
                 "token_file" => token_file = Some(path),
                 "nkey" => nkey = Some(path),
                 "creds" => creds = Some(path),
+                ENVELOPE_PARAM => envelope = Some(v.into_owned()),
+                SOURCE_PARAM => source = Some(v.into_owned()),
                 other => rest.push(other.to_owned()),
             }
         }
         if !rest.is_empty() {
             return Err(invalid(format!(
-                "unknown query parameter(s) {rest:?}: the NATS sink takes ca, cert, key, password_file, token_file, nkey and creds"
+                "unknown query parameter(s) {rest:?}: the NATS sink takes ca, cert, key, password_file, token_file, nkey, creds, envelope and ce_source"
             )));
         }
+        let envelope =
+            EnvelopeFormat::parse(Binding::Nats, "", envelope.as_deref(), source.as_deref())
+                .map_err(invalid)?;
         parsed.set_query(None);
         let mut connect = async_nats::ConnectOptions::new();
         // async-nats reads no credentials from the URL itself: pass them on.
@@ -208,6 +223,7 @@ impl NatsSink {
             client,
             js,
             describe: redact_url(url),
+            envelope,
         };
         // Give the first connection a moment, so the first batch does not find it still
         // being made; a server that is down is not an error here, but it is said once.
@@ -244,6 +260,20 @@ impl NatsSink {
     /// The underlying client (for tests and administration).
     pub fn client(&self) -> &async_nats::Client {
         &self.client
+    }
+
+    /// The headers and payload of `m` in this sink's envelope.
+    fn encode(&self, m: &OutgoingMessage) -> Result<(HeaderMap, bytes::Bytes), PublishError> {
+        match self.envelope.cloudevents() {
+            None => Ok((Self::headers(m)?, m.payload.clone())),
+            // Structured mode (the only one of binding 1.0.2); the header marks it for a
+            // receiver of the 1.0.3 draft, which also knows a binary mode.
+            Some(ce) => {
+                let mut h = HeaderMap::new();
+                h.insert("Content-Type", JSON_FORMAT);
+                Ok((h, bytes::Bytes::from(ce.event(m)?.to_json())))
+            }
+        }
     }
 
     fn headers(m: &OutgoingMessage) -> Result<HeaderMap, PublishError> {
@@ -331,11 +361,11 @@ impl Sink for NatsSink {
                 )));
                 continue;
             }
-            let sent = match Self::headers(m) {
+            let sent = match self.encode(m) {
                 Err(e) => Err(Err_::Classified(e)),
-                Ok(headers) => {
+                Ok((headers, payload)) => {
                     let msg = PublishMessage::build()
-                        .payload(m.payload.clone())
+                        .payload(payload)
                         .headers(headers)
                         .message_id(m.message_id.to_string());
                     self.js
@@ -390,6 +420,7 @@ impl Sink for NatsSink {
     }
 
     fn describe(&self) -> String {
+        // The URL's query (with any `envelope`) is part of it already.
         self.describe.clone()
     }
 }

@@ -1,6 +1,6 @@
 //! RabbitMQ sink (AMQP 0-9-1, lapin).
 //!
-//! URL: `amqp://USER:PASS@HOST:PORT/VHOST[?exchange=NAME][&max_message_bytes=N]` (the
+//! URL: `amqp://USER:PASS@HOST:PORT/VHOST[?exchange=NAME][&max_message_bytes=N][&envelope=…][&ce_source=…]` (the
 //! vhost percent-encoded: `%2f` is `/`). `exchange` defaults to `""`, the default exchange,
 //! which routes a message to the queue named like its routing key. The URL may also carry
 //! lapin's own parameters `frame_max`, `channel_max`, `heartbeat` (seconds),
@@ -17,6 +17,16 @@
 //!   ([`OutgoingMessage::envelope_headers`]) in the `headers` table, every value a long
 //!   string (so non-ASCII text arrives as its UTF-8 bytes). Consumers deduplicate on
 //!   `message_id`.
+//! - `envelope=cloudevents` (and `ce_source=URI-reference`; [`crate::cloudevents`]): the
+//!   AMQP binding's binary mode instead of the envelope headers: the attributes in the
+//!   `headers` table (RabbitMQ's form of AMQP application properties) as
+//!   `cloudEvents:specversion`, `cloudEvents:id`, `cloudEvents:source`, `cloudEvents:type`,
+//!   `cloudEvents:time`, … (long strings, the canonical string form; the `:` separator of
+//!   binding 1.0.2, which later drafts keep beside `_`), `content_type` =
+//!   `datacontenttype`. `envelope=cloudevents-structured`: `content_type` =
+//!   `application/cloudevents+json`, the JSON event as the body, no headers. `message_id`
+//!   and `timestamp` stay; the size limit counts what is sent (the JSON event, the
+//!   attributes).
 //! - Confirmed = the broker's publisher confirm (`basic.ack`) after `confirm.select`
 //!   (<https://www.rabbitmq.com/docs/confirms#publisher-confirms>). For a persistent message
 //!   routed to a durable classic or quorum queue, RabbitMQ acks only once the message is
@@ -54,9 +64,13 @@
 //! Payloads never appear in logs; [`Sink::describe`] omits the credentials.
 
 use super::{Confirmations, PublishError, Sink, SinkError};
+use crate::cloudevents::{
+    Binding, ENVELOPE_PARAM, EnvelopeFormat, JSON_FORMAT, Mode, SOURCE_PARAM,
+};
 use crate::message::{OutgoingMessage, header};
 use crate::redact::redact_url as redact;
 use async_trait::async_trait;
+use bytes::Bytes;
 use futures::future::{MaybeDone, join_all, maybe_done};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
@@ -117,6 +131,8 @@ pub struct RabbitMqSink {
     /// The server's `max_message_size`, once a refusal told us (0: unknown).
     server_max: AtomicUsize,
     describe: String,
+    /// The envelope the URL asks for (`envelope=`, `ce_source=`).
+    envelope: EnvelopeFormat,
 }
 
 /// Idle channels kept per connection (one per batch in flight is what is needed).
@@ -200,7 +216,7 @@ impl RabbitMqSink {
     /// [`SinkError::InvalidUrl`] when the URL cannot be parsed, uses `amqps://`, carries an
     /// unknown parameter, or names an exchange longer than 255 bytes.
     pub async fn connect(url: &str) -> Result<Self, SinkError> {
-        let (_, options, _) = parse_url(url)?;
+        let options = parse_url(url)?.options;
         Self::connect_with(url, options).await
     }
 
@@ -210,7 +226,12 @@ impl RabbitMqSink {
     /// # Errors
     /// As [`RabbitMqSink::connect`].
     pub async fn connect_with(url: &str, options: RabbitMqOptions) -> Result<Self, SinkError> {
-        let (uri, _, files) = parse_url(url)?;
+        let ParsedUrl {
+            uri,
+            files,
+            envelope,
+            ..
+        } = parse_url(url)?;
         let invalid = |reason: String| SinkError::InvalidUrl {
             url: redact(url),
             reason,
@@ -244,6 +265,8 @@ impl RabbitMqSink {
         }
         let mut sink = Self::with_options(uri, options, url)?;
         sink.tls = tls;
+        sink.describe.push_str(&envelope.describe());
+        sink.envelope = envelope;
         if let Err(e) = sink.link().await {
             // Credentials never get better by retrying: say so now.
             if e.to_string().contains("ACCESS_REFUSED") {
@@ -300,6 +323,7 @@ impl RabbitMqSink {
             link: Mutex::new(None),
             server_max: AtomicUsize::new(0),
             describe,
+            envelope: EnvelopeFormat::Outbox,
         })
     }
 
@@ -391,14 +415,47 @@ impl RabbitMqSink {
         }
     }
 
-    /// Routing key and properties of `m`, or why it cannot be sent.
+    /// Routing key, properties and body of `m`, or why it cannot be sent.
     fn prepare(
         &self,
         m: &OutgoingMessage,
         frame_max: usize,
-    ) -> Result<(ShortString, BasicProperties), PublishError> {
+    ) -> Result<(ShortString, BasicProperties, Bytes), PublishError> {
         let limit = self.max_message_bytes();
-        let size = m.size();
+        // The envelope's header pairs, its content type and body.
+        let (pairs, content_type, body) = match self.envelope.cloudevents() {
+            None => (
+                m.envelope_headers()
+                    .into_iter()
+                    .map(|(n, v)| (n.to_owned(), v))
+                    .collect::<Vec<_>>(),
+                m.headers.get(header::CONTENT_TYPE).cloned(),
+                m.payload.clone(),
+            ),
+            Some(ce) => {
+                let event = ce.event(m)?;
+                match ce.mode() {
+                    Mode::Binary => (
+                        event.binary_headers(Binding::Amqp),
+                        event.datacontenttype.clone(),
+                        event.data.clone(),
+                    ),
+                    Mode::Structured => (
+                        Vec::new(),
+                        Some(JSON_FORMAT.to_owned()),
+                        Bytes::from(event.to_json()),
+                    ),
+                }
+            }
+        };
+        let size = match self.envelope {
+            EnvelopeFormat::Outbox => m.size(),
+            EnvelopeFormat::CloudEvents(_) => {
+                body.len()
+                    + m.topic.len()
+                    + pairs.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>()
+            }
+        };
         if size > limit {
             return Err(PublishError::permanent(format!(
                 "message of {size} bytes (payload, topic, key and headers) exceeds the RabbitMQ limit of {limit} bytes"
@@ -416,19 +473,16 @@ impl RabbitMqSink {
         // Bytes of the content header frame: frame overhead 8, class/weight/body size/flags
         // 14, then each property.
         let mut header_bytes = 8 + 14 + 1 + 8 + 1 + 36;
-        let mut content_type = None;
-        for (name, value) in m.envelope_headers() {
+        let content_type = content_type.and_then(|ct| ShortString::try_new(ct).ok());
+        for (name, value) in pairs {
+            let len = name.len();
+            header_bytes += 1 + len + 1 + 4 + value.len();
             let key = ShortString::try_new(name).map_err(|_| {
                 PublishError::permanent(format!(
-                    "header name of {} bytes is longer than AMQP allows ({MAX_SHORT_STRING})",
-                    name.len()
+                    "header name of {len} bytes is longer than AMQP allows ({MAX_SHORT_STRING})"
                 ))
                 .with_code("invalid_header")
             })?;
-            header_bytes += 1 + name.len() + 1 + 4 + value.len();
-            if name == header::CONTENT_TYPE {
-                content_type = ShortString::try_new(value.clone()).ok();
-            }
             table.insert(key, AMQPValue::LongString(LongString::from(value)));
         }
         header_bytes += 4;
@@ -443,12 +497,14 @@ impl RabbitMqSink {
         let mut props = BasicProperties::default()
             .with_delivery_mode(2)
             .with_message_id(ShortString::from(m.message_id.to_string()))
-            .with_timestamp(u64::try_from(m.occurred_at.timestamp()).unwrap_or(0))
-            .with_headers(table);
+            .with_timestamp(u64::try_from(m.occurred_at.timestamp()).unwrap_or(0));
+        if !table.inner().is_empty() {
+            props = props.with_headers(table);
+        }
         if let Some(ct) = content_type {
             props = props.with_content_type(ct);
         }
-        Ok((routing_key, props))
+        Ok((routing_key, props, body))
     }
 
     /// What a failed publish or confirm means for message `m`.
@@ -552,13 +608,13 @@ impl Sink for RabbitMqSink {
             .map(|m| {
                 let prepared = self.prepare(m, link.frame_max);
                 async move {
-                    let (routing_key, props) = prepared.map_err(Failure::Refused)?;
+                    let (routing_key, props, body) = prepared.map_err(Failure::Refused)?;
                     let options = BasicPublishOptions {
                         mandatory: true,
                         immediate: false,
                     };
                     let confirm = channel
-                        .basic_publish(exchange.clone(), routing_key, options, &m.payload, props)
+                        .basic_publish(exchange.clone(), routing_key, options, &body, props)
                         .await
                         .map_err(Failure::Broker)?;
                     confirm.await.map_err(Failure::Broker)
@@ -717,7 +773,7 @@ const LAPIN_PARAMS: [&str; 5] = [
 
 /// Splits our parameters off `url` and parses the rest as lapin's URI; the TLS files and
 /// the password of `password_file` (put into the URI) come out first.
-fn parse_url(url: &str) -> Result<(AMQPUri, RabbitMqOptions, super::tls::TlsFiles), SinkError> {
+fn parse_url(url: &str) -> Result<ParsedUrl, SinkError> {
     let invalid = |reason: String| SinkError::InvalidUrl {
         url: redact(url),
         reason,
@@ -735,9 +791,20 @@ fn parse_url(url: &str) -> Result<(AMQPUri, RabbitMqOptions, super::tls::TlsFile
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut options = RabbitMqOptions::default();
     let mut kept = Vec::new();
+    let mut envelope = None;
+    let mut source = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         match k {
+            ENVELOPE_PARAM | SOURCE_PARAM => {
+                let v = percent_decode(v)
+                    .ok_or_else(|| invalid(format!("{k} is not valid percent-encoded UTF-8")))?;
+                if k == ENVELOPE_PARAM {
+                    envelope = Some(v);
+                } else {
+                    source = Some(v);
+                }
+            }
             "exchange" => {
                 options.exchange = percent_decode(v).ok_or_else(|| {
                     invalid(format!("exchange {v:?} is not valid percent-encoded UTF-8"))
@@ -751,12 +818,14 @@ fn parse_url(url: &str) -> Result<(AMQPUri, RabbitMqOptions, super::tls::TlsFile
             k if LAPIN_PARAMS.contains(&k) => kept.push(pair),
             k => {
                 return Err(invalid(format!(
-                    "unknown parameter {k:?} (known: exchange, max_message_bytes, {})",
+                    "unknown parameter {k:?} (known: exchange, max_message_bytes, envelope, ce_source, {})",
                     LAPIN_PARAMS.join(", ")
                 )));
             }
         }
     }
+    let envelope = EnvelopeFormat::parse(Binding::Amqp, "", envelope.as_deref(), source.as_deref())
+        .map_err(invalid)?;
     let lapin_url = if kept.is_empty() {
         base.to_owned()
     } else {
@@ -771,7 +840,20 @@ fn parse_url(url: &str) -> Result<(AMQPUri, RabbitMqOptions, super::tls::TlsFile
     if let Some(ip) = ip_host(base) {
         uri.authority.host = ip;
     }
-    Ok((uri, options, files))
+    Ok(ParsedUrl {
+        uri,
+        options,
+        files,
+        envelope,
+    })
+}
+
+/// What [`parse_url`] reads from a sink URL.
+struct ParsedUrl {
+    uri: AMQPUri,
+    options: RabbitMqOptions,
+    files: super::tls::TlsFiles,
+    envelope: EnvelopeFormat,
 }
 
 /// The host of `url` when it is an IP address literal (IPv6 without brackets).
@@ -821,27 +903,42 @@ mod tests {
 
     #[test]
     fn url_parameters_are_split_off() {
-        let (uri, o, _) = parse_url(
+        let ParsedUrl {
+            uri,
+            options: o,
+            envelope,
+            ..
+        } = parse_url(
             "amqp://u:p@127.0.0.1:5673/%2f?exchange=ev%2Eout&heartbeat=10&max_message_bytes=1000",
         )
         .unwrap();
+        assert_eq!(envelope, EnvelopeFormat::Outbox);
         assert_eq!(o.exchange, "ev.out");
         assert_eq!(o.max_message_bytes, 1000);
         assert_eq!(uri.authority.host, "127.0.0.1");
         assert_eq!(uri.authority.port, 5673);
         assert_eq!(uri.vhost, "/");
         assert_eq!(uri.query.heartbeat, Some(10));
-        let (_, o, _) = parse_url("amqp://h/v").unwrap();
+        let o = parse_url("amqp://h/v").unwrap().options;
         assert_eq!(o.exchange, "");
         assert_eq!(o.max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES);
         assert!(parse_url("amqp://h/v?exchnage=x").is_err());
-        let (uri, _, files) = parse_url("amqps://h/v?ca=/ca.pem&exchange=x").unwrap();
+        let ParsedUrl { uri, files, .. } = parse_url("amqps://h/v?ca=/ca.pem&exchange=x").unwrap();
         assert_eq!(uri.scheme, AMQPScheme::AMQPS);
         assert_eq!(uri.authority.port, 5671);
         assert_eq!(files.ca.as_deref(), Some(std::path::Path::new("/ca.pem")));
         assert!(parse_url("amqp://h/v?max_message_bytes=0").is_err());
-        let (uri, _, _) = parse_url("amqp://[::1]:5672/%2f").unwrap();
+        let uri = parse_url("amqp://[::1]:5672/%2f").unwrap().uri;
         assert_eq!(uri.authority.host, "::1");
+        let ce = parse_url("amqp://h/v?envelope=cloudevents&ce_source=%2Fshop%2Forders&exchange=x")
+            .unwrap();
+        let settings = ce.envelope.cloudevents().unwrap();
+        assert_eq!(settings.mode(), Mode::Binary);
+        assert_eq!(settings.source(), "/shop/orders");
+        assert_eq!(ce.options.exchange, "x");
+        assert!(parse_url("amqp://h/v?envelope=cloudevents-structured").is_ok());
+        assert!(parse_url("amqp://h/v?envelope=json").is_err());
+        assert!(parse_url("amqp://h/v?ce_source=%2Fx").is_err());
     }
 
     #[test]

@@ -389,6 +389,8 @@ fn parse_url(url: &str) -> Result<(String, RedisStreamsOptions, super::tls::TlsF
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut options = RedisStreamsOptions::default();
     let mut kept = Vec::new();
+    let mut envelope = None;
+    let mut source = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let positive = |what: &str| {
@@ -404,6 +406,8 @@ fn parse_url(url: &str) -> Result<(String, RedisStreamsOptions, super::tls::TlsF
                     .map_err(|_| invalid(format!("max_message_bytes {v:?} is too large")))?;
             }
             "protocol" => kept.push(pair),
+            crate::cloudevents::ENVELOPE_PARAM => envelope = Some(v),
+            crate::cloudevents::SOURCE_PARAM => source = Some(v),
             k => {
                 return Err(invalid(format!(
                     "unknown parameter {k:?} (known: maxlen, max_message_bytes, protocol)"
@@ -411,6 +415,8 @@ fn parse_url(url: &str) -> Result<(String, RedisStreamsOptions, super::tls::TlsF
             }
         }
     }
+    crate::cloudevents::EnvelopeFormat::refuse("Redis Streams", envelope, source)
+        .map_err(invalid)?;
     let redis_url = if kept.is_empty() {
         base.to_owned()
     } else {

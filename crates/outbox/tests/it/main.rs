@@ -3,7 +3,10 @@
 //! - `common`: the shared harness (databases, NATS streams, recording sinks, waits);
 //! - `conformance` + `conformance_<store>`: the store contract, once per store;
 //! - `publisher_conformance` + `publisher_conformance_<sink>`: the sink contract, once per
-//!   sink against its real broker;
+//!   sink against its real broker (`publisher_conformance_cloudevents`: again with the
+//!   CloudEvents envelope);
+//! - `cloudevents`: what the sinks send with `envelope=cloudevents`, read by the official
+//!   CloudEvents Python SDK (`cloudevents_sdk.py`);
 //! - the rest: relay, router, sink and consumer behaviour against real services.
 //!
 //! Run one area with a filter, e.g. `cargo nextest run -p outbox -E 'test(/^conformance_mysql::/)'`
@@ -19,6 +22,7 @@ mod publisher_conformance;
 
 mod bad_input;
 mod broker_outage;
+mod cloudevents;
 mod concurrent_relays;
 mod confirm_crash;
 mod conformance_mysql;
@@ -28,6 +32,7 @@ mod consumer_e2e;
 mod idle_relay;
 mod inbox;
 mod ordering;
+mod publisher_conformance_cloudevents;
 mod publisher_conformance_file;
 mod publisher_conformance_http;
 mod publisher_conformance_kafka;

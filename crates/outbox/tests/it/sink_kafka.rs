@@ -1,8 +1,9 @@
 //! The Kafka sink against a Kafka-protocol broker on 127.0.0.1:9092 (tansu, started by
 //! `scripts/services`): delivery reports before Ok, envelope in record headers, keys to
 //! partitions, byte fidelity, oversize refused before publishing, an unknown topic
-//! quarantined, brokers down reported as unavailable; and per-key ordering through two
-//! relays into a topic of three partitions.
+//! quarantined, brokers down reported as unavailable; per-key ordering through two
+//! relays into a topic of three partitions; and `envelope=cloudevents` records read back
+//! by `envelope::from_kafka` and by the CloudEvents Python SDK's Kafka bindings.
 #![cfg(feature = "kafka")]
 #![allow(clippy::unwrap_used)]
 
@@ -240,4 +241,64 @@ async fn tls_and_sasl_settings_are_accepted_by_librdkafka() {
         .unwrap()
         .to_string();
     assert!(e.contains("librdkafka refused the configuration"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_records_decode_with_from_kafka_and_the_sdk() {
+    use base64::Engine as _;
+    use outbox::cloudevents::Mode;
+    use serde_json::json;
+    for (envelope, mode) in [
+        ("cloudevents", Mode::Binary),
+        ("cloudevents-structured", Mode::Structured),
+    ] {
+        let topic = unique_topic("ce");
+        create_topic(&topic);
+        let url = format!(
+            "kafka://{BROKER}?envelope={envelope}&{}",
+            crate::cloudevents::source_param("")
+        );
+        let sink = KafkaSink::connect(&url).await.unwrap();
+        let batch = crate::cloudevents::messages(&topic);
+        let results = sink.publish_all(&batch).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        let got = consume(&topic, batch.len(), Duration::ZERO);
+        assert_eq!(got.len(), batch.len());
+        for record in &got {
+            let decoded = outbox::envelope::from_kafka(record).unwrap();
+            let m = batch
+                .iter()
+                .find(|m| m.message_id == decoded.message_id)
+                .unwrap();
+            let key = record.key().map(|k| String::from_utf8(k.to_vec()).unwrap());
+            assert_eq!(key, m.key, "record key = key");
+            let mut headers = serde_json::Map::new();
+            for h in record.headers().unwrap().iter() {
+                assert!(
+                    !["message-id", "topic", "key", "occurred-at"].contains(&h.key),
+                    "{}",
+                    h.key
+                );
+                let v = String::from_utf8(h.value.unwrap().to_vec()).unwrap();
+                headers.insert(h.key.to_owned(), json!(v));
+            }
+            if mode == Mode::Structured {
+                assert_eq!(
+                    headers.get("content-type"),
+                    Some(&json!("application/cloudevents+json"))
+                );
+            } else {
+                assert_eq!(headers.get("ce_id"), Some(&json!(m.message_id.to_string())));
+            }
+            let value = record.payload().unwrap_or_default();
+            let read = crate::cloudevents::sdk(&json!({
+                "binding": "kafka",
+                "headers": headers,
+                "key": key,
+                "body_base64": base64::engine::general_purpose::STANDARD.encode(value),
+            }));
+            crate::cloudevents::check(&read, m, mode, decoded);
+        }
+        sink.close().await;
+    }
 }

@@ -1,6 +1,7 @@
 //! HTTP webhook: an axum endpoint of its own per instance, recording every request; it
 //! answers 400 to messages on a topic ending in `.reject`. The envelope comes from the
-//! request headers, percent-decoded as the sink documents; transport headers are left out.
+//! request headers, percent-decoded as the sink documents (or the CloudEvent, in either
+//! mode); transport headers are left out.
 
 use super::{Harness, Received, closed_port, poll_read};
 use async_trait::async_trait;
@@ -35,9 +36,9 @@ pub(crate) fn percent_decode(s: &str) -> String {
 type Requests = Arc<Mutex<Vec<(HeaderMap, Bytes)>>>;
 
 async fn handle(State(reqs): State<Requests>, headers: HeaderMap, body: Bytes) -> StatusCode {
-    let reject = headers
-        .get("topic")
-        .is_some_and(|t| t.as_bytes().ends_with(b".reject"));
+    // The topic as the decoder reads it, whatever the envelope.
+    let reject = outbox::envelope::from_webhook(&headers, body.clone())
+        .is_ok_and(|e| e.topic.ends_with(".reject"));
     if reject {
         return StatusCode::BAD_REQUEST;
     }
@@ -56,14 +57,15 @@ pub(crate) fn received(headers: &HeaderMap, body: &Bytes) -> Received {
     Received::from(env)
 }
 
-pub(crate) struct HttpHarness {
+/// `ENVELOPE`: [`super::OUTBOX`], [`super::CE`] or [`super::CE_STRUCTURED`].
+pub(crate) struct HttpHarness<const ENVELOPE: u8 = { super::OUTBOX }> {
     url: String,
     requests: Requests,
     task: tokio::task::JoinHandle<()>,
 }
 
 #[async_trait]
-impl Harness for HttpHarness {
+impl<const ENVELOPE: u8> Harness for HttpHarness<ENVELOPE> {
     const DEDUPLICATES: bool = false;
     const PERMANENT_CODE: &'static str = "http_4xx";
 
@@ -79,7 +81,7 @@ impl Harness for HttpHarness {
             axum::serve(listener, app).await.unwrap();
         });
         HttpHarness {
-            url: format!("http://{addr}/hooks/in"),
+            url: super::with_envelope(&format!("http://{addr}/hooks/in"), ENVELOPE, "outbox_"),
             requests,
             task,
         }

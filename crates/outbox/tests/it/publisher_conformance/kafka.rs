@@ -85,12 +85,13 @@ pub(crate) fn consume(
     out
 }
 
-pub(crate) struct KafkaHarness {
+/// `ENVELOPE`: [`super::OUTBOX`], [`super::CE`] or [`super::CE_STRUCTURED`].
+pub(crate) struct KafkaHarness<const ENVELOPE: u8 = { super::OUTBOX }> {
     topic: String,
 }
 
 #[async_trait]
-impl Harness for KafkaHarness {
+impl<const ENVELOPE: u8> Harness for KafkaHarness<ENVELOPE> {
     const DEDUPLICATES: bool = false;
     const PERMANENT_CODE: &'static str = "no_destination";
 
@@ -107,9 +108,13 @@ impl Harness for KafkaHarness {
 
     async fn sink(&self) -> Box<dyn Sink> {
         Box::new(
-            KafkaSink::connect(&format!("kafka://{BROKER}?message_timeout_ms=5000"))
-                .await
-                .unwrap(),
+            KafkaSink::connect(&super::with_envelope(
+                &format!("kafka://{BROKER}?message_timeout_ms=5000"),
+                ENVELOPE,
+                "",
+            ))
+            .await
+            .unwrap(),
         )
     }
 

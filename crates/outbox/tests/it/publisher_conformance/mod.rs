@@ -13,6 +13,11 @@
 //! 4. a duplicate publish of one message id is `Ok` twice; deduplicating brokers store one
 //!    copy, the others two copies with the same message id;
 //! 5. a relay (SQLite store) delivers 200 messages through the sink, each once, unchanged.
+//!
+//! The NATS, Kafka, RabbitMQ, MQTT and HTTP harnesses take the envelope as a const
+//! parameter ([`OUTBOX`], [`CE`], [`CE_STRUCTURED`]): `publisher_conformance_cloudevents.rs`
+//! (Kafka: `publisher_conformance_kafka.rs`) runs the same cases with CloudEvents, read
+//! back through the same decoders.
 
 #![allow(clippy::unwrap_used)]
 
@@ -446,6 +451,26 @@ macro_rules! publisher_conformance_tests {
             $crate::publisher_conformance::duplicate_publish_keeps_the_message_id::<$h>().await;
         }
     };
+}
+
+/// A harness's envelope (its const parameter): the outbox envelope.
+pub(crate) const OUTBOX: u8 = 0;
+/// CloudEvents as `envelope=cloudevents` selects it (binary mode; NATS: structured).
+pub(crate) const CE: u8 = 1;
+/// CloudEvents structured mode (`envelope=cloudevents-structured`).
+pub(crate) const CE_STRUCTURED: u8 = 2;
+
+/// `url` with the query parameters selecting the envelope `mode` (one of [`OUTBOX`],
+/// [`CE`], [`CE_STRUCTURED`]); `prefix` is the sink's parameter prefix (`outbox_` for
+/// webhooks).
+pub(crate) fn with_envelope(url: &str, mode: u8, prefix: &str) -> String {
+    let envelope = match mode {
+        OUTBOX => return url.to_owned(),
+        CE => "cloudevents",
+        _ => "cloudevents-structured",
+    };
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{prefix}envelope={envelope}&{prefix}ce_source=%2Fconformance%2Ftests")
 }
 
 /// Polls `read` until it holds at least `expected` items (panics after `timeout`), then

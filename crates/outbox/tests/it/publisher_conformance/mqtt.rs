@@ -120,7 +120,8 @@ pub(crate) fn received(p: &Publish) -> Received {
     Received::from(outbox::envelope::from_mqtt(p).unwrap())
 }
 
-pub(crate) struct MqttHarness {
+/// `ENVELOPE`: [`super::OUTBOX`], [`super::CE`] or [`super::CE_STRUCTURED`].
+pub(crate) struct MqttHarness<const ENVELOPE: u8 = { super::OUTBOX }> {
     url: String,
     root: String,
     sub: Subscriber,
@@ -128,7 +129,7 @@ pub(crate) struct MqttHarness {
 }
 
 #[async_trait]
-impl Harness for MqttHarness {
+impl<const ENVELOPE: u8> Harness for MqttHarness<ENVELOPE> {
     const DEDUPLICATES: bool = false;
     const PERMANENT_CODE: &'static str = "invalid_topic";
 
@@ -149,7 +150,9 @@ impl Harness for MqttHarness {
     }
 
     async fn sink(&self) -> Box<dyn Sink> {
-        let sink = MqttSink::connect(&self.url).await.unwrap();
+        let sink = MqttSink::connect(&super::with_envelope(&self.url, ENVELOPE, ""))
+            .await
+            .unwrap();
         assert!(sink.is_connected());
         Box::new(sink)
     }

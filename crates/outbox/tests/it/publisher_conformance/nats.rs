@@ -8,12 +8,13 @@ use outbox::sink::nats::{NatsOptions, NatsSink};
 use outbox::sink::{Sink, SinkError};
 use std::time::Duration;
 
-pub(crate) struct NatsHarness {
+/// `ENVELOPE`: [`super::OUTBOX`] or [`super::CE`] (structured mode, the NATS binding's).
+pub(crate) struct NatsHarness<const ENVELOPE: u8 = { super::OUTBOX }> {
     client: async_nats::Client,
     stream: Option<TestStream>,
 }
 
-impl NatsHarness {
+impl<const ENVELOPE: u8> NatsHarness<ENVELOPE> {
     fn stream(&self) -> &TestStream {
         self.stream.as_ref().unwrap()
     }
@@ -44,7 +45,7 @@ impl NatsHarness {
 }
 
 #[async_trait]
-impl Harness for NatsHarness {
+impl<const ENVELOPE: u8> Harness for NatsHarness<ENVELOPE> {
     const DEDUPLICATES: bool = true;
     const PERMANENT_CODE: &'static str = "no_destination";
 
@@ -63,9 +64,12 @@ impl Harness for NatsHarness {
 
     async fn sink(&self) -> Box<dyn Sink> {
         Box::new(
-            NatsSink::connect(&nats_url(), NatsOptions::default())
-                .await
-                .unwrap(),
+            NatsSink::connect(
+                &super::with_envelope(&nats_url(), ENVELOPE, ""),
+                NatsOptions::default(),
+            )
+            .await
+            .unwrap(),
         )
     }
 

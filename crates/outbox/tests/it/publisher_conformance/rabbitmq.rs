@@ -49,7 +49,8 @@ pub(crate) fn header_text(table: &FieldTable, name: &str) -> Option<String> {
     }
 }
 
-pub(crate) struct RabbitMqHarness {
+/// `ENVELOPE`: [`super::OUTBOX`], [`super::CE`] or [`super::CE_STRUCTURED`].
+pub(crate) struct RabbitMqHarness<const ENVELOPE: u8 = { super::OUTBOX }> {
     _conn: Connection,
     ch: Channel,
     queue: String,
@@ -57,7 +58,7 @@ pub(crate) struct RabbitMqHarness {
     taken: Vec<Received>,
 }
 
-impl RabbitMqHarness {
+impl<const ENVELOPE: u8> RabbitMqHarness<ENVELOPE> {
     async fn take_available(&mut self) {
         while let Some(got) = self
             .ch
@@ -76,7 +77,7 @@ impl RabbitMqHarness {
 }
 
 #[async_trait]
-impl Harness for RabbitMqHarness {
+impl<const ENVELOPE: u8> Harness for RabbitMqHarness<ENVELOPE> {
     const DEDUPLICATES: bool = false;
     const PERMANENT_CODE: &'static str = "unroutable";
 
@@ -107,7 +108,11 @@ impl Harness for RabbitMqHarness {
     }
 
     async fn sink(&self) -> Box<dyn Sink> {
-        Box::new(RabbitMqSink::connect(&amqp_url()).await.unwrap())
+        Box::new(
+            RabbitMqSink::connect(&super::with_envelope(&amqp_url(), ENVELOPE, ""))
+                .await
+                .unwrap(),
+        )
     }
 
     async fn size_limit(&self) -> Option<usize> {
