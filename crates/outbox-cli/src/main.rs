@@ -578,7 +578,7 @@ fn with_password_file(url: &str, file: &std::path::Path) -> anyhow::Result<Strin
     let password = outbox::sink::tls::read_secret("password", file)?;
     let mut parsed = url::Url::parse(url)
         .with_context(|| format!("{} is not a URL", outbox::redact::redact_url(url)))?;
-    parsed.set_password(Some(&password)).map_err(|()| {
+    outbox::sink::tls::set_password(&mut parsed, &password).map_err(|()| {
         anyhow::anyhow!(
             "{} cannot carry a password",
             outbox::redact::redact_url(url)
@@ -1058,6 +1058,22 @@ async fn shutdown_on_signal(cancel: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::log_filter_directives;
+
+    #[test]
+    fn a_password_file_is_taken_literally() {
+        // `%` is part of the password: the store's and the sinks' clients percent-decode
+        // the URL's password.
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "p%41ss:w@rd/%\n").unwrap_or_else(|e| panic!("{e}"));
+        let url = super::with_password_file("postgres://app@db/shop", &file)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let parsed = url::Url::parse(&url).unwrap_or_else(|e| panic!("{e}"));
+        let decoded = percent_encoding::percent_decode_str(parsed.password().unwrap_or(""))
+            .decode_utf8_lossy()
+            .into_owned();
+        assert_eq!(decoded, "p%41ss:w@rd/%", "{url}");
+    }
 
     #[test]
     fn inbox_purge_ages_below_the_redelivery_window_are_refused() {

@@ -220,14 +220,24 @@ pub fn take_prefixed(url: &mut url::Url, prefix: &str) -> Result<TlsFiles, TlsEr
     }
     if let Some(path) = password_file {
         let password = read_secret("password_file", &path)?;
-        url.set_password(Some(&password))
-            .map_err(|()| TlsError::Parse {
-                what: "password_file",
-                path: path.clone(),
-                reason: "this URL cannot carry a password".into(),
-            })?;
+        set_password(url, &password).map_err(|()| TlsError::Parse {
+            what: "password_file",
+            path: path.clone(),
+            reason: "this URL cannot carry a password".into(),
+        })?;
     }
     Ok(files)
+}
+
+/// Sets `url`'s password to `password` taken literally: every character that cannot stand
+/// in a URL's userinfo is percent-encoded, `%` included (the `url` crate leaves a `%` as it
+/// is, and the clients percent-decode the password, so `a%41` would arrive as `aA`).
+///
+/// # Errors
+/// `Err(())` when the URL cannot carry a password (no host).
+#[allow(clippy::result_unit_err)]
+pub fn set_password(url: &mut url::Url, password: &str) -> Result<(), ()> {
+    url.set_password(Some(&password.replace('%', "%25")))
 }
 
 static DEFAULT_CA: std::sync::RwLock<Option<PathBuf>> = std::sync::RwLock::new(None);
@@ -514,6 +524,24 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(e.contains("empty") && e.contains("pw"), "{e}");
+    }
+
+    #[test]
+    fn a_password_file_is_taken_literally() {
+        // A `%` in the file is part of the password, not the start of an escape: the
+        // clients percent-decode the URL's password.
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("pw");
+        for password in ["a%41b", "100%", "%2F%zz%"] {
+            std::fs::write(&path, format!("{password}\n")).unwrap_or_else(|e| panic!("{e}"));
+            let mut u = url::Url::parse(&format!("amqp://app@h/?password_file={}", path.display()))
+                .unwrap_or_else(|e| panic!("{e}"));
+            take_settings(&mut u).unwrap_or_else(|e| panic!("{e}"));
+            let decoded = percent_encoding::percent_decode_str(u.password().unwrap_or(""))
+                .decode_utf8_lossy()
+                .into_owned();
+            assert_eq!(decoded, password, "{u}");
+        }
     }
 
     #[test]
