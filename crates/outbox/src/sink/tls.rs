@@ -334,7 +334,9 @@ pub enum Preamble {
 
 /// One TLS handshake with `host:port` using `config`, to turn a certificate problem into a
 /// clear error at start. A server that cannot be reached (refused, unreachable, no answer
-/// within [`HANDSHAKE_TIMEOUT`]) is `Ok`: that is an outage, for the sink's own reconnects.
+/// within [`HANDSHAKE_TIMEOUT`], or a connection closed before the server sent anything, as
+/// a proxy whose backend is down does) is `Ok`, with a warning: that is an outage, for the
+/// sink's own reconnects.
 ///
 /// # Errors
 /// [`TlsError::Handshake`] naming the host and what went wrong.
@@ -361,6 +363,14 @@ pub async fn check_handshake(
     else {
         return Ok(());
     };
+    let outage = |reason: &str| {
+        tracing::warn!(
+            host,
+            port,
+            "{reason}: taken as an outage, the sink keeps connecting"
+        );
+        Ok(())
+    };
     let mut tcp = tokio::io::BufReader::new(tcp);
     if let Preamble::NatsInfo { required } = preamble {
         let mut line = String::new();
@@ -374,9 +384,11 @@ pub async fn check_handshake(
                     return Ok(());
                 }
             }
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                return outage("the server closed the connection before its INFO");
+            }
             Ok(Ok(_)) => return Err(fail("the server did not greet as NATS does".into())),
-            Ok(Err(e)) => return Err(fail(e.to_string())),
-            Err(_) => return Err(fail("no INFO from the server".into())),
+            Err(_) => return outage("no INFO from the server"),
         }
     }
     let name = ServerName::try_from(bare.to_owned())
@@ -384,10 +396,23 @@ pub async fn check_handshake(
     let connector = tokio_rustls::TlsConnector::from(config);
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, tcp)).await {
         Ok(Ok(_)) => Ok(()),
+        // Nothing came back: a server that is not there yet, not a wrong certificate.
+        Ok(Err(e))
+            if e.get_ref()
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+                .is_none()
+                && matches!(
+                    e.kind(),
+                    std::io::ErrorKind::UnexpectedEof
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::BrokenPipe
+                ) =>
+        {
+            outage("the server closed the connection during the TLS handshake (is the port TLS?)")
+        }
         Ok(Err(e)) => Err(fail(describe_io(&e))),
-        Err(_) => Err(fail(
-            "no answer to the TLS handshake (is the port TLS?)".into(),
-        )),
+        Err(_) => outage("no answer to the TLS handshake (is the port TLS?)"),
     }
 }
 
