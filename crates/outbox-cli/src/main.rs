@@ -129,7 +129,7 @@ enum Command {
         /// URL. Patterns are dotted, `*` matches one token, `>` (last) one or more. With
         /// routes, --sink is the catch-all; without it an unmatched topic is quarantined
         /// ("no route for topic …"). In OUTBOX_ROUTE, separate routes by spaces.
-        #[arg(long = "route", env = "OUTBOX_ROUTE", value_delimiter = ' ', value_parser = parse_route)]
+        #[arg(long = "route", env = "OUTBOX_ROUTE", value_delimiter = ' ', value_parser = RouteParser)]
         routes: Vec<(String, String)>,
         /// Exit once nothing is due: 0 when every publish succeeded or was quarantined, 3
         /// when some failed and were rescheduled (they are still pending).
@@ -348,10 +348,42 @@ to start (it would mark them dispatched without delivering them anywhere). Choos
 sink = \"URL\" in outbox.toml, or --route PATTERN=URL. To try the relay out, --sink stdout \
 prints each message as a JSON line.";
 
+/// `--route PATTERN=URL`. Its errors show the route redacted: clap's own message for a
+/// value it refuses would repeat the value as given, password included.
+#[derive(Clone)]
+struct RouteParser;
+
+impl clap::builder::TypedValueParser for RouteParser {
+    type Value = (String, String);
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        let refuse = |kind, reason: String| {
+            clap::Error::raw(kind, format!("invalid --route: {reason}\n")).with_cmd(cmd)
+        };
+        let text = value.to_str().ok_or_else(|| {
+            refuse(
+                clap::error::ErrorKind::InvalidUtf8,
+                "the value is not UTF-8".into(),
+            )
+        })?;
+        parse_route(text).map_err(|e| refuse(clap::error::ErrorKind::ValueValidation, e))
+    }
+}
+
 fn parse_route(s: &str) -> Result<(String, String), String> {
+    let shown = || outbox::redact::redact_url(s);
     let (pattern, url) = s
         .split_once('=')
-        .ok_or_else(|| format!("route {s:?} must be PATTERN=URL"))?;
+        .ok_or_else(|| format!("route {:?} must be PATTERN=URL", shown()))?;
+    if pattern.contains("://") || pattern.contains('@') {
+        // No pattern before the URL: the `=` was the URL's own.
+        return Err(format!("route {:?} must be PATTERN=URL", shown()));
+    }
     outbox::sink::router::TopicPattern::parse(pattern)?;
     Ok((pattern.to_owned(), url.to_owned()))
 }
@@ -579,7 +611,7 @@ fn with_password_file(url: &str, file: &std::path::Path) -> anyhow::Result<Strin
     let password = outbox::sink::tls::read_secret("password", file)?;
     let mut parsed = url::Url::parse(url)
         .with_context(|| format!("{} is not a URL", outbox::redact::redact_url(url)))?;
-    parsed.set_password(Some(&password)).map_err(|()| {
+    outbox::sink::tls::set_password(&mut parsed, &password).map_err(|()| {
         anyhow::anyhow!(
             "{} cannot carry a password",
             outbox::redact::redact_url(url)
@@ -1059,6 +1091,39 @@ async fn shutdown_on_signal(cancel: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::log_filter_directives;
+
+    #[test]
+    fn a_bad_route_never_shows_its_password() {
+        use clap::Parser as _;
+        for route in [
+            "nats://u:TOPSECRET@127.0.0.1:4222",
+            "nats://u:TOPSECRET@127.0.0.1:4222?ca=/x",
+            "a..b=nats://u:TOPSECRET@127.0.0.1:4222",
+        ] {
+            let Err(e) = super::Cli::try_parse_from(["outbox", "relay", "--route", route]) else {
+                panic!("{route} was accepted");
+            };
+            let text = e.to_string();
+            assert!(!text.contains("TOPSECRET"), "{text}");
+            assert!(text.contains("route"), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_password_file_is_taken_literally() {
+        // `%` is part of the password: the store's and the sinks' clients percent-decode
+        // the URL's password.
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "p%41ss:w@rd/%\n").unwrap_or_else(|e| panic!("{e}"));
+        let url = super::with_password_file("postgres://app@db/shop", &file)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let parsed = url::Url::parse(&url).unwrap_or_else(|e| panic!("{e}"));
+        let decoded = percent_encoding::percent_decode_str(parsed.password().unwrap_or(""))
+            .decode_utf8_lossy()
+            .into_owned();
+        assert_eq!(decoded, "p%41ss:w@rd/%", "{url}");
+    }
 
     #[test]
     fn inbox_purge_ages_below_the_redelivery_window_are_refused() {

@@ -37,7 +37,8 @@
 //! - `kafka.NAME=VALUE`: any other librdkafka producer property
 //!   (<https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md>), except
 //!   the ones this sink owns (`bootstrap.servers`, `enable.idempotence`, `acks`,
-//!   `message.timeout.ms`), which are refused.
+//!   `message.timeout.ms`) and the ones the URL's settings decide (`security.protocol`,
+//!   `sasl.*` credentials and mechanism, `ssl.*.location`), which are refused.
 
 use super::{Confirmations, ErrorKind, PublishError, Sink, SinkError};
 use crate::cloudevents::{
@@ -194,6 +195,18 @@ const OWNED: [&str; 4] = [
     "message.timeout.ms",
 ];
 
+/// The librdkafka properties the URL's own settings decide (the sink sets them after the
+/// `kafka.` ones, so a `kafka.` value would be silently replaced), and what to use instead.
+const URL_OWNED: [(&str, &str); 7] = [
+    ("security.protocol", "security_protocol="),
+    ("sasl.mechanism", "sasl_mechanism="),
+    ("sasl.username", "the URL's USER@"),
+    ("sasl.password", "the URL's USER:PASS@ or password_file="),
+    ("ssl.ca.location", "ca="),
+    ("ssl.certificate.location", "cert="),
+    ("ssl.key.location", "key="),
+];
+
 fn parse_url(url: &str) -> Result<KafkaUrl, String> {
     let (scheme, rest) = if let Some(r) = url.strip_prefix("kafka://") {
         ("kafka", r)
@@ -259,6 +272,13 @@ fn parse_url(url: &str) -> Result<KafkaUrl, String> {
                         "kafka.{prop} is set by the sink and cannot be changed"
                     ));
                 }
+                Some(prop)
+                    if let Some((_, instead)) = URL_OWNED.iter().find(|(p, _)| *p == prop) =>
+                {
+                    return Err(format!(
+                        "kafka.{prop} comes from the URL's own settings: use {instead}"
+                    ));
+                }
                 Some(prop) if !prop.is_empty() => {
                     properties.push((prop.to_owned(), v.into_owned()));
                 }
@@ -295,7 +315,8 @@ fn parse_url(url: &str) -> Result<KafkaUrl, String> {
     } else if mechanism.is_some() {
         return Err("sasl_mechanism needs a user (kafka://USER:PASS@HOST…)".into());
     }
-    if protocol.contains("SSL") {
+    // librdkafka reads the protocol's name in any case.
+    if protocol.to_ascii_uppercase().contains("SSL") {
         for (what, path) in [
             ("ca", &files.ca),
             ("cert", &files.cert),
@@ -467,6 +488,32 @@ mod tests {
         let u = parse_url("kafka://b1:9092,b2:9092/?message_timeout_ms=5000").unwrap();
         assert_eq!(u.servers, "b1:9092,b2:9092");
         assert_eq!(u.timeout_ms, 5000);
+    }
+
+    #[test]
+    fn tls_settings_are_not_lost() {
+        let ca = tempfile::NamedTempFile::new().unwrap();
+        // librdkafka reads security.protocol in any case: the CA still applies.
+        let p = props(&format!(
+            "kafka://b1:9093?security_protocol=ssl&ca={}",
+            ca.path().display()
+        ));
+        assert_eq!(p["ssl.ca.location"], ca.path().display().to_string());
+        // A property the URL's own settings decide cannot be given a second way, where
+        // the sink's value would silently replace it (kafka.security.protocol=SSL on a
+        // kafka:// URL would have stayed PLAINTEXT).
+        for (param, hint) in [
+            ("kafka.security.protocol=SSL", "security_protocol"),
+            ("kafka.sasl.mechanism=PLAIN", "sasl_mechanism"),
+            ("kafka.sasl.username=u", "USER"),
+            ("kafka.sasl.password=p", "password_file"),
+            ("kafka.ssl.ca.location=/x", "ca="),
+            ("kafka.ssl.certificate.location=/x", "cert="),
+            ("kafka.ssl.key.location=/x", "key="),
+        ] {
+            let e = parse_url(&format!("kafka://b:1?{param}")).unwrap_err();
+            assert!(e.contains(hint), "{param}: {e}");
+        }
     }
 
     #[test]

@@ -88,7 +88,7 @@ impl NatsSink {
     /// refused.
     pub async fn connect(url: &str, options: NatsOptions) -> Result<Self, SinkError> {
         let invalid = |reason: String| SinkError::InvalidUrl {
-            url: redact_url(url),
+            url: redact(url),
             reason,
         };
         let mut parsed = url::Url::parse(url).map_err(|e| invalid(e.to_string()))?;
@@ -171,7 +171,7 @@ impl NatsSink {
         )
         .await
         .map_err(|e| SinkError::Open {
-            url: redact_url(url),
+            url: redact(url),
             source: Box::new(e),
         })?;
         let refused: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
@@ -215,14 +215,14 @@ impl NatsSink {
             .connection_timeout(Duration::from_secs(2))
             .connect(parsed.as_str())
             .await
-            .map_err(|e| invalid(scrub(&e.to_string(), url)))?;
+            .map_err(|e| invalid(hide(&e.to_string(), url)))?;
         let js = async_nats::jetstream::ContextBuilder::new()
             .timeout(options.ack_timeout)
             .build(client.clone());
         let sink = NatsSink {
             client,
             js,
-            describe: redact_url(url),
+            describe: redact(url),
             envelope,
         };
         // Give the first connection a moment, so the first batch does not find it still
@@ -232,7 +232,7 @@ impl NatsSink {
             if let Some(reason) = refusal {
                 sink.client.drain().await.ok();
                 return Err(SinkError::Open {
-                    url: redact_url(url),
+                    url: redact(url),
                     source: reason.into(),
                 });
             }
@@ -439,6 +439,35 @@ fn url_credentials(url: &str) -> Option<(String, Option<String>)> {
     }
 }
 
+/// `url` as logs, errors and [`Sink::describe`] show it: [`redact_url`], and a user name
+/// without a password (`nats://TOKEN@host`) is a token, hidden as well (unless the password
+/// comes from `password_file=`).
+fn redact(url: &str) -> String {
+    let redacted = redact_url(url);
+    match url::Url::parse(&redacted) {
+        Ok(mut u)
+            if !u.username().is_empty()
+                && u.password().is_none()
+                && !u.query_pairs().any(|(k, _)| k == "password_file") =>
+        {
+            let _ = u.set_username(crate::redact::MASK);
+            u.to_string()
+        }
+        _ => redacted,
+    }
+}
+
+/// `text` (a client library's message) with `url`, its password and its token hidden.
+fn hide(text: &str, url: &str) -> String {
+    let mut out = scrub(text, url);
+    if let Some((token, None)) = url_credentials(url)
+        && token.chars().count() >= 3
+    {
+        out = out.replace(&token, crate::redact::MASK);
+    }
+    out
+}
+
 /// A subject a publish may use (<https://docs.nats.io/nats-concepts/subjects>): tokens
 /// separated by `.`, none empty, no whitespace or control characters, no `*` / `>`
 /// wildcard tokens.
@@ -618,6 +647,40 @@ mod tests {
             Some(("s3cr3t".into(), None))
         );
         assert_eq!(url_credentials("nats://127.0.0.1:4222"), None);
+    }
+
+    #[tokio::test]
+    async fn a_token_in_the_url_never_shows() {
+        const TOKEN: &str = "s3cr3t-T0ken";
+        // Nothing listens there: the sink opens and waits for the server.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let sink = NatsSink::connect(
+            &format!("nats://{TOKEN}@127.0.0.1:{port}"),
+            NatsOptions::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!sink.describe().contains(TOKEN), "{}", sink.describe());
+        assert!(sink.describe().contains("127.0.0.1"), "{}", sink.describe());
+        let e = NatsSink::connect(
+            &format!("nats://{TOKEN}@127.0.0.1:{port}?bogus=1"),
+            NatsOptions::default(),
+        )
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(e.contains("bogus") && !e.contains(TOKEN), "{e}");
+        // A user with a password is a user name: it stays, the password goes.
+        assert_eq!(redact("nats://relay:pw@h:4222"), "nats://relay:***@h:4222");
+        assert_eq!(redact("nats://h:4222"), "nats://h:4222");
+        assert_eq!(
+            redact("nats://relay@h:4222?password_file=/run/pw"),
+            "nats://relay@h:4222?password_file=***"
+        );
     }
 
     #[test]

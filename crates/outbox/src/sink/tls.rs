@@ -220,14 +220,24 @@ pub fn take_prefixed(url: &mut url::Url, prefix: &str) -> Result<TlsFiles, TlsEr
     }
     if let Some(path) = password_file {
         let password = read_secret("password_file", &path)?;
-        url.set_password(Some(&password))
-            .map_err(|()| TlsError::Parse {
-                what: "password_file",
-                path: path.clone(),
-                reason: "this URL cannot carry a password".into(),
-            })?;
+        set_password(url, &password).map_err(|()| TlsError::Parse {
+            what: "password_file",
+            path: path.clone(),
+            reason: "this URL cannot carry a password".into(),
+        })?;
     }
     Ok(files)
+}
+
+/// Sets `url`'s password to `password` taken literally: every character that cannot stand
+/// in a URL's userinfo is percent-encoded, `%` included (the `url` crate leaves a `%` as it
+/// is, and the clients percent-decode the password, so `a%41` would arrive as `aA`).
+///
+/// # Errors
+/// `Err(())` when the URL cannot carry a password (no host).
+#[allow(clippy::result_unit_err)]
+pub fn set_password(url: &mut url::Url, password: &str) -> Result<(), ()> {
+    url.set_password(Some(&password.replace('%', "%25")))
 }
 
 static DEFAULT_CA: std::sync::RwLock<Option<PathBuf>> = std::sync::RwLock::new(None);
@@ -324,7 +334,9 @@ pub enum Preamble {
 
 /// One TLS handshake with `host:port` using `config`, to turn a certificate problem into a
 /// clear error at start. A server that cannot be reached (refused, unreachable, no answer
-/// within [`HANDSHAKE_TIMEOUT`]) is `Ok`: that is an outage, for the sink's own reconnects.
+/// within [`HANDSHAKE_TIMEOUT`], or a connection closed before the server sent anything, as
+/// a proxy whose backend is down does) is `Ok`, with a warning: that is an outage, for the
+/// sink's own reconnects.
 ///
 /// # Errors
 /// [`TlsError::Handshake`] naming the host and what went wrong.
@@ -351,6 +363,14 @@ pub async fn check_handshake(
     else {
         return Ok(());
     };
+    let outage = |reason: &str| {
+        tracing::warn!(
+            host,
+            port,
+            "{reason}: taken as an outage, the sink keeps connecting"
+        );
+        Ok(())
+    };
     let mut tcp = tokio::io::BufReader::new(tcp);
     if let Preamble::NatsInfo { required } = preamble {
         let mut line = String::new();
@@ -364,9 +384,11 @@ pub async fn check_handshake(
                     return Ok(());
                 }
             }
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                return outage("the server closed the connection before its INFO");
+            }
             Ok(Ok(_)) => return Err(fail("the server did not greet as NATS does".into())),
-            Ok(Err(e)) => return Err(fail(e.to_string())),
-            Err(_) => return Err(fail("no INFO from the server".into())),
+            Err(_) => return outage("no INFO from the server"),
         }
     }
     let name = ServerName::try_from(bare.to_owned())
@@ -374,10 +396,23 @@ pub async fn check_handshake(
     let connector = tokio_rustls::TlsConnector::from(config);
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, tcp)).await {
         Ok(Ok(_)) => Ok(()),
+        // Nothing came back: a server that is not there yet, not a wrong certificate.
+        Ok(Err(e))
+            if e.get_ref()
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+                .is_none()
+                && matches!(
+                    e.kind(),
+                    std::io::ErrorKind::UnexpectedEof
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::BrokenPipe
+                ) =>
+        {
+            outage("the server closed the connection during the TLS handshake (is the port TLS?)")
+        }
         Ok(Err(e)) => Err(fail(describe_io(&e))),
-        Err(_) => Err(fail(
-            "no answer to the TLS handshake (is the port TLS?)".into(),
-        )),
+        Err(_) => outage("no answer to the TLS handshake (is the port TLS?)"),
     }
 }
 
@@ -514,6 +549,24 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(e.contains("empty") && e.contains("pw"), "{e}");
+    }
+
+    #[test]
+    fn a_password_file_is_taken_literally() {
+        // A `%` in the file is part of the password, not the start of an escape: the
+        // clients percent-decode the URL's password.
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("pw");
+        for password in ["a%41b", "100%", "%2F%zz%"] {
+            std::fs::write(&path, format!("{password}\n")).unwrap_or_else(|e| panic!("{e}"));
+            let mut u = url::Url::parse(&format!("amqp://app@h/?password_file={}", path.display()))
+                .unwrap_or_else(|e| panic!("{e}"));
+            take_settings(&mut u).unwrap_or_else(|e| panic!("{e}"));
+            let decoded = percent_encoding::percent_decode_str(u.password().unwrap_or(""))
+                .decode_utf8_lossy()
+                .into_owned();
+            assert_eq!(decoded, password, "{u}");
+        }
     }
 
     #[test]

@@ -783,3 +783,53 @@ async fn unreadable_tls_files_are_named_at_open() {
         }
     }
 }
+
+/// A server that takes the TCP connection and then says nothing, or closes it at once (a
+/// proxy or a sidecar whose broker is down, a broker still starting), is an outage: every
+/// sink opens, within a bounded wait, and waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_never_answers_is_an_outage() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = silent.accept().await {
+            held.push(tcp);
+        }
+    });
+    let closing = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closing_port = closing.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = closing.accept().await {
+            drop(tcp);
+        }
+    });
+    let mut urls = Vec::new();
+    for port in [silent_port, closing_port] {
+        urls.extend([
+            format!("nats://127.0.0.1:{port}"),
+            format!("tls://127.0.0.1:{port}"),
+            format!("rediss://127.0.0.1:{port}"),
+            format!("amqps://127.0.0.1:{port}/%2f"),
+            format!("mqtts://127.0.0.1:{port}"),
+            format!("https://127.0.0.1:{port}/hook"),
+        ]);
+    }
+    let opened = futures::future::join_all(urls.iter().map(|url| async move {
+        let start = Instant::now();
+        let r = outbox::sink::open(url).await;
+        (url, start.elapsed(), r.map(|s| s.describe()))
+    }))
+    .await;
+    for (url, took, r) in opened {
+        if let Err(e) = r {
+            panic!(
+                "{url}: {e} ({})",
+                std::error::Error::source(&e)
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+            );
+        }
+        assert!(took < Duration::from_secs(20), "{url} took {took:?}");
+    }
+}
