@@ -1006,3 +1006,30 @@ async fn passwords_from_files_never_show() {
     assert!(!missing.status.success() && err.contains("nope"), "{err}");
     let _ = js.delete_stream(&subject).await;
 }
+
+/// A default CA (`OUTBOX_TLS_CA_FILE`) that cannot be read does not stop a plain-text sink
+/// that never uses it; a TLS sink, which would, is refused at start naming the file.
+#[test]
+fn a_missing_default_ca_matters_only_to_tls_sinks() {
+    let db = Db::sqlite();
+    run_ok(db.cmd().arg("migrate"));
+    let drain = |sink: &str| {
+        db.cmd()
+            .env("OUTBOX_TLS_CA_FILE", "/nonexistent/outbox-ca.pem")
+            .args(["relay", "--sink", sink, "--drain"])
+            .output()
+            .unwrap()
+    };
+    let plain = drain("nats://127.0.0.1:4222");
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let tls = drain("tls://127.0.0.1:4222");
+    let err = String::from_utf8_lossy(&tls.stderr);
+    assert!(
+        !tls.status.success() && err.contains("outbox-ca.pem"),
+        "{err}"
+    );
+}

@@ -156,8 +156,24 @@ impl NatsSink {
                 .credentials(&text)
                 .map_err(|e| invalid(format!("creds file {path:?}: {e}")))?;
         }
-        let tls = Arc::new(files.client_config().map_err(|e| invalid(e.to_string()))?);
         let tls_required = tls_always || files.cert.is_some();
+        let tls = match files.client_config() {
+            Ok(config) => config,
+            // The default CA (OUTBOX_TLS_CA_FILE) matters only if TLS is used: a plain
+            // nats:// URL keeps working when it cannot be read, and TLS, if the server
+            // asks for it, trusts the system's roots.
+            Err(e) if files.default_ca && !tls_required => {
+                tracing::warn!(error = %e, "the default CA file is not used for {}", redact(url));
+                super::tls::TlsFiles {
+                    ca: None,
+                    ..files.clone()
+                }
+                .client_config()
+                .map_err(|e| invalid(e.to_string()))?
+            }
+            Err(e) => return Err(invalid(e.to_string())),
+        };
+        let tls = Arc::new(tls);
         let host = parsed.host_str().unwrap_or("127.0.0.1").to_owned();
         let port = parsed.port().unwrap_or(4222);
         super::tls::check_handshake(
