@@ -250,6 +250,10 @@ impl CloudEvents {
     }
 }
 
+/// What [`EnvelopeFormat::properties`] gives a sink: the named string properties, the
+/// content type and the body.
+pub type Properties = (Vec<(String, String)>, Option<String>, bytes::Bytes);
+
 /// The envelope a sink writes, from its URL.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum EnvelopeFormat {
@@ -322,6 +326,46 @@ impl EnvelopeFormat {
                 "{ENVELOPE_PARAM}={e:?} is not one of outbox, cloudevents, cloudevents-binary, cloudevents-structured ({sink} supports only outbox)"
             )),
         }
+    }
+
+    /// What a sink that carries named string properties (AMQP headers, MQTT user
+    /// properties) sends for `m` on `binding`: the property pairs, the content type and
+    /// the body. The outbox envelope: [`OutgoingMessage::envelope_headers`], the
+    /// `content-type` header and the payload; binary mode: the binding's attribute
+    /// properties, `datacontenttype` and the data; structured mode: no properties,
+    /// [`JSON_FORMAT`] and the JSON event.
+    ///
+    /// # Errors
+    /// A permanent [`PublishError`] when the message cannot be a CloudEvent (see the module
+    /// docs).
+    pub fn properties(
+        &self,
+        m: &OutgoingMessage,
+        binding: Binding,
+    ) -> Result<Properties, PublishError> {
+        let Some(ce) = self.cloudevents() else {
+            return Ok((
+                m.envelope_headers()
+                    .into_iter()
+                    .map(|(n, v)| (n.to_owned(), v))
+                    .collect(),
+                m.headers.get(crate::message::header::CONTENT_TYPE).cloned(),
+                m.payload.clone(),
+            ));
+        };
+        let event = ce.event(m)?;
+        Ok(match ce.mode() {
+            Mode::Binary => (
+                event.binary_headers(binding),
+                event.datacontenttype.clone(),
+                event.data.clone(),
+            ),
+            Mode::Structured => (
+                Vec::new(),
+                Some(JSON_FORMAT.to_owned()),
+                bytes::Bytes::from(event.to_json()),
+            ),
+        })
     }
 
     /// The CloudEvents settings, when chosen.

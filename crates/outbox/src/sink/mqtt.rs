@@ -68,10 +68,8 @@
 //!   subscribers. Lower `autosave_interval` (or `autosave_on_changes`) to narrow the window.
 
 use super::{Confirmations, PublishError, Sink, SinkError};
-use crate::cloudevents::{
-    Binding, ENVELOPE_PARAM, EnvelopeFormat, JSON_FORMAT, Mode, SOURCE_PARAM,
-};
-use crate::message::{OutgoingMessage, header};
+use crate::cloudevents::{Binding, ENVELOPE_PARAM, EnvelopeFormat, SOURCE_PARAM};
+use crate::message::OutgoingMessage;
 use crate::redact::redact_url_without_query;
 use async_trait::async_trait;
 use futures::future::join_all;
@@ -582,31 +580,7 @@ fn prepare(m: &OutgoingMessage, envelope: &EnvelopeFormat) -> Result<Prepared, P
         .with_code("invalid_topic"));
     }
     // The user properties, the Content Type property and the payload.
-    let (pairs, content_type, payload) = match envelope.cloudevents() {
-        None => (
-            m.envelope_headers()
-                .into_iter()
-                .map(|(n, v)| (n.to_owned(), v))
-                .collect::<Vec<_>>(),
-            m.headers.get(header::CONTENT_TYPE).cloned(),
-            m.payload.clone(),
-        ),
-        Some(ce) => {
-            let event = ce.event(m)?;
-            match ce.mode() {
-                Mode::Binary => (
-                    event.binary_headers(Binding::Mqtt),
-                    event.datacontenttype.clone(),
-                    event.data.clone(),
-                ),
-                Mode::Structured => (
-                    Vec::new(),
-                    Some(JSON_FORMAT.to_owned()),
-                    bytes::Bytes::from(event.to_json()),
-                ),
-            }
-        }
-    };
+    let (pairs, content_type, payload) = envelope.properties(m, Binding::Mqtt)?;
     if let Some(ct) = &content_type
         && (ct.len() > MQTT_MAX_STRING || !is_mqtt_string(ct))
     {
@@ -1057,7 +1031,10 @@ mod tests {
         assert_eq!(u.envelope, EnvelopeFormat::Outbox);
         let u = parse_url("mqtt://h?envelope=cloudevents&ce_source=urn%3Ashop").unwrap();
         let ce = u.envelope.cloudevents().unwrap();
-        assert_eq!((ce.mode(), ce.source()), (Mode::Binary, "urn:shop"));
+        assert_eq!(
+            (ce.mode(), ce.source()),
+            (crate::cloudevents::Mode::Binary, "urn:shop")
+        );
         for bad in [
             "mqtt://h?envelope=cloud",
             "mqtt://h?ce_source=%2Fx",

@@ -64,10 +64,8 @@
 //! Payloads never appear in logs; [`Sink::describe`] omits the credentials.
 
 use super::{Confirmations, PublishError, Sink, SinkError};
-use crate::cloudevents::{
-    Binding, ENVELOPE_PARAM, EnvelopeFormat, JSON_FORMAT, Mode, SOURCE_PARAM,
-};
-use crate::message::{OutgoingMessage, header};
+use crate::cloudevents::{Binding, ENVELOPE_PARAM, EnvelopeFormat, SOURCE_PARAM};
+use crate::message::OutgoingMessage;
 use crate::redact::redact_url as redact;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -423,31 +421,7 @@ impl RabbitMqSink {
     ) -> Result<(ShortString, BasicProperties, Bytes), PublishError> {
         let limit = self.max_message_bytes();
         // The envelope's header pairs, its content type and body.
-        let (pairs, content_type, body) = match self.envelope.cloudevents() {
-            None => (
-                m.envelope_headers()
-                    .into_iter()
-                    .map(|(n, v)| (n.to_owned(), v))
-                    .collect::<Vec<_>>(),
-                m.headers.get(header::CONTENT_TYPE).cloned(),
-                m.payload.clone(),
-            ),
-            Some(ce) => {
-                let event = ce.event(m)?;
-                match ce.mode() {
-                    Mode::Binary => (
-                        event.binary_headers(Binding::Amqp),
-                        event.datacontenttype.clone(),
-                        event.data.clone(),
-                    ),
-                    Mode::Structured => (
-                        Vec::new(),
-                        Some(JSON_FORMAT.to_owned()),
-                        Bytes::from(event.to_json()),
-                    ),
-                }
-            }
-        };
+        let (pairs, content_type, body) = self.envelope.properties(m, Binding::Amqp)?;
         let size = match self.envelope {
             EnvelopeFormat::Outbox => m.size(),
             EnvelopeFormat::CloudEvents(_) => {
@@ -933,7 +907,7 @@ mod tests {
         let ce = parse_url("amqp://h/v?envelope=cloudevents&ce_source=%2Fshop%2Forders&exchange=x")
             .unwrap();
         let settings = ce.envelope.cloudevents().unwrap();
-        assert_eq!(settings.mode(), Mode::Binary);
+        assert_eq!(settings.mode(), crate::cloudevents::Mode::Binary);
         assert_eq!(settings.source(), "/shop/orders");
         assert_eq!(ce.options.exchange, "x");
         assert!(parse_url("amqp://h/v?envelope=cloudevents-structured").is_ok());
