@@ -320,7 +320,7 @@ impl EnvelopeFormat {
                 "{SOURCE_PARAM} is for envelope=cloudevents, which {sink} does not support"
             )),
             (Some(e), _) if e.starts_with("cloudevents") => Err(format!(
-                "{ENVELOPE_PARAM}={e}: CloudEvents defines no protocol binding for {sink}, so it sends only the outbox envelope (use a NATS, Kafka, RabbitMQ, MQTT or webhook sink for CloudEvents)"
+                "{ENVELOPE_PARAM}={e}: CloudEvents defines no protocol binding for {sink}, so this sink cannot send CloudEvents (use a NATS, Kafka, RabbitMQ, MQTT or webhook sink for them, or leave envelope= out)"
             )),
             (Some(e), _) => Err(format!(
                 "{ENVELOPE_PARAM}={e:?} is not one of outbox, cloudevents, cloudevents-binary, cloudevents-structured ({sink} supports only outbox)"

@@ -169,7 +169,24 @@ impl RedisStreamsSink {
             describe,
         };
         match sink.open_connection().await {
-            Ok(c) => *sink.connection.lock().await = Some(c),
+            Ok(mut c) => {
+                // A server that wants credentials the URL did not give answers the first
+                // command with NOAUTH: that never gets better by retrying either.
+                let ping: RedisResult<String> = redis::cmd("PING").query_async(&mut c).await;
+                if let Err(e) = &ping
+                    && (e.code() == Some("NOAUTH")
+                        || e.kind() == redis::ErrorKind::AuthenticationFailed)
+                {
+                    return Err(SinkError::Open {
+                        url: redact(url),
+                        source: format!(
+                            "the Redis server requires credentials the URL does not give (USER:PASS@, or password_file=): {e}"
+                        )
+                        .into(),
+                    });
+                }
+                *sink.connection.lock().await = Some(c);
+            }
             // Wrong credentials never get better by retrying: say so now.
             Err(e)
                 if e.kind() == redis::ErrorKind::AuthenticationFailed

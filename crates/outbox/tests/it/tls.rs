@@ -447,6 +447,9 @@ async fn redis_over_tls_with_an_acl_user() {
     assert!(e.contains("refused the credentials"), "{e}");
     let e = open_error(&format!("redis://{USER}:{PASSWORD}@127.0.0.1:{port}")).await;
     assert!(e.contains("speaks TLS: use rediss://"), "{e}");
+    // No credentials at all, where the server requires them.
+    let e = open_error(&format!("rediss://127.0.0.1:{port}?{}", pki.params())).await;
+    assert!(e.contains("requires credentials"), "{e}");
 }
 
 // ---------------------------------------------------------------------------------------
