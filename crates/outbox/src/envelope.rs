@@ -287,6 +287,24 @@ fn find<'a>(pairs: &[(&str, &'a [u8])], name: &str) -> Option<&'a str> {
         .and_then(|(_, v)| std::str::from_utf8(v).ok())
 }
 
+/// The envelope of a transport's header `pairs`: the CloudEvents form of `binding` when
+/// the pairs (or the content type) say so, else the outbox envelope's fields.
+fn from_pairs(
+    binding: Binding,
+    pairs: &[(&str, &[u8])],
+    content_type: Option<&str>,
+    payload: Bytes,
+) -> Result<Envelope, EnvelopeError> {
+    if let Some(ce) = cloudevents_form(binding, pairs, content_type, &payload) {
+        return ce;
+    }
+    let mut f = Fields::default();
+    for (name, value) in pairs {
+        f.push_bytes(name, value)?;
+    }
+    f.finish(payload)
+}
+
 /// The CloudEvents envelope of a delivery, when it is one (`None`: the outbox envelope):
 /// binary mode when an attribute header names `specversion`; structured mode when the
 /// content type is a CloudEvents media type and no `message-id` header says it is an
@@ -379,27 +397,8 @@ pub fn from_nats_headers(
             _ => return Err(EnvelopeError::Repeated(snippet(name))),
         }
     }
-    if let Some(ce) = cloudevents_form(
-        Binding::Nats,
-        &pairs,
-        find(&pairs, header::CONTENT_TYPE),
-        &payload,
-    ) {
-        return ce;
-    }
-    let mut f = Fields::default();
-    for (name, values) in headers.iter() {
-        let name: &str = name.as_ref();
-        if is_nats_header(name) {
-            continue;
-        }
-        match values.as_slice() {
-            [v] => f.push(name, v.as_str().to_owned())?,
-            [] => {}
-            _ => return Err(EnvelopeError::Repeated(snippet(name))),
-        }
-    }
-    f.finish(payload)
+    let content_type = find(&pairs, header::CONTENT_TYPE);
+    from_pairs(Binding::Nats, &pairs, content_type, payload)
 }
 
 /// The envelope of a Kafka record ([`crate::sink::kafka`] writes it as record headers; the
@@ -425,14 +424,7 @@ pub fn from_kafka<M: rdkafka::Message>(record: &M) -> Result<Envelope, EnvelopeE
     }
     let payload = Bytes::copy_from_slice(record.payload().unwrap_or_default());
     let content_type = find(&pairs, header::CONTENT_TYPE);
-    if let Some(ce) = cloudevents_form(Binding::Kafka, &pairs, content_type, &payload) {
-        return ce;
-    }
-    let mut f = Fields::default();
-    for (name, value) in pairs {
-        f.push_bytes(name, value)?;
-    }
-    f.finish(payload)
+    from_pairs(Binding::Kafka, &pairs, content_type, payload)
 }
 
 /// Headers RabbitMQ adds on the way to a consumer: `x-delivery-count` (quorum queues, a
@@ -482,14 +474,7 @@ pub fn from_amqp(delivery: &lapin::message::Delivery) -> Result<Envelope, Envelo
         .content_type()
         .as_ref()
         .map(|c| c.as_str());
-    if let Some(ce) = cloudevents_form(Binding::Amqp, &pairs, content_type, &payload) {
-        return ce;
-    }
-    let mut f = Fields::default();
-    for (name, value) in pairs {
-        f.push_bytes(name, value)?;
-    }
-    f.finish(payload)
+    from_pairs(Binding::Amqp, &pairs, content_type, payload)
 }
 
 /// The envelope of a Redis stream entry ([`crate::sink::redis_streams`] writes the fields
@@ -554,28 +539,15 @@ pub fn from_redis(entry: &redis::streams::StreamId) -> Result<Envelope, Envelope
 /// [`EnvelopeError::Missing`].
 #[cfg(feature = "mqtt")]
 pub fn from_mqtt(publish: &rumqttc::v5::mqttbytes::v5::Publish) -> Result<Envelope, EnvelopeError> {
-    if let Some(p) = &publish.properties {
-        let pairs: Vec<(&str, &[u8])> = p
-            .user_properties
-            .iter()
-            .map(|(n, v)| (n.as_str(), v.as_bytes()))
-            .collect();
-        if let Some(ce) = cloudevents_form(
-            Binding::Mqtt,
-            &pairs,
-            p.content_type.as_deref(),
-            &publish.payload,
-        ) {
-            return ce;
-        }
-    }
-    let mut f = Fields::default();
-    if let Some(p) = &publish.properties {
-        for (name, value) in &p.user_properties {
-            f.push(name, value.clone())?;
-        }
-    }
-    f.finish(publish.payload.clone())
+    let properties = publish.properties.as_ref();
+    let pairs: Vec<(&str, &[u8])> = properties
+        .map(|p| p.user_properties.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_bytes()))
+        .collect();
+    let content_type = properties.and_then(|p| p.content_type.as_deref());
+    from_pairs(Binding::Mqtt, &pairs, content_type, publish.payload.clone())
 }
 
 /// The envelope of a webhook request ([`crate::sink::http`] writes it as request headers,
