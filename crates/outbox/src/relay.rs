@@ -149,6 +149,17 @@ impl Default for RelayConfig {
 /// switch at once; this only bounds how late the "paused" log line comes).
 const PAUSE_LOG_INTERVAL: Duration = Duration::from_secs(5);
 
+/// How often a relay with strict per-key ordering parks the rows dead letters hold back
+/// ([`Store::park_held`]), besides right after it quarantined a keyed message itself: rows
+/// of a blocked key written meanwhile are read by every claim until they are parked.
+const PARK_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How often a relay with strict per-key ordering gives back parked rows that nothing
+/// holds any more ([`Store::unpark_released`]; replay and discard give theirs back
+/// themselves, so this catches dead letters removed by other means). Every relay also does
+/// it once at start, with its own ordering.
+const UNPARK_INTERVAL: Duration = Duration::from_secs(60);
+
 /// `HOSTNAME:PID:XXXX` with four random hex digits.
 pub fn default_relay_id() -> String {
     let host = host_name();
@@ -335,6 +346,9 @@ pub struct Relay {
     failing: std::sync::Mutex<Failing>,
     /// Progress and in-flight count, shared with whoever watches the relay.
     health: Arc<RelayHealth>,
+    /// Set when this relay quarantined a keyed message of an ordered topic (strict mode):
+    /// the background parks the rows its key now holds back ([`Store::park_held`]).
+    park_wanted: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -605,6 +619,7 @@ impl Relay {
             claim_size: std::sync::atomic::AtomicU32::new(config.claim_bounds().0),
             failing: std::sync::Mutex::new(Failing::default()),
             health: Arc::new(RelayHealth::new(config.poll_interval)),
+            park_wanted: tokio::sync::Notify::new(),
             config,
         }
     }
@@ -760,13 +775,26 @@ impl Relay {
         let mut wakeups = Some(self.store.wakeups());
         let mut last_summary = (start, self.counters.snapshot());
         let host = host_name();
+        // Parked rows this relay's ordering no longer holds come back at start; with
+        // strict ordering the relay parks held rows and checks for released ones.
+        let strict = cfg.ordering.is_on() && !cfg.ordering.skip_dead;
+        self.unpark().await;
+        let mut next_park = strict.then_some(start);
+        let mut next_unpark = strict.then(|| start + UNPARK_INTERVAL);
         loop {
-            let wake = [next_beat, next_sample, next_summary, Some(next_pause)]
-                .into_iter()
-                .flatten()
-                .min()
-                .unwrap_or(start + far)
-                .min(Instant::now() + Duration::from_secs(5));
+            let wake = [
+                next_beat,
+                next_sample,
+                next_summary,
+                Some(next_pause),
+                next_park,
+                next_unpark,
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(start + far)
+            .min(Instant::now() + Duration::from_secs(5));
             tokio::select! {
                 () = tokio::time::sleep_until(wake) => {}
                 r = async { wakeups.as_mut()?.changed().await.ok() },
@@ -776,6 +804,9 @@ impl Relay {
                         None => wakeups = None, // the store's counter is gone
                     }
                     continue;
+                }
+                () = self.park_wanted.notified(), if strict => {
+                    next_park = Some(Instant::now());
                 }
                 () = done.cancelled() => break,
             }
@@ -820,6 +851,28 @@ impl Relay {
                     tracing::debug!(error = %e, "sampling the store for metrics failed");
                 }
             }
+            if let Some(at) = next_park
+                && now >= at
+            {
+                next_park = Some(now + PARK_INTERVAL);
+                match self.store.park_held(&cfg.ordering).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(
+                        rows = n,
+                        "parked rows of ordered keys blocked by dead letters (replay or discard the dead letter to release them)"
+                    ),
+                    Err(e) => {
+                        crate::metrics::store_error("park");
+                        tracing::debug!(error = %e, "parking rows held behind dead letters failed; next try in {PARK_INTERVAL:?}");
+                    }
+                }
+            }
+            if let Some(at) = next_unpark
+                && now >= at
+            {
+                next_unpark = Some(now + UNPARK_INTERVAL);
+                self.unpark().await;
+            }
             if let (Some(at), Some(interval)) = (next_summary, every(cfg.summary_interval))
                 && now >= at
             {
@@ -842,6 +895,22 @@ impl Relay {
                 Err(_) => tracing::debug!(
                     "removing the relay's registry row timed out; it expires by itself"
                 ),
+            }
+        }
+    }
+
+    /// Gives back the parked rows that this relay's ordering does not hold
+    /// ([`Store::unpark_released`]); failures are counted and logged at debug.
+    async fn unpark(&self) {
+        match self.store.unpark_released(&self.config.ordering).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                rows = n,
+                "gave back parked rows no dead letter holds any more"
+            ),
+            Err(e) => {
+                crate::metrics::store_error("park");
+                tracing::debug!(error = %e, "giving back released parked rows failed");
             }
         }
     }
@@ -1381,7 +1450,16 @@ impl Relay {
             }
             add(&c.quarantined, 1);
             crate::metrics::quarantined(quarantine_reason(&d.error), 1);
-            match batch.iter().find(|m| m.id == d.id) {
+            let found = batch.iter().find(|m| m.id == d.id);
+            let ordering = &self.config.ordering;
+            if !ordering.skip_dead
+                && found.is_none_or(|m| m.key.is_some() && ordering.covers(&m.topic))
+                && ordering.is_on()
+            {
+                // A malformed row (not in the batch) may have been keyed too.
+                self.park_wanted.notify_one();
+            }
+            match found {
                 Some(m) => {
                     tracing::warn!(message_id = %m.message_id, topic = %m.topic.escape_debug(), attempts = m.attempts, error = %d.error, "message quarantined");
                 }

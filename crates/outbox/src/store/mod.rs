@@ -207,6 +207,14 @@ impl std::fmt::Display for KeyOrdering {
     }
 }
 
+/// The `available_at` of a parked message ([`Store::park_held`]): 9999-01-01T00:00:00Z,
+/// far beyond any real delay, so a parked row is pending but never due. SQLite stores it
+/// as [`PARKED_AT_MS`].
+pub const PARKED_AT: &str = "9999-01-01T00:00:00Z";
+
+/// [`PARKED_AT`] in milliseconds since the Unix epoch (SQLite's `available_at`).
+pub const PARKED_AT_MS: i64 = 253_370_764_800_000;
+
 /// What strict per-key ordering holds back behind dead letters ([`Store::held_keys`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HeldKeys {
@@ -564,6 +572,28 @@ pub trait Store: Send + Sync + 'static {
     /// (database clock). One statement; meant for the sampled gauges.
     async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys>;
 
+    /// Parks the messages that strict per-key ordering holds behind dead letters: every
+    /// pending, due row of an ordered topic (`ordering`) whose key has a dead letter with a
+    /// smaller `id` gets `available_at` = [`PARKED_AT`], so it leaves the claim's due range
+    /// and no claim reads it again while the key is blocked (a backlog of 200,000 rows
+    /// behind one dead letter otherwise cost every claim of every relay seconds). Rows not
+    /// due yet are parked by a later call, once due. Returns the rows parked.
+    ///
+    /// The key's rows come back by [`Store::replay`] (replayed: at the replayed dead
+    /// letter's own time, so it still goes first; discarded or purged: at once), and by
+    /// [`Store::unpark_released`] for anything else that released them. Does nothing with
+    /// `skip_dead` or no ordered topic. One short transaction per call; one parker at a
+    /// time per store (a call while another runs returns 0).
+    async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64>;
+
+    /// Gives back the parked messages (`available_at` = [`PARKED_AT`], pending) that no
+    /// dead letter holds under `ordering` any more: their topic is not ordered, dead
+    /// letters hold nothing (`skip_dead`), or no dead letter of their key comes before
+    /// them. They become due now, in `id` order. Returns the rows given back. Reads every
+    /// parked row: meant for a relay's start and a slow background interval (the paths
+    /// that release a key, [`Store::replay`] above all, give its rows back themselves).
+    async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64>;
+
     /// A counter that moves whenever new rows may be due (a `NOTIFY`, a commit seen by the
     /// store). The relay marks it seen before each claim and, when a claim finds nothing,
     /// waits for a change or its poll interval, whichever comes first; so a commit between
@@ -729,6 +759,12 @@ impl Store for AnyStore {
     }
     async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
         self.inner().held_keys(ordering).await
+    }
+    async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
+        self.inner().park_held(ordering).await
+    }
+    async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
+        self.inner().unpark_released(ordering).await
     }
     fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
         self.inner().wakeups()

@@ -50,6 +50,9 @@ pub const SCHEMA_VERSION: i64 = 6;
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
+/// [`super::PARKED_AT`] as a `DATETIME(6)` literal.
+const PARKED: &str = "9999-01-01 00:00:00";
+
 /// The wake-up probe's interval: 5 ms right after new rows, growing by half each quiet
 /// probe up to 200 ms (one primary-key `MAX(id)` read each).
 const PROBE_MIN: Duration = Duration::from_millis(5);
@@ -200,6 +203,15 @@ impl Sql {
             )),
         }
     }
+}
+
+/// Lower-case hex of `bytes` (an `order_key`, for an `X'…'` literal).
+fn hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
 }
 
 /// The claim's select of due ids, with `extra` appended to the filter. It honours the
@@ -1230,6 +1242,105 @@ impl MySqlStore {
             locked_out: false,
         })
     }
+
+    /// Runs `op` on one connection under the parking lock (`GET_LOCK`, not waiting): one
+    /// parker at a time, so two relays never update the same parked rows in different
+    /// orders. `Ok(0)` when another connection holds it.
+    async fn under_parking_lock<F>(&self, op: F) -> Result<u64>
+    where
+        F: AsyncFnOnce(&mut sqlx::pool::PoolConnection<MySql>) -> Result<u64>,
+    {
+        let p = &self.inner.config.schema;
+        let mut conn = self.inner.pool.acquire().await?;
+        let lock = format!("outbox_park_{p}");
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+            .bind(&lock)
+            .fetch_one(&mut *conn)
+            .await?;
+        if got != Some(1) {
+            return Ok(0);
+        }
+        let r = op(&mut conn).await;
+        let _ = sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(&lock)
+            .execute(&mut *conn)
+            .await;
+        r
+    }
+
+    /// Gives back the parked rows of the keys of `rows` (the replayed, discarded or purged
+    /// dead letters: id, `order_key`, and the replayed one's delay from `at` in ms) that
+    /// come before their key's next dead letter: at the replayed row's own time, so it
+    /// still goes first, or at `at` for a deleted one. In the replay's transaction, after
+    /// its change. Rows are matched by `order_key`, as the ordered claim matches them.
+    async fn unpark_keys(
+        &self,
+        tx: &mut Transaction<'static, MySql>,
+        rows: &[(i64, Vec<u8>, i64)],
+        at: &str,
+    ) -> Result<()> {
+        let p = &self.inner.config.schema;
+        // The earliest replayed row of each key, with its delay.
+        let mut first: std::collections::BTreeMap<&[u8], (i64, i64)> = Default::default();
+        for (id, ok, delay) in rows {
+            let e = first.entry(ok.as_slice()).or_insert((*id, *delay));
+            if *id < e.0 {
+                *e = (*id, *delay);
+            }
+        }
+        let keys: Vec<(&[u8], i64, i64)> = first.into_iter().map(|(k, (i, d))| (k, i, d)).collect();
+        for chunk in keys.chunks(REPLAY_CHUNK) {
+            let mut derived = String::with_capacity(chunk.len() * 80);
+            for (k, (ok, id, delay)) in chunk.iter().enumerate() {
+                if k > 0 {
+                    derived.push_str(" UNION ALL ");
+                }
+                let _ = write!(
+                    derived,
+                    "SELECT X'{}' AS ok, {id} AS id, {delay} AS delay_ms",
+                    hex(ok)
+                );
+            }
+            // The key's next dead letter bounds what comes back (read first: the target
+            // table cannot be read in the update's own subqueries).
+            let bounds = sqlx::raw_sql(AssertSqlSafe(format!(
+                "SELECT r.ok, r.id, r.delay_ms,
+                        (SELECT MIN(d.id) FROM {p}_messages d FORCE INDEX ({p}_messages_key)
+                         WHERE d.order_key = r.ok AND d.id > r.id AND d.status = 3)
+                 FROM ({derived}) r"
+            )))
+            .fetch_all(&mut **tx)
+            .await?;
+            let mut with_bounds = String::with_capacity(chunk.len() * 100);
+            for (k, row) in bounds.iter().enumerate() {
+                let ok: Vec<u8> = row.try_get(0)?;
+                let id: i64 = row.try_get(1)?;
+                let delay: i64 = row.try_get(2)?;
+                let next: Option<i64> = row.try_get(3)?;
+                if k > 0 {
+                    with_bounds.push_str(" UNION ALL ");
+                }
+                let _ = write!(
+                    with_bounds,
+                    "SELECT X'{}' AS ok, {id} AS id, {delay} AS delay_ms, {} AS next_dead",
+                    hex(&ok),
+                    next.unwrap_or(i64::MAX)
+                );
+            }
+            if with_bounds.is_empty() {
+                continue;
+            }
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "UPDATE {p}_messages m FORCE INDEX ({p}_messages_key) JOIN ({with_bounds}) r
+                   ON m.order_key = r.ok AND m.id > r.id AND m.id < r.next_dead
+                 SET m.available_at = TIMESTAMPADD(MICROSECOND, r.delay_ms * 1000, {at})
+                 WHERE m.live_at = '{PARKED}' AND m.status = 0"
+            )))
+            .execute(&mut **tx)
+            .await?;
+        }
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -1590,6 +1701,20 @@ impl Store for MySqlStore {
                 ids.push(r.try_get::<i64, _>(0)?);
             }
         }
+        // The keyed rows among them (id, order_key), whose parked followers come back below.
+        let mut keyed: Vec<(i64, Vec<u8>)> = Vec::new();
+        for chunk in ids.chunks(REPLAY_CHUNK) {
+            let rows = sqlx::raw_sql(AssertSqlSafe(format!(
+                "SELECT id, order_key FROM {p}_messages
+                 WHERE id IN ({}) AND order_key IS NOT NULL",
+                Self::id_list(chunk)
+            )))
+            .fetch_all(&mut *tx)
+            .await?;
+            for r in &rows {
+                keyed.push((r.try_get(0)?, r.try_get(1)?));
+            }
+        }
         let sample: Vec<i64> = ids.iter().take(20).copied().collect();
         if ids.is_empty() {
             tx.rollback().await?;
@@ -1658,6 +1783,23 @@ impl Store for MySqlStore {
                 .await?
                 .rows_affected();
         }
+        // A replayed row is due after its spread delay (its followers then, too); a deleted
+        // one releases its followers at once.
+        let position: std::collections::HashMap<i64, usize> =
+            ids.iter().enumerate().map(|(k, id)| (*id, k)).collect();
+        let delayed: Vec<(i64, Vec<u8>, i64)> = keyed
+            .into_iter()
+            .map(|(id, ok)| {
+                let delay = match req.action {
+                    ReplayAction::Replay => position
+                        .get(&id)
+                        .map_or(0, |k| ops::spread_ms(*k, req.rate_per_s)),
+                    ReplayAction::Discard | ReplayAction::Purge => 0,
+                };
+                (id, ok, delay)
+            })
+            .collect();
+        self.unpark_keys(&mut tx, &delayed, &at).await?;
         sqlx::query(self.inner.sql.replay_count.clone())
             .bind(i64::try_from(changed).unwrap_or(i64::MAX))
             .bind(replay_id)
@@ -1812,6 +1954,106 @@ impl Store for MySqlStore {
             held,
             oldest_held_age_seconds: oldest,
         })
+    }
+
+    async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
+        if !ordering.is_on() || ordering.skip_dead {
+            return Ok(0);
+        }
+        let p = self.inner.config.schema.clone();
+        let regexes = ordering.regexes();
+        self.under_parking_lock(async |conn| {
+            let ord: String = regexes
+                .iter()
+                .map(|_| "topic REGEXP ?")
+                .collect::<Vec<_>>()
+                .join(" OR ");
+            let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+            // The dead letters are locked (a replay or discard holding one is skipped: it
+            // releases its key): a replay that comes after waits for this transaction and
+            // then gives the parked rows back itself.
+            let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
+                "SELECT id FROM {p}_messages FORCE INDEX ({p}_messages_dead)
+                 WHERE dead_at IS NOT NULL AND order_key IS NOT NULL AND ({ord})
+                 FOR UPDATE SKIP LOCKED"
+            )));
+            for re in &regexes {
+                query = query.bind(re.as_str());
+            }
+            let dead = query.fetch_all(&mut *tx).await?;
+            let mut parked = 0;
+            for chunk in dead.chunks(REPLAY_CHUNK) {
+                parked += sqlx::raw_sql(AssertSqlSafe(format!(
+                    "UPDATE {p}_messages m FORCE INDEX ({p}_messages_key)
+                     JOIN (SELECT MIN(order_key) AS ok, topic, `key`, MIN(id) AS id
+                           FROM {p}_messages WHERE id IN ({}) AND status = 3
+                           GROUP BY topic, `key`) b
+                       ON m.order_key = b.ok AND m.topic = b.topic AND m.`key` = b.`key`
+                      AND m.id > b.id
+                     SET m.available_at = '{PARKED}'
+                     WHERE m.status = 0 AND m.live_at <= {NOW}",
+                    Self::id_list(chunk)
+                )))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            }
+            tx.commit().await?;
+            Ok(parked)
+        })
+        .await
+    }
+
+    async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
+        let p = self.inner.config.schema.clone();
+        let strict = ordering.is_on() && !ordering.skip_dead;
+        let regexes = ordering.regexes();
+        self.under_parking_lock(async |conn| {
+            // The first parked row of each key, and whether a dead letter still holds it.
+            let ord: String = if regexes.is_empty() {
+                "FALSE".to_owned()
+            } else {
+                regexes
+                    .iter()
+                    .map(|_| "f.topic REGEXP ?")
+                    .collect::<Vec<_>>()
+                    .join(" OR ")
+            };
+            let mut query = sqlx::query_as::<_, (i64, i64)>(AssertSqlSafe(format!(
+                "SELECT f.id, CAST(({ord}) AND EXISTS (
+                          SELECT 1 FROM {p}_messages d FORCE INDEX ({p}_messages_key)
+                          WHERE d.order_key = f.ok AND d.topic = f.topic AND d.`key` = f.`key`
+                            AND d.status = 3 AND d.id < f.id) AS SIGNED)
+                 FROM (SELECT MIN(order_key) AS ok, topic, `key`, MIN(id) AS id
+                       FROM {p}_messages FORCE INDEX ({p}_messages_live)
+                       WHERE live_at = '{PARKED}' GROUP BY topic, `key`) f"
+            )));
+            for re in &regexes {
+                query = query.bind(re.as_str());
+            }
+            let firsts = query.fetch_all(&mut **conn).await?;
+            let free: Vec<i64> = firsts
+                .into_iter()
+                .filter(|(_, held)| !strict || *held == 0)
+                .map(|(id, _)| id)
+                .collect();
+            let mut given = 0;
+            for chunk in free.chunks(REPLAY_CHUNK) {
+                given += sqlx::raw_sql(AssertSqlSafe(format!(
+                    "UPDATE {p}_messages m FORCE INDEX ({p}_messages_key)
+                     JOIN {p}_messages f ON f.id IN ({})
+                      AND m.order_key = f.order_key AND m.topic = f.topic AND m.`key` = f.`key`
+                     SET m.available_at = {NOW}
+                     WHERE m.live_at = '{PARKED}' AND m.status = 0",
+                    Self::id_list(chunk)
+                )))
+                .execute(&mut **conn)
+                .await?
+                .rows_affected();
+            }
+            Ok(given)
+        })
+        .await
     }
 
     async fn overview(&self, top_n: u32) -> Result<Overview> {

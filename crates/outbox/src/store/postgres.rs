@@ -6,7 +6,7 @@
 use super::ops::{self, Dialect};
 use super::{
     Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, HeldKeys, KeyOrdering,
-    Leases, Overview, PauseState, PurgeBatch, RelayHeartbeat, RelayRecord, ReplayAction,
+    Leases, Overview, PARKED_AT, PauseState, PurgeBatch, RelayHeartbeat, RelayRecord, ReplayAction,
     ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement, Store, StoreConfig,
     TopicPause, millis, parse_headers,
 };
@@ -644,6 +644,60 @@ impl PgStore {
 
     fn s(&self) -> &str {
         self.inner.config.schema.as_str()
+    }
+
+    /// One parker at a time ([`Store::park_held`], [`Store::unpark_released`]): two
+    /// relays updating the same parked rows in different orders could deadlock. False
+    /// when another transaction holds it.
+    async fn parking_lock(&self, tx: &mut Transaction<'static, Postgres>) -> Result<bool> {
+        Ok(
+            sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
+                .bind(format!("outbox-park-{}", self.s()))
+                .fetch_one(&mut **tx)
+                .await?,
+        )
+    }
+
+    /// Gives back the parked rows of the keys of `rows` (the replayed, discarded or purged
+    /// dead letters: id, topic, key, and when the replayed one is due) that come before
+    /// their key's next dead letter: at the replayed row's own time, so it still goes
+    /// first, or now for a deleted one. In the replay's transaction.
+    async fn unpark_keys(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        ids: &[i64],
+        topics: &[String],
+        keys: &[String],
+        at_ms: &[i64],
+    ) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let s = self.s();
+        sqlx::query(AssertSqlSafe(format!(
+            "WITH r AS (
+               SELECT topic, key, min(id) AS id, min(at_ms) AS at_ms
+               FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[]) AS x(id, topic, key, at_ms)
+               GROUP BY topic, key),
+             k AS (
+               SELECT r.*, (SELECT min(d.id) FROM {s}.messages d
+                            WHERE d.topic = r.topic AND md5(d.key) = md5(r.key)
+                              AND d.key = r.key AND d.status = 3) AS next_dead
+               FROM r)
+             UPDATE {s}.messages m
+             SET available_at = greatest(now(), now() + k.at_ms * interval '1 millisecond')
+             FROM k
+             WHERE m.topic = k.topic AND md5(m.key) = md5(k.key) AND m.key = k.key
+               AND m.status = 0 AND m.available_at = '{PARKED_AT}' AND m.id > k.id
+               AND (k.next_dead IS NULL OR m.id < k.next_dead)"
+        )))
+        .bind(ids)
+        .bind(topics)
+        .bind(keys)
+        .bind(at_ms)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
     }
 
     /// The claim statement for `req` (see [`claim_sql`], [`claim_ordered_sql`]).
@@ -1298,26 +1352,31 @@ impl Store for PgStore {
                 .await?
             }
         };
+        // The keyed rows among them, whose parked followers are given back below.
+        let keyed: Vec<(i64, String, String)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT id, topic, key FROM {s}.messages WHERE id = ANY($1) AND key IS NOT NULL"
+        )))
+        .bind(&ids)
+        .fetch_all(&mut *tx)
+        .await?;
+        let delays: Vec<i64> = (0..ids.len())
+            .map(|k| ops::spread_ms(k, req.rate_per_s))
+            .collect();
         let changed = match req.action {
-            ReplayAction::Replay => {
-                let delays: Vec<i64> = (0..ids.len())
-                    .map(|k| ops::spread_ms(k, req.rate_per_s))
-                    .collect();
-                sqlx::query(AssertSqlSafe(format!(
-                    "UPDATE {s}.messages m
+            ReplayAction::Replay => sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {s}.messages m
                      SET status = 0, attempts = 0, replay_id = $3,
                          available_at = now() + x.delay_ms * interval '1 millisecond',
                          claim_token = NULL, locked_until = NULL, dispatched_at = NULL
                      FROM unnest($1::bigint[], $2::bigint[]) AS x(id, delay_ms)
                      WHERE m.id = x.id AND m.status = 3"
-                )))
-                .bind(&ids)
-                .bind(&delays)
-                .bind(replay_id)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected()
-            }
+            )))
+            .bind(&ids)
+            .bind(&delays)
+            .bind(replay_id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected(),
             ReplayAction::Discard | ReplayAction::Purge => sqlx::query(AssertSqlSafe(format!(
                 "DELETE FROM {s}.messages WHERE id = ANY($1) AND status = 3"
             )))
@@ -1326,6 +1385,21 @@ impl Store for PgStore {
             .await?
             .rows_affected(),
         };
+        // A replayed row is due after its spread delay (its followers then, too); a deleted
+        // one releases its followers now.
+        let delay_of: std::collections::HashMap<i64, i64> = match req.action {
+            ReplayAction::Replay => ids.iter().copied().zip(delays.iter().copied()).collect(),
+            ReplayAction::Discard | ReplayAction::Purge => Default::default(),
+        };
+        let at = |id: i64| delay_of.get(&id).copied().unwrap_or(0);
+        self.unpark_keys(
+            &mut tx,
+            &keyed.iter().map(|k| k.0).collect::<Vec<_>>(),
+            &keyed.iter().map(|k| k.1.clone()).collect::<Vec<_>>(),
+            &keyed.iter().map(|k| k.2.clone()).collect::<Vec<_>>(),
+            &keyed.iter().map(|k| at(k.0)).collect::<Vec<_>>(),
+        )
+        .await?;
         sqlx::query(AssertSqlSafe(format!(
             "UPDATE {s}.replays SET count = count + $1 WHERE id = $2"
         )))
@@ -1505,6 +1579,70 @@ impl Store for PgStore {
             held,
             oldest_held_age_seconds: oldest,
         })
+    }
+
+    async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
+        if !ordering.is_on() || ordering.skip_dead {
+            return Ok(0);
+        }
+        let s = self.s();
+        let mut tx = self.inner.pool.begin().await?;
+        if !self.parking_lock(&mut tx).await? {
+            return Ok(0);
+        }
+        // The dead letters are locked (one a replay or discard holds is skipped: it is
+        // releasing its key): a replay that comes after waits for this transaction, then
+        // gives the parked rows back itself.
+        let parked = sqlx::query(AssertSqlSafe(format!(
+            "WITH dead AS (
+               SELECT topic, key, id FROM {s}.messages
+               WHERE status = 3 AND key IS NOT NULL AND topic ~ ANY($1::text[])
+               FOR SHARE SKIP LOCKED),
+             blocked AS (SELECT topic, key, min(id) AS id FROM dead GROUP BY topic, key)
+             UPDATE {s}.messages m SET available_at = '{PARKED_AT}'
+             FROM blocked b
+             WHERE m.topic = b.topic AND md5(m.key) = md5(b.key) AND m.key = b.key
+               AND m.id > b.id AND m.key IS NOT NULL AND m.status = 0
+               AND m.available_at <= now()"
+        )))
+        .bind(ordering.regexes())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(parked)
+    }
+
+    async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
+        let s = self.s();
+        let mut tx = self.inner.pool.begin().await?;
+        if !self.parking_lock(&mut tx).await? {
+            return Ok(0);
+        }
+        let strict = ordering.is_on() && !ordering.skip_dead;
+        let given = sqlx::query(AssertSqlSafe(format!(
+            "WITH parked AS (
+               SELECT topic, key, min(id) AS id FROM {s}.messages
+               WHERE status = 0 AND available_at = '{PARKED_AT}'
+               GROUP BY topic, key),
+             free AS (
+               SELECT p.topic, p.key FROM parked p
+               WHERE NOT $2 OR p.key IS NULL OR NOT (p.topic ~ ANY($1::text[]))
+                  OR NOT EXISTS (SELECT 1 FROM {s}.messages d
+                                 WHERE d.topic = p.topic AND md5(d.key) = md5(p.key)
+                                   AND d.key = p.key AND d.status = 3 AND d.id < p.id))
+             UPDATE {s}.messages m SET available_at = now()
+             FROM free f
+             WHERE m.status = 0 AND m.available_at = '{PARKED_AT}'
+               AND m.topic = f.topic AND m.key IS NOT DISTINCT FROM f.key"
+        )))
+        .bind(ordering.regexes())
+        .bind(strict)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(given)
     }
 
     async fn overview(&self, top_n: u32) -> Result<Overview> {

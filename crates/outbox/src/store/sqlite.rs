@@ -9,9 +9,9 @@
 use super::ops::{self, Dialect};
 use super::{
     Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, HeldKeys, KeyOrdering,
-    Leases, Overview, PauseState, PurgeBatch, RelayHeartbeat, RelayRecord, ReplayAction,
-    ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement, Store, StoreConfig,
-    TopicPause, millis, parse_headers,
+    Leases, Overview, PARKED_AT_MS, PauseState, PurgeBatch, RelayHeartbeat, RelayRecord,
+    ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement, Store,
+    StoreConfig, TopicPause, millis, parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::inbox::Accepted;
@@ -157,6 +157,14 @@ fn claim_sql(p: &str, skip: usize) -> String {
                       ORDER BY available_at, id LIMIT ?4)
          RETURNING id, message_id, topic, key, payload, headers, occurred_at, attempts, {n} AS now_ms"
     )
+}
+
+/// `column REGEXP ?first OR …` over `count` parameters from `?first`.
+fn regexp_any(column: &str, first: usize, count: usize) -> String {
+    (first..first + count)
+        .map(|i| format!("{column} REGEXP ?{i}"))
+        .collect::<Vec<_>>()
+        .join(" OR ")
 }
 
 /// The ordered claim's first step ([`super::KeyOrdering`]): the due rows as [`claim_sql`]
@@ -1135,6 +1143,15 @@ impl Store for SqliteStore {
                 .await?
             }
         };
+        // The keyed rows among them, whose parked followers are given back below.
+        let keyed: Vec<(i64, String, String)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT id, topic, key FROM {p}_messages
+             WHERE id IN (SELECT value FROM json_each(?1)) AND typeof(key) = 'text'
+               AND typeof(topic) = 'text'"
+        )))
+        .bind(ids_json(&ids))
+        .fetch_all(&mut *tx)
+        .await?;
         let changed = match req.action {
             ReplayAction::Replay => {
                 let rows: Vec<serde_json::Value> = ids
@@ -1164,6 +1181,42 @@ impl Store for SqliteStore {
             .await?
             .rows_affected(),
         };
+        // A replayed row is due after its spread delay (its followers then, too); a deleted
+        // one releases its followers now. Each key's parked rows before its next dead
+        // letter come back.
+        let delay_of: std::collections::HashMap<i64, i64> = match req.action {
+            ReplayAction::Replay => ids
+                .iter()
+                .enumerate()
+                .map(|(k, &id)| (id, ops::spread_ms(k, req.rate_per_s)))
+                .collect(),
+            ReplayAction::Discard | ReplayAction::Purge => Default::default(),
+        };
+        let released: Vec<serde_json::Value> = keyed
+            .iter()
+            .map(|(id, t, k)| serde_json::json!([id, t, k, delay_of.get(id).copied().unwrap_or(0)]))
+            .collect();
+        if !released.is_empty() {
+            sqlx::query(AssertSqlSafe(format!(
+                "WITH r AS (
+                   SELECT json_extract(value, '$[1]') AS topic, json_extract(value, '$[2]') AS key,
+                          min(json_extract(value, '$[0]')) AS id, min(json_extract(value, '$[3]')) AS at_ms
+                   FROM json_each(?1) GROUP BY 1, 2),
+                 k AS (
+                   SELECT r.*, (SELECT min(d.id) FROM {p}_messages d
+                                WHERE d.topic = r.topic AND d.key = r.key AND d.key IS NOT NULL
+                                  AND d.status <> 2 AND d.status = 3) AS next_dead
+                   FROM r)
+                 UPDATE {p}_messages AS m SET available_at = {n} + max(k.at_ms, 0)
+                 FROM k
+                 WHERE m.topic = k.topic AND m.key = k.key AND m.key IS NOT NULL
+                   AND m.status <> 2 AND m.status = 0 AND m.available_at = {PARKED_AT_MS}
+                   AND m.id > k.id AND (k.next_dead IS NULL OR m.id < k.next_dead)"
+            )))
+            .bind(serde_json::Value::from(released).to_string())
+            .execute(&mut *tx)
+            .await?;
+        }
         sqlx::query(AssertSqlSafe(format!(
             "UPDATE {p}_replays SET count = count + ?1 WHERE id = ?2"
         )))
@@ -1349,6 +1402,75 @@ impl Store for SqliteStore {
             held,
             oldest_held_age_seconds: oldest,
         })
+    }
+
+    async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
+        if !ordering.is_on() || ordering.skip_dead {
+            return Ok(0);
+        }
+        let p = self.p();
+        let n = NOW_MS;
+        let regexes = ordering.regexes();
+        let ord = regexp_any("topic", 1, regexes.len());
+        // Under the write lock: a replay or discard runs wholly before or after.
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut query = sqlx::query(AssertSqlSafe(format!(
+            "WITH blocked AS (
+               SELECT topic, key, min(id) AS id FROM {p}_messages
+               WHERE status = 3 AND key IS NOT NULL AND ({ord}) GROUP BY topic, key)
+             UPDATE {p}_messages SET available_at = {PARKED_AT_MS}
+             WHERE id IN (SELECT m.id FROM blocked b JOIN {p}_messages m
+                          ON m.topic = b.topic AND m.key = b.key AND m.key IS NOT NULL
+                         AND m.status <> 2 AND m.id > b.id
+                          WHERE m.status = 0 AND m.available_at <= {n})"
+        )));
+        for re in &regexes {
+            query = query.bind(re.as_str());
+        }
+        let parked = query.execute(&mut *tx).await?.rows_affected();
+        tx.commit().await?;
+        Ok(parked)
+    }
+
+    async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
+        let p = self.p();
+        let n = NOW_MS;
+        let strict = ordering.is_on() && !ordering.skip_dead;
+        let regexes = if strict {
+            ordering.regexes()
+        } else {
+            Vec::new()
+        };
+        // Not ordered (or nothing held): every parked row is free.
+        let held = if strict {
+            format!(
+                "pk.key IS NOT NULL AND ({}) AND EXISTS (
+                   SELECT 1 FROM {p}_messages d
+                   WHERE d.topic = pk.topic AND d.key = pk.key AND d.key IS NOT NULL
+                     AND d.status <> 2 AND d.status = 3 AND d.id < pk.id)",
+                regexp_any("pk.topic", 1, regexes.len())
+            )
+        } else {
+            "0".to_owned()
+        };
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut query = sqlx::query(AssertSqlSafe(format!(
+            "WITH pk AS (
+               SELECT topic, key, min(id) AS id FROM {p}_messages
+               WHERE status <= 1 AND status = 0 AND available_at = {PARKED_AT_MS}
+               GROUP BY topic, key),
+             free AS (SELECT topic, key FROM pk WHERE NOT ({held}))
+             UPDATE {p}_messages SET available_at = {n}
+             WHERE status <= 1 AND status = 0 AND available_at = {PARKED_AT_MS}
+               AND EXISTS (SELECT 1 FROM free f WHERE f.topic = {p}_messages.topic
+                           AND f.key IS {p}_messages.key)"
+        )));
+        for re in &regexes {
+            query = query.bind(re.as_str());
+        }
+        let given = query.execute(&mut *tx).await?.rows_affected();
+        tx.commit().await?;
+        Ok(given)
     }
 
     async fn overview(&self, top_n: u32) -> Result<Overview> {

@@ -359,6 +359,18 @@ async fn a_dead_letter_blocks_its_key_until_replayed_or_discarded() {
         6,
         "k0:3-5 and k1:3-5 wait"
     );
+    // The relay parked them on quarantining: pending, but no longer due, so no claim
+    // reads them again.
+    wait_until("k0:3-5 and k1:3-5 parked", Duration::from_secs(5), || {
+        let store = store.clone();
+        async move {
+            match store.overview(10).await.unwrap().due {
+                0 => Ok(()),
+                n => Err(format!("{n} due")),
+            }
+        }
+    })
+    .await;
 
     // The consumer is fixed: replay k0's dead letter (k0:2 is ids[6]), discard k1's (ids[7]).
     fixed.store(true, Ordering::SeqCst);
@@ -402,6 +414,64 @@ async fn a_dead_letter_blocks_its_key_until_replayed_or_discarded() {
         "discarded: the rest of k1 followed"
     );
     assert_eq!(store.counts().await.unwrap().dead, 0);
+}
+
+/// Rows parked behind a dead letter come back when a relay starts whose ordering no
+/// longer holds them (here: a relay without `--ordered`), and are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_no_longer_orders_gives_parked_rows_back() {
+    use crate::conformance_sqlite::SqliteBackend;
+    let db = SqliteBackend::create("unpark_at_start", crate::conformance::DEFAULT_MAX).await;
+    let store = db.store();
+    let ids: Vec<i64> = db
+        .enqueue_all(&interleaved("o.t", 1, 4))
+        .await
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    // k0:0 dies; k0:1-3 are parked behind it.
+    let strict = ordered("o.>");
+    let claim = store
+        .claim(&outbox::store::ClaimRequest {
+            relay_id: "by-hand".into(),
+            batch_size: 1,
+            lease: Duration::from_secs(30),
+            skip_topics: Vec::new(),
+            ordering: strict.clone(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(claim.messages.len(), 1);
+    store
+        .quarantine(
+            claim.token,
+            &[outbox::store::Dead {
+                id: ids[0],
+                error: "permanent: rejected".into(),
+            }],
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.park_held(&strict).await.unwrap(), 3);
+    assert_eq!(store.overview(10).await.unwrap().due, 0);
+
+    let (server, answers) = answering(|_| 200).await;
+    let sink = webhook(&server.url).await;
+    let config = RelayConfig {
+        ordering: KeyOrdering::default(),
+        ..http_config("unordered")
+    };
+    let handle = Relay::new(store.clone(), Arc::new(sink), config).spawn();
+    crate::common::wait_dispatched("3 dispatched", &store, 3, Duration::from_secs(10)).await;
+    handle.shutdown().await.unwrap();
+    let mut delivered = accepted(&answers)["k0"].clone();
+    delivered.sort_unstable(); // no ordering: any order
+    assert_eq!(delivered, vec![1, 2, 3]);
+    assert_eq!(
+        store.counts().await.unwrap().dead,
+        1,
+        "the dead letter stays"
+    );
 }
 
 /// SQLite keeps any type in any column: rows written by hand with a BLOB key or topic do

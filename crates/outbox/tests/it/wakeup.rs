@@ -171,6 +171,12 @@ impl outbox::Store for Counting {
     ) -> outbox::Result<outbox::store::HeldKeys> {
         self.inner.held_keys(ordering).await
     }
+    async fn park_held(&self, ordering: &outbox::store::KeyOrdering) -> outbox::Result<u64> {
+        self.inner.park_held(ordering).await
+    }
+    async fn unpark_released(&self, ordering: &outbox::store::KeyOrdering) -> outbox::Result<u64> {
+        self.inner.unpark_released(ordering).await
+    }
     fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
         self.inner.wakeups()
     }

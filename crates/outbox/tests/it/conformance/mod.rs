@@ -371,6 +371,7 @@ macro_rules! conformance_cases {
             a_commit_moves_the_wakeup_counter,
             ordered_claims_follow_each_key,
             concurrent_ordered_claims_keep_each_key_in_order,
+            parked_rows_wait_behind_dead_letters_until_released,
         );
     };
     (@each $backend:ty; $($case:ident),* $(,)?) => {

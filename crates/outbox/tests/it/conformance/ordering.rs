@@ -335,3 +335,149 @@ pub(crate) async fn concurrent_ordered_claims_keep_each_key_in_order<B: Backend>
     let c = store.counts().await.unwrap();
     assert_eq!(c.dispatched, (KEYS * PER_KEY) as i64, "{c:?}");
 }
+
+/// Claims and marks until nothing is claimable under `ordering`; the ids in claim order.
+async fn drain(store: &Arc<dyn Store>, ordering: &KeyOrdering) -> Vec<i64> {
+    let mut out = Vec::new();
+    loop {
+        let c = claim_ordered(store, 100, ordering).await;
+        if c.messages.is_empty() {
+            return out;
+        }
+        let ids = claim_ids(&c);
+        store.mark_dispatched(c.token, &ids).await.unwrap();
+        out.extend(ids);
+    }
+}
+
+/// Enqueues `n` messages of `key` on `o.t`; their ids.
+async fn of_key<B: Backend>(b: &B, key: &str, n: usize) -> Vec<i64> {
+    let msgs: Vec<Message> = (0..n).map(|_| keyed("o.t", Some(key))).collect();
+    b.enqueue_all(&msgs).await.iter().map(|e| e.id).collect()
+}
+
+/// Rows held behind a dead letter are parked: no claim reads them (even one without
+/// ordering), only the blocked key's rows after its dead letter are parked, a second call
+/// parks nothing new, and skip_dead parks nothing. Replaying the dead letter brings back
+/// its key's parked rows up to the key's next dead letter, after the replayed one;
+/// discarding releases them; `unpark_released` gives back what no dead letter holds under
+/// the ordering it is given.
+pub(crate) async fn parked_rows_wait_behind_dead_letters_until_released<B: Backend>() {
+    let b = B::create("park", DEFAULT_MAX).await;
+    let store = b.store();
+    let strict = ordering(false);
+    let none = KeyOrdering::default();
+
+    // k1 dead; k2 (from first_of_two_dead), k3, k4 behind it; m1 and an unordered topic's
+    // row of key k flow.
+    let k = first_of_two_dead(&b, "k").await;
+    let k34 = of_key(&b, "k", 2).await;
+    let flow: Vec<i64> = b
+        .enqueue_all(&[keyed("o.t", Some("m")), keyed("u.t", Some("k"))])
+        .await
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(store.park_held(&strict).await.unwrap(), 3, "k2, k3, k4");
+    assert_eq!(store.park_held(&strict).await.unwrap(), 0, "parked once");
+    assert_eq!(store.park_held(&ordering(true)).await.unwrap(), 0);
+    assert_eq!(store.park_held(&none).await.unwrap(), 0);
+    let held = store.held_keys(&strict).await.unwrap();
+    assert_eq!(
+        (held.blocked_keys, held.held),
+        (1, 3),
+        "parked rows are still held: {held:?}"
+    );
+    assert_eq!(
+        drain(&store, &none).await,
+        flow,
+        "parked rows are not due, even to a claim without ordering"
+    );
+    assert_eq!(
+        store.unpark_released(&strict).await.unwrap(),
+        0,
+        "k is blocked"
+    );
+    let c = store.counts().await.unwrap();
+    assert_eq!(
+        (c.pending, c.dead),
+        (3, 1),
+        "k2..k4 and the dead k1 are kept: {c:?}"
+    );
+
+    // A row written after the park is due; the claim holds it back, the next park parks it.
+    let k5 = of_key(&b, "k", 1).await[0];
+    assert!(drain(&store, &strict).await.is_empty());
+    assert_eq!(store.park_held(&strict).await.unwrap(), 1);
+
+    // Replayed: k1 first, then the rest of k in id order.
+    let out = store
+        .replay(&replay(vec![k[0]], ReplayAction::Replay))
+        .await
+        .unwrap();
+    assert_eq!(out.count, 1);
+    assert_eq!(
+        drain(&store, &strict).await,
+        vec![k[0], k[1], k34[0], k34[1], k5]
+    );
+    assert_eq!(store.held_keys(&strict).await.unwrap(), HeldKeys::default());
+
+    // Discarded: the rest of e comes back.
+    let e = first_of_two_dead(&b, "e").await;
+    assert_eq!(store.park_held(&strict).await.unwrap(), 1);
+    store
+        .replay(&replay(vec![e[0]], ReplayAction::Discard))
+        .await
+        .unwrap();
+    assert_eq!(drain(&store, &strict).await, vec![e[1]]);
+
+    // Two dead letters of g (g1, g3): replaying g1 brings back g2, not g4 (behind g3).
+    let g = of_key(&b, "g", 4).await;
+    let c = claim_ordered(&store, 1, &strict).await;
+    assert_eq!(claim_ids(&c), vec![g[0]]);
+    let dead = |id| Dead {
+        id,
+        error: "permanent: rejected".into(),
+    };
+    store.quarantine(c.token, &[dead(g[0])]).await.unwrap();
+    let c = claim_ordered(&store, 100, &none).await;
+    assert_eq!(claim_ids(&c), g[1..].to_vec());
+    store.quarantine(c.token, &[dead(g[2])]).await.unwrap();
+    store.release(c.token, &[g[1], g[3]]).await.unwrap();
+    assert_eq!(store.park_held(&strict).await.unwrap(), 2, "g2 and g4");
+    store
+        .replay(&replay(vec![g[0]], ReplayAction::Replay))
+        .await
+        .unwrap();
+    assert_eq!(drain(&store, &strict).await, vec![g[0], g[1]]);
+    assert!(
+        drain(&store, &none).await.is_empty(),
+        "g4 stays parked behind g3"
+    );
+    store
+        .replay(&replay(vec![g[2]], ReplayAction::Replay))
+        .await
+        .unwrap();
+    assert_eq!(drain(&store, &strict).await, vec![g[2], g[3]]);
+
+    // Released by the ordering itself: skip_dead, or the topic no longer ordered.
+    let f = first_of_two_dead(&b, "f").await;
+    let h = first_of_two_dead(&b, "h").await;
+    assert_eq!(store.park_held(&strict).await.unwrap(), 2);
+    assert!(drain(&store, &none).await.is_empty());
+    assert_eq!(store.unpark_released(&ordering(true)).await.unwrap(), 2);
+    assert_eq!(drain(&store, &ordering(true)).await, vec![f[1], h[1]]);
+    let j = first_of_two_dead(&b, "j").await;
+    assert_eq!(store.park_held(&strict).await.unwrap(), 1);
+    let elsewhere = KeyOrdering {
+        topics: vec![TopicPattern::parse("x.>").unwrap()],
+        skip_dead: false,
+    };
+    assert_eq!(store.unpark_released(&elsewhere).await.unwrap(), 1);
+    assert_eq!(drain(&store, &elsewhere).await, vec![j[1]]);
+    assert_eq!(
+        store.counts().await.unwrap().pending,
+        0,
+        "nothing left parked"
+    );
+}
