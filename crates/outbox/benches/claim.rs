@@ -7,13 +7,16 @@
 //! statistics refreshed. The live-row index should keep the two close. Then topic pauses:
 //! the same claims with no pause, with 10 topic pauses whose topics have no rows, and with
 //! 10 topic pauses while 1,000 rows of the paused topics are due ahead of the claimed ones
-//! (the claim skips them on every call).
+//! (the claim skips them on every call). Then per-key ordering (`--ordered`): the ordered
+//! claim over the same rows with the retained rows still there, and with a key blocked
+//! behind a dead letter with `BENCH_BLOCKED` (50,000) rows waiting: claims while those rows
+//! are due, then after `Store::park_held` parked them.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use outbox::mysql::MySqlStore;
 use outbox::postgres::PgStore;
 use outbox::sqlite::SqliteStore;
-use outbox::store::{ClaimRequest, Store};
+use outbox::store::{ClaimRequest, Dead, KeyOrdering, Store};
 use outbox::{Ident, Message, StoreConfig};
 use sqlx::AssertSqlSafe;
 use std::time::{Duration, Instant};
@@ -38,12 +41,21 @@ fn pct(v: &mut [Duration], p: f64) -> f64 {
 /// force (`paused.tN.>`, lifted afterwards: the claim statement skips their topics);
 /// returns per-batch latencies.
 async fn claim_all(store: &dyn Store, pauses: usize) -> Vec<Duration> {
+    claim_all_ordered(store, pauses, &KeyOrdering::default()).await
+}
+
+/// [`claim_all`] with `ordering`.
+async fn claim_all_ordered(
+    store: &dyn Store,
+    pauses: usize,
+    ordering: &KeyOrdering,
+) -> Vec<Duration> {
     let req = ClaimRequest {
         relay_id: "bench".into(),
         batch_size: 100,
         lease: Duration::from_secs(60),
         skip_topics: Vec::new(),
-        ordering: Default::default(),
+        ordering: ordering.clone(),
     };
     let patterns: Vec<_> = (0..pauses)
         .map(|i| outbox::sink::router::TopicPattern::parse(&format!("paused.t{i}.>")).unwrap())
@@ -87,8 +99,18 @@ impl Db {
     }
 
     async fn enqueue_topic(&self, n: usize, topic: impl Fn(usize) -> String) {
+        self.enqueue_keyed(n, topic, |i| format!("k{}", i % 8))
+            .await;
+    }
+
+    async fn enqueue_keyed(
+        &self,
+        n: usize,
+        topic: impl Fn(usize) -> String,
+        key: impl Fn(usize) -> String,
+    ) {
         let msgs: Vec<Message> = (0..n)
-            .map(|i| Message::new(topic(i), vec![b'x'; 100]).key(format!("k{}", i % 8)))
+            .map(|i| Message::new(topic(i), vec![b'x'; 100]).key(key(i)))
             .collect();
         match self {
             Db::Pg(s) => {
@@ -191,6 +213,10 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_000_000);
+    let blocked: usize = std::env::var("BENCH_BLOCKED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50_000);
     println!(
         "claim+mark latency, batches of 100 over 3,000 pending rows, before and after {retained} dispatched rows are retained"
     );
@@ -245,6 +271,60 @@ async fn main() {
             "{kind:<9} 0 topic pauses: p50 {n50:6.2} ms p99 {n99:6.2} ms | 10 pauses, none of their rows due: p50 {i50:6.2} ms p99 {i99:6.2} ms (x{:.2}) | 10 pauses, 1,000 paused rows due: p50 {t50:6.2} ms p99 {t99:6.2} ms (x{:.2})",
             i50 / n50,
             t50 / n50
+        );
+        // Per-key ordering: the ordered claim over 8 keys with the retained rows there,
+        // then a key blocked behind a dead letter with `blocked` rows waiting.
+        let ordering = KeyOrdering {
+            topics: vec![outbox::sink::router::TopicPattern::parse("bench.>").unwrap()],
+            skip_dead: false,
+        };
+        db.enqueue(3_000).await;
+        let mut ordered = claim_all_ordered(db.store(), 0, &ordering).await;
+        let (o50, o99) = (pct(&mut ordered, 0.5), pct(&mut ordered, 0.99));
+        db.enqueue_keyed(1, |_| "bench.claim.v1".into(), |_| "blocked".into())
+            .await;
+        let c = db
+            .store()
+            .claim(&ClaimRequest {
+                relay_id: "bench".into(),
+                batch_size: 1,
+                lease: Duration::from_secs(60),
+                skip_topics: Vec::new(),
+                ordering: ordering.clone(),
+            })
+            .await
+            .unwrap();
+        let dead: Vec<Dead> = c
+            .messages
+            .iter()
+            .map(|m| Dead {
+                id: m.id,
+                error: "bench".into(),
+            })
+            .collect();
+        assert_eq!(dead.len(), 1);
+        db.store().quarantine(c.token, &dead).await.unwrap();
+        let mut left = blocked;
+        while left > 0 {
+            let k = left.min(10_000);
+            db.enqueue_keyed(k, |_| "bench.claim.v1".into(), |_| "blocked".into())
+                .await;
+            left -= k;
+        }
+        db.enqueue(1_000).await;
+        let mut due = claim_all_ordered(db.store(), 0, &ordering).await;
+        let t = Instant::now();
+        let parked = db.store().park_held(&ordering).await.unwrap();
+        let park = t.elapsed();
+        db.enqueue(1_000).await;
+        let mut after_park = claim_all_ordered(db.store(), 0, &ordering).await;
+        let (d50, d99) = (pct(&mut due, 0.5), pct(&mut due, 0.99));
+        let (k50, k99) = (pct(&mut after_park, 0.5), pct(&mut after_park, 0.99));
+        println!(
+            "{kind:<9} ordered, 8 keys, {retained} retained: p50 {o50:6.2} ms p99 {o99:6.2} ms (x{:.2} unordered) | 1 key blocked, {blocked} rows behind it due: p50 {d50:8.2} ms p99 {d99:8.2} ms | parked ({parked} rows in {:.2} s): p50 {k50:6.2} ms p99 {k99:6.2} ms (x{:.3})",
+            o50 / n50,
+            park.as_secs_f64(),
+            k50 / d50
         );
         db.drop_all(&p).await;
     }
