@@ -794,3 +794,135 @@ fn a_deleting_relay_keeps_no_dispatched_rows() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("keep, delete"));
 }
+
+/// Per-key ordering through real relay processes: 10,000 messages over 50 keys, two
+/// `outbox relay --ordered` processes with four batches in flight each to JetStream (a
+/// duplicate window of 100 ms, so re-sends show), and one relay SIGKILLed and restarted three
+/// times mid-stream. Per key, what the stream holds with duplicates removed by message id
+/// (first arrival kept) is in id order, and every message arrived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_ordered_relays_keep_every_keys_order() {
+    const KEYS: u32 = 50;
+    const TOTAL: u32 = 10_000;
+    let schema = unique("ordkill");
+    let prefix = format!("{schema}.o");
+    run_ok(outbox().args(["--database-url", PG, "--schema", &schema, "migrate"]));
+    let js = crate::common::jetstream().await;
+    let stream_name = schema.to_uppercase();
+    let stream = js
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: stream_name.clone(),
+            subjects: vec![format!("{prefix}.>")],
+            duplicate_window: Duration::from_millis(100), // the least JetStream takes
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // One statement: ids follow g, so each key's sequence numbers follow its ids.
+    psql(&format!(
+        "SELECT {schema}.enqueue('{prefix}.t', convert_to('k' || (g % {KEYS}) || ':' || (g / {KEYS}), 'UTF8'), 'k' || (g % {KEYS}))
+         FROM generate_series(0, {TOTAL} - 1) g;"
+    ));
+    let relay = |id: &str| {
+        let mut c = outbox();
+        c.args([
+            "--database-url",
+            PG,
+            "--schema",
+            &schema,
+            "relay",
+            "--sink",
+            NATS,
+            "--ordered",
+            &format!("{prefix}.>"),
+            "--relay-id",
+            id,
+            "--batch-size",
+            "200",
+            "--min-batch-size",
+            "50",
+            "--in-flight-batches",
+            "4",
+            "--lease-ms",
+            "1500",
+            "--poll-interval-ms",
+            "100",
+        ])
+        .stdout(Stdio::null());
+        c.spawn().unwrap()
+    };
+    let dispatched = || status(&schema)["dispatched"].as_i64().unwrap_or(0);
+    // (dispatched rows, rows the relay `id` holds claimed)
+    let progress = |id: &str| -> (i64, i64) {
+        let out = psql(&format!(
+            "SELECT count(*) FILTER (WHERE status = 2), count(*) FILTER (WHERE status = 1 AND claimed_by = '{id}') FROM {schema}.messages"
+        ));
+        let (d, c) = out.trim().split_once('|').unwrap();
+        (d.parse().unwrap(), c.parse().unwrap())
+    };
+    let steady = relay("steady");
+    let mut victim = relay("victim-0");
+    let mut held_at_kill = Vec::new();
+    for round in 1..=3 {
+        // Killed past a quarter, a half, three quarters, while it holds claims.
+        let target = i64::from(TOTAL) * round / 4;
+        let name = format!("victim-{}", round - 1);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (done, held) = progress(&name);
+            if done >= target && held > 0 {
+                held_at_kill.push(held);
+                break;
+            }
+            assert!(
+                done < i64::from(TOTAL) && Instant::now() < deadline,
+                "{name} never held a claim past {target} dispatched ({done} dispatched)"
+            );
+        }
+        victim.kill().unwrap(); // SIGKILL
+        victim.wait().unwrap();
+        victim = relay(&format!("victim-{round}"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while dispatched() < i64::from(TOTAL) {
+        assert!(
+            Instant::now() < deadline,
+            "not all dispatched: {}",
+            status(&schema)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for mut child in [steady, victim] {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    let info = stream.get_info().await.unwrap();
+    let mut first_seen = HashSet::new();
+    let mut per_key: HashMap<String, Vec<u32>> = HashMap::new();
+    for seq in info.state.first_sequence..=info.state.last_sequence {
+        let m = stream.get_raw_message(seq).await.unwrap();
+        let id = m.headers.get("Nats-Msg-Id").unwrap().as_str().to_owned();
+        if !first_seen.insert(id) {
+            continue; // a re-send after a kill
+        }
+        let body = String::from_utf8(m.payload.to_vec()).unwrap();
+        let (key, n) = body.split_once(':').unwrap();
+        per_key
+            .entry(key.to_owned())
+            .or_default()
+            .push(n.parse().unwrap());
+    }
+    assert_eq!(first_seen.len(), TOTAL as usize, "every message arrived");
+    assert_eq!(per_key.len(), KEYS as usize);
+    for (key, seqs) in &per_key {
+        let expected: Vec<u32> = (0..TOTAL / KEYS).collect();
+        assert_eq!(seqs, &expected, "key {key} out of order");
+    }
+    eprintln!(
+        "{} messages in the stream for {TOTAL} message ids (re-sends after the kills); rows claimed by the victim at each kill: {held_at_kill:?}",
+        info.state.messages
+    );
+    js.delete_stream(&stream_name).await.unwrap();
+    psql(&format!("DROP SCHEMA {schema} CASCADE"));
+}
