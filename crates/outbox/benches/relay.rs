@@ -1011,6 +1011,9 @@ async fn ordering_costs(root: &str) {
         topics: vec![outbox::sink::router::TopicPattern::parse(&format!("{root}.>")).unwrap()],
         skip_dead: false,
     };
+    // BENCH_ORDER_LIVE=1: a running relay that stops once everything is dispatched,
+    // instead of a drain (whose workers end at their first empty claim).
+    let live = std::env::var("BENCH_ORDER_LIVE").is_ok_and(|v| v == "1");
     let run = |keys: i64, ordering: outbox::store::KeyOrdering| {
         let topic = topic.clone();
         async move {
@@ -1035,16 +1038,29 @@ async fn ordering_costs(root: &str) {
                 .await
                 .unwrap();
             let cfg = RelayConfig {
-                drain: true,
+                drain: !live,
                 ordering,
                 lease: Duration::from_secs(120),
                 ..RelayConfig::default()
             };
             let t = Instant::now();
-            let stats = Relay::new(Arc::new(store.clone()), Arc::new(sink), cfg)
-                .run(Default::default())
-                .await
-                .unwrap();
+            let relay = Relay::new(Arc::new(store.clone()), Arc::new(sink), cfg);
+            let stats = if live {
+                // A running relay (not a drain): its idle workers stay, and claim again
+                // when woken.
+                let handle = relay.spawn();
+                while store.counts().await.unwrap().dispatched < n {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let stats = handle.shutdown().await.unwrap();
+                println!(
+                    "ordering  (live relay: {} claims, {} of them with rows)",
+                    stats.claims, stats.batches
+                );
+                stats
+            } else {
+                relay.run(Default::default()).await.unwrap()
+            };
             let rate = stats.dispatched as f64 / t.elapsed().as_secs_f64();
             assert_eq!(stats.dispatched, n as u64);
             drop_store(&store).await;

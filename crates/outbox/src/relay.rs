@@ -196,6 +196,8 @@ pub enum RelayError {
 /// Counters of one relay, since it started.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct RelayStats {
+    /// Claim statements run, whether they found rows or not.
+    pub claims: u64,
     /// Claims that returned at least one row.
     pub batches: u64,
     /// Rows claimed.
@@ -220,6 +222,7 @@ pub struct RelayStats {
 
 #[derive(Default)]
 struct Counters {
+    claims: AtomicU64,
     batches: AtomicU64,
     claimed: AtomicU64,
     dispatched: AtomicU64,
@@ -235,6 +238,7 @@ impl Counters {
     fn snapshot(&self) -> RelayStats {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         RelayStats {
+            claims: g(&self.claims),
             batches: g(&self.batches),
             claimed: g(&self.claimed),
             dispatched: g(&self.dispatched),
@@ -349,6 +353,11 @@ pub struct Relay {
     /// Set when this relay quarantined a keyed message of an ordered topic (strict mode):
     /// the background parks the rows its key now holds back ([`Store::park_held`]).
     park_wanted: tokio::sync::Notify,
+    /// Per-key ordering: set when a claim found nothing while other workers held claims
+    /// (their keys hold the rest back, and such a claim reads every due row for nothing);
+    /// while set, a full claim does not bring the idle workers in. Cleared when a claim
+    /// beside others finds rows.
+    futile: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -620,6 +629,7 @@ impl Relay {
             failing: std::sync::Mutex::new(Failing::default()),
             health: Arc::new(RelayHealth::new(config.poll_interval)),
             park_wanted: tokio::sync::Notify::new(),
+            futile: std::sync::atomic::AtomicBool::new(false),
             config,
         }
     }
@@ -1056,7 +1066,10 @@ impl Relay {
 
             let size = self.claim_size.load(Ordering::Relaxed);
             request.batch_size = size;
+            // Other workers' claims in flight (this worker's own has settled).
+            let beside_others = self.health.in_flight.load(Ordering::Relaxed) > 0;
             let began = Instant::now();
+            add(&self.counters.claims, 1);
             let claim = match self.store.claim(&request).await {
                 Ok(c) => {
                     crate::metrics::seconds(crate::metrics::CLAIM_DURATION, began.elapsed());
@@ -1072,7 +1085,17 @@ impl Relay {
                 }
             };
             let n = claim.messages.len() + claim.malformed.len();
-            self.follow_backlog(size, n);
+            let ordered = cfg.ordering.is_on();
+            if ordered && beside_others {
+                // Beside other claims, what an ordered claim finds says which keys are
+                // free, not how large the backlog is.
+                self.futile.store(n == 0, Ordering::Relaxed);
+                if n > 0 {
+                    self.follow_backlog(size, n);
+                }
+            } else {
+                self.follow_backlog(size, n);
+            }
             if n == 0 {
                 if cfg.drain {
                     // Nothing claimed: nothing due, or the outbox is paused (the claim
@@ -1098,8 +1121,9 @@ impl Relay {
                 self.idle(cancel).await;
                 continue;
             }
-            if n >= size as usize {
-                // More may be due: let the idle workers claim too.
+            if n >= size as usize && !(ordered && self.futile.load(Ordering::Relaxed)) {
+                // More may be due: let the idle workers claim too (unless, with ordering,
+                // the last claim beside others found every key held).
                 self.more.notify_waiters();
             }
             add(&self.counters.batches, 1);

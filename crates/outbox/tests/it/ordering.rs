@@ -474,6 +474,44 @@ async fn a_relay_that_no_longer_orders_gives_parked_rows_back() {
     );
 }
 
+/// One hot ordered key and four workers: while one worker's claim holds the key, the
+/// others' claims find nothing (and read every due row to find it out); after the first
+/// such empty claim, full claims stop bringing the idle workers in. Without that, each
+/// full claim woke three workers for three empty claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_hot_key_does_not_wake_the_idle_workers_for_nothing() {
+    let db = PgBackend::create("ordered_hot", crate::conformance::DEFAULT_MAX).await;
+    // Each request answered after 3 ms: a claim of 50 rows of one key is in flight for
+    // 150 ms or more, one message after another.
+    let server = TestServer::start(|_, _| Reply::status(200).after(Duration::from_millis(3))).await;
+    db.enqueue_all(&interleaved("o.t", 1, 300)).await;
+    let sink = webhook(&server.url).await;
+    let config = RelayConfig {
+        batch_size: 50,
+        min_batch_size: 50,
+        in_flight_batches: 4,
+        // No poll-driven claims within the test.
+        poll_interval: Duration::from_secs(30),
+        ..http_config("hot")
+    };
+    let handle = Relay::new(db.store(), Arc::new(sink), config).spawn();
+    let store = db.store();
+    crate::common::wait_dispatched("300 dispatched", &store, 300, Duration::from_secs(30)).await;
+    let stats = handle.shutdown().await.unwrap();
+    let empty = stats.claims - stats.batches;
+    assert!(
+        stats.batches >= 6,
+        "300 rows in claims of at most 50: {stats:?}"
+    );
+    // Three woken by the first full claim, at most one on the store's wake-up (the
+    // enqueue's notification may arrive after the relay subscribed), and the last claim,
+    // which finds the outbox empty. Without the rule: 16 in this setup.
+    assert!(
+        empty <= 5,
+        "the first full claim woke three workers; no later one should: {empty} empty claims, {stats:?}"
+    );
+}
+
 /// SQLite keeps any type in any column: rows written by hand with a BLOB key or topic do
 /// not fail the ordered claim (which would stop every key); they are claimed and come
 /// back malformed, to be quarantined, while the other rows are claimed as usual.

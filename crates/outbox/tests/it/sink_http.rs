@@ -82,6 +82,12 @@ impl Reply {
         self.body = body.into();
         self
     }
+
+    /// Answers after `delay`.
+    pub(crate) fn after(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
 }
 
 /// Decides the reply from the request and how many earlier requests carried its

@@ -134,8 +134,8 @@ async fn oversize_unknown_topic_and_down_brokers_are_classified() {
     );
 }
 
-/// Per-key ordering into Kafka: two relays with four batches in flight each, 2,000 messages
-/// over 20 keys on an ordered topic of three partitions; every key's records, read back in
+/// Per-key ordering into Kafka: two relays with four batches in flight each, 10,000
+/// messages over 50 keys on an ordered topic of three partitions; every key's records, read back in
 /// partition order, are in id order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_relays_keep_every_keys_order_into_kafka() {
@@ -143,8 +143,8 @@ async fn two_relays_keep_every_keys_order_into_kafka() {
     use outbox::store::KeyOrdering;
     use outbox::{Relay, RelayConfig};
     use std::sync::Arc;
-    const KEYS: usize = 20;
-    const PER_KEY: usize = 100;
+    const KEYS: usize = 50;
+    const PER_KEY: usize = 200;
     let topic = unique_topic("ordered");
     create_topic(&topic);
     let db = crate::conformance_postgres::PgBackend::create(
@@ -177,12 +177,12 @@ async fn two_relays_keep_every_keys_order_into_kafka() {
             })
         })
         .collect();
-    for chunk in messages.chunks(100) {
+    for chunk in messages.chunks(500) {
         db.enqueue_all(chunk).await;
     }
     let store = db.store();
     crate::common::wait_dispatched(
-        "2,000 dispatched",
+        "10,000 dispatched",
         &store,
         KEYS * PER_KEY,
         Duration::from_secs(120),
