@@ -562,3 +562,42 @@ fn dashboard_inside_the_relay() {
     relay.kill().unwrap();
     relay.wait().unwrap();
 }
+
+/// A payload that is not UTF-8 is shown as hex, and only when asked for by an operator.
+#[test]
+fn dashboard_shows_binary_payloads_as_hex() {
+    let db = Db::new(None);
+    run_ok(db.cmd().arg("migrate"));
+    let mut enqueue = db
+        .cmd()
+        .args(["enqueue", "--topic", "bin.blob.v1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    enqueue
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&[0xff, 0x00, 0x01, 0xfe])
+        .unwrap();
+    let out = enqueue.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let row: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let file = db.dir.path().join("out.jsonl");
+    run_ok(db.cmd().args([
+        "relay",
+        "--drain",
+        "--route",
+        &format!("ok.>=file:{}", file.display()),
+    ]));
+    let server = serve(&db);
+    let api = Api { port: server.port };
+    let path = format!("/api/dead/{}", row["id"]);
+    let plain = api.ok(&path, DANA);
+    assert_eq!(plain["payload_bytes"], 4);
+    assert!(plain.get("payload_hex").is_none() && plain.get("payload_text").is_none());
+    let shown = api.ok(&format!("{path}?payload=true"), DANA);
+    assert_eq!(shown["payload_hex"], "ff 00 01 fe", "{shown}");
+    assert!(shown.get("payload_text").is_none());
+}
