@@ -207,7 +207,7 @@ enum Command {
         summary_interval_s: u64,
         /// Seconds between store samples for the store gauges (taken by one relay at a
         /// time: the live relay with the smallest id); 0 turns them off. Without
-        /// --metrics-addr nothing would read them, so none are taken.
+        /// --metrics-addr or --admin-addr nothing would read them, so none are taken.
         #[arg(long, env = "OUTBOX_SAMPLE_INTERVAL_S", default_value_t = 15, value_parser = clap::value_parser!(u64).range(0..=86_400))]
         sample_interval_s: u64,
         /// Export a producer span per published message (`send TOPIC`, a child of the
