@@ -10,6 +10,7 @@ pub(crate) mod auth;
 use crate::admin::{self, ChangeText, Limits, PayloadView, StatusReport};
 use crate::serve::{self, Ready};
 use auth::{Caller, Role, Tokens};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -223,7 +224,11 @@ struct ListQuery {
 
 /// Dead letters, oldest first, a page at a time: `rows`, `total` (matching the filters),
 /// `next_after` (the cursor of the next page, when there is one).
-async fn dead_list(State(a): State<Arc<Admin>>, Query(q): Query<ListQuery>) -> ApiResult {
+async fn dead_list(
+    State(a): State<Arc<Admin>>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> ApiResult {
+    let Query(q) = q.map_err(|e| ApiError::bad(e.body_text()))?;
     let filter = Filter {
         ids: Vec::new(),
         topic: q.topic,
@@ -268,8 +273,14 @@ async fn dead_show(
     State(a): State<Arc<Admin>>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    Query(q): Query<ShowQuery>,
+    q: Result<Query<ShowQuery>, QueryRejection>,
 ) -> ApiResult {
+    let Query(q) = q.map_err(|e| ApiError::bad(e.body_text()))?;
+    if id.parse::<i64>().is_err() && uuid::Uuid::parse_str(&id).is_err() {
+        return Err(ApiError::bad(format!(
+            "{id:?} is neither a row id (an integer) nor a message id (a UUID)"
+        )));
+    }
     if q.payload && caller.role != Role::Operator {
         return Err(ApiError(
             StatusCode::FORBIDDEN,
@@ -280,8 +291,7 @@ async fn dead_show(
         ));
     }
     let r = admin::find_dead_letter(a.store.as_ref(), &id, q.payload)
-        .await
-        .map_err(|e| ApiError::bad(format!("{e:#}")))?
+        .await?
         .ok_or_else(|| {
             ApiError(
                 StatusCode::NOT_FOUND,
@@ -333,7 +343,7 @@ struct ChangeBody {
 async fn replay(
     State(a): State<Arc<Admin>>,
     Extension(caller): Extension<Caller>,
-    body: Result<Json<ChangeBody>, axum::extract::rejection::JsonRejection>,
+    body: Result<Json<ChangeBody>, JsonRejection>,
 ) -> ApiResult {
     change(&a, &caller, body, ReplayAction::Replay).await
 }
@@ -341,7 +351,7 @@ async fn replay(
 async fn discard(
     State(a): State<Arc<Admin>>,
     Extension(caller): Extension<Caller>,
-    body: Result<Json<ChangeBody>, axum::extract::rejection::JsonRejection>,
+    body: Result<Json<ChangeBody>, JsonRejection>,
 ) -> ApiResult {
     change(&a, &caller, body, ReplayAction::Discard).await
 }
@@ -352,7 +362,7 @@ async fn discard(
 async fn change(
     a: &Admin,
     caller: &Caller,
-    body: Result<Json<ChangeBody>, axum::extract::rejection::JsonRejection>,
+    body: Result<Json<ChangeBody>, JsonRejection>,
     action: ReplayAction,
 ) -> ApiResult {
     let Json(body) = body.map_err(|e| ApiError::bad(e.body_text()))?;
@@ -441,7 +451,11 @@ struct LimitQuery {
 }
 
 /// The audit of replays, discards and purges, newest first.
-async fn replays(State(a): State<Arc<Admin>>, Query(q): Query<LimitQuery>) -> ApiResult {
+async fn replays(
+    State(a): State<Arc<Admin>>,
+    q: Result<Query<LimitQuery>, QueryRejection>,
+) -> ApiResult {
+    let Query(q) = q.map_err(|e| ApiError::bad(e.body_text()))?;
     let rows = a
         .store
         .replays(q.limit.unwrap_or(50).clamp(1, MAX_PAGE))
@@ -470,7 +484,7 @@ struct ResumeBody {
 async fn pause(
     State(a): State<Arc<Admin>>,
     Extension(caller): Extension<Caller>,
-    body: Result<Json<PauseBody>, axum::extract::rejection::JsonRejection>,
+    body: Result<Json<PauseBody>, JsonRejection>,
 ) -> ApiResult {
     let Json(body) = body.map_err(|e| ApiError::bad(e.body_text()))?;
     if body.reason.trim().is_empty() {
@@ -491,7 +505,7 @@ async fn pause(
 async fn resume(
     State(a): State<Arc<Admin>>,
     Extension(caller): Extension<Caller>,
-    body: Result<Json<ResumeBody>, axum::extract::rejection::JsonRejection>,
+    body: Result<Json<ResumeBody>, JsonRejection>,
 ) -> ApiResult {
     let Json(body) = body.map_err(|e| ApiError::bad(e.body_text()))?;
     let topic = body.topic.as_deref().filter(|t| !t.trim().is_empty());
@@ -514,7 +528,11 @@ struct MessagesQuery {
 
 /// Where messages are now: by message id when `q` is a UUID, else by key (in `topic`
 /// when given).
-async fn messages(State(a): State<Arc<Admin>>, Query(q): Query<MessagesQuery>) -> ApiResult {
+async fn messages(
+    State(a): State<Arc<Admin>>,
+    q: Result<Query<MessagesQuery>, QueryRejection>,
+) -> ApiResult {
+    let Query(q) = q.map_err(|e| ApiError::bad(e.body_text()))?;
     let text = q.q.trim();
     if text.is_empty() {
         return Err(ApiError::bad("q: give a message id (UUID) or a key"));

@@ -266,6 +266,14 @@ fn api_round_trip(db: &Db) {
     assert!(error_of(&v).contains("neither a duration"), "{v}");
     let (code, v) = api.get("/api/dead?topic=a..b", Some(READER));
     assert_eq!(code, 400, "{v}");
+    let (code, v) = api.get("/api/dead?limit=many", Some(READER));
+    assert_eq!(code, 400, "{v}");
+    assert!(
+        error_of(&v).contains("limit"),
+        "a JSON error naming the field: {v}"
+    );
+    let (code, v) = api.get("/api/dead?colour=red", Some(READER));
+    assert_eq!(code, 400, "unknown parameters are refused: {v}");
 
     // One dead letter; its payload only for operators.
     let one = api.ok(&format!("/api/dead/{}", ids[0]), READER);
