@@ -137,7 +137,7 @@ test("sign in and read the overview", async () => {
   await shot("overview.png");
 });
 
-test("labels and the contrast of status colours", async () => {
+test("labels, keyboard tabs and the contrast of status colours", async () => {
   const problems = await page.evaluate(() => {
     const bad = [];
     for (const el of document.querySelectorAll("input, select, textarea")) {
@@ -149,6 +149,13 @@ test("labels and the contrast of status colours", async () => {
     return bad;
   });
   assert.deepEqual(problems, []);
+  // The tabs follow the keyboard (arrow keys), as the WAI-ARIA tabs pattern has it.
+  await page.getByRole("tab", { name: "Overview" }).focus();
+  await page.keyboard.press("ArrowRight");
+  assert.equal(await page.getByRole("tab", { name: "Dead letters" }).getAttribute("aria-selected"), "true");
+  assert.equal(await page.locator("#dead").isVisible(), true);
+  await page.keyboard.press("ArrowLeft");
+  assert.equal(await page.getByRole("tab", { name: "Overview" }).getAttribute("aria-selected"), "true");
   // WCAG 2 contrast of every status colour, computed from the page's own styles.
   const ratios = await page.evaluate(() => {
     const lum = (rgb) => {
