@@ -502,14 +502,17 @@ fn dashboard_without_a_token_stays_on_loopback() {
 
     // On loopback without a token: served, everyone is the operator "local".
     let port = free_port();
-    let mut child = db
-        .cmd()
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .env("OUTBOX_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut server = Server {
+        port,
+        child: db
+            .cmd()
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .env("OUTBOX_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    };
     let api = Api { port };
     let me = wait_for("the open server", || {
         let (code, v) = request(port, "GET", "/api/me", None, None, &[])?;
@@ -517,9 +520,16 @@ fn dashboard_without_a_token_stays_on_loopback() {
     });
     assert_eq!(me, json!({"name": "local", "role": "operator"}));
     assert_eq!(api.get("/api/overview", None).0, 200);
-    child.kill().unwrap();
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let mut err = String::new();
+    server
+        .child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     assert!(err.contains("no admin token configured"), "{err}");
 }
 
@@ -532,22 +542,26 @@ fn dashboard_inside_the_relay() {
     db.enqueue("in.relay.v1", None, "x");
     let out = db.dir.path().join("out.jsonl");
     let (admin, metrics) = (free_port(), free_port());
-    let mut relay = db
-        .cmd()
-        .args([
-            "relay",
-            "--sink",
-            &format!("file:{}", out.display()),
-            "--admin-addr",
-            &format!("127.0.0.1:{admin}"),
-            "--metrics-addr",
-            &format!("127.0.0.1:{metrics}"),
-        ])
-        .env("OUTBOX_ADMIN_READ_TOKEN", READER)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    // Killed when dropped, a failed assertion included.
+    let _relay = Server {
+        port: admin,
+        child: db
+            .cmd()
+            .args([
+                "relay",
+                "--sink",
+                &format!("file:{}", out.display()),
+                "--admin-addr",
+                &format!("127.0.0.1:{admin}"),
+                "--metrics-addr",
+                &format!("127.0.0.1:{metrics}"),
+            ])
+            .env("OUTBOX_ADMIN_READ_TOKEN", READER)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    };
     let api = Api { port: admin };
     let o = wait_for("the relay's registry row and its delivery", || {
         let (code, o) = request(admin, "GET", "/api/overview", Some(READER), None, &[])?;
@@ -567,8 +581,6 @@ fn dashboard_inside_the_relay() {
     assert_eq!(code, 200, "--metrics-addr stays open: {plain}");
     let (code, _) = api.post("/api/pause", Some(READER), &json!({"reason": "x"}));
     assert_eq!(code, 403);
-    relay.kill().unwrap();
-    relay.wait().unwrap();
 }
 
 /// A payload that is not UTF-8 is shown as hex, and only when asked for by an operator.
