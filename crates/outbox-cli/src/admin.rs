@@ -213,14 +213,10 @@ pub(crate) async fn dead(store: &dyn Store, cmd: &DeadCommand) -> anyhow::Result
             let sel = select.selector()?;
             let rows = store.dead_letters(&sel, *limit, false).await?;
             let ordering = ordering.ordering();
-            let blocks = |r: &DeadLetter| {
-                !ordering.skip_dead && r.key.is_some() && ordering.covers(&r.topic)
-            };
+            let blocks = |r: &DeadLetter| blocks_its_key(r, &ordering);
             if *json {
                 for r in &rows {
-                    let mut v = serde_json::to_value(r)?;
-                    v["blocking"] = blocks(r).into();
-                    out(&v.to_string());
+                    out(&dead_letter_json(r, &ordering)?.to_string());
                 }
                 return Ok(ExitCode::SUCCESS);
             }
@@ -267,12 +263,7 @@ pub(crate) async fn dead(store: &dyn Store, cmd: &DeadCommand) -> anyhow::Result
             Ok(ExitCode::SUCCESS)
         }
         DeadCommand::Show { id, payload, json } => {
-            let select = SelectArgs {
-                ids: vec![id.clone()],
-                ..SelectArgs::default()
-            };
-            let sel = select.selector()?;
-            let Some(r) = store.dead_letters(&sel, 1, *payload).await?.pop() else {
+            let Some(r) = find_dead_letter(store, id, *payload).await? else {
                 anyhow::bail!(
                     "no dead letter with id or message id {id} (a row that is pending, claimed or dispatched is not a dead letter)"
                 );
@@ -294,6 +285,42 @@ pub(crate) async fn dead(store: &dyn Store, cmd: &DeadCommand) -> anyhow::Result
             change_dead(store, change, ReplayAction::Discard, None).await
         }
     }
+}
+
+/// True when `r` holds back the later messages of its key (its topic is ordered, it has
+/// a key, and dead letters are not skipped).
+pub(crate) fn blocks_its_key(r: &DeadLetter, ordering: &outbox::store::KeyOrdering) -> bool {
+    !ordering.skip_dead && r.key.is_some() && ordering.covers(&r.topic)
+}
+
+/// A dead letter as `dead list --json` prints it and the dashboard's API returns it: its
+/// fields and `blocking`.
+pub(crate) fn dead_letter_json(
+    r: &DeadLetter,
+    ordering: &outbox::store::KeyOrdering,
+) -> anyhow::Result<serde_json::Value> {
+    let mut v = serde_json::to_value(r)?;
+    v["blocking"] = blocks_its_key(r, ordering).into();
+    Ok(v)
+}
+
+/// The dead letter with row id or message id `id` (with its payload when asked);
+/// `None` when no dead row has it.
+///
+/// # Errors
+/// `id` is neither an integer nor a UUID; the store fails.
+pub(crate) async fn find_dead_letter(
+    store: &dyn Store,
+    id: &str,
+    payload: bool,
+) -> anyhow::Result<Option<DeadLetter>> {
+    let sel = SelectArgs {
+        ids: vec![id.to_owned()],
+        ..SelectArgs::default()
+    }
+    .selector()?;
+    anyhow::ensure!(!sel.is_empty(), "give a row id or a message id");
+    Ok(store.dead_letters(&sel, 1, payload).await?.pop())
 }
 
 fn show_text(r: &DeadLetter, with_payload: bool) -> String {
@@ -343,23 +370,49 @@ fn show_text(r: &DeadLetter, with_payload: bool) -> String {
         "last error\n  {}\n",
         safe(r.last_error.as_deref().unwrap_or("(none)")).replace('\n', "\n  ")
     ));
-    if with_payload {
-        match r.payload.as_deref().map(std::str::from_utf8) {
-            Some(Ok(text)) => t.push_str(&format!("payload (UTF-8)\n{}\n", safe_multiline(text))),
-            Some(Err(_)) => {
-                let bytes = r.payload.as_deref().unwrap_or_default();
+    if with_payload && let Some(bytes) = r.payload.as_deref() {
+        match payload_view(bytes) {
+            PayloadView::Text(text) => {
+                t.push_str(&format!("payload (UTF-8)\n{}\n", safe_multiline(text)));
+            }
+            PayloadView::Hex(lines) => {
                 t.push_str("payload (binary, hex)\n");
-                for chunk in bytes.chunks(32) {
-                    let hex: Vec<String> = chunk.iter().map(|b| format!("{b:02x}")).collect();
-                    t.push_str(&format!("  {}\n", hex.join(" ")));
+                for line in lines {
+                    t.push_str(&format!("  {line}\n"));
                 }
             }
-            None => {}
         }
     } else {
         t.push_str("(payload not shown: --payload prints it)\n");
     }
     t.trim_end().to_owned()
+}
+
+/// A payload as people read it: UTF-8 text as is, anything else as lines of hex.
+pub(crate) enum PayloadView<'a> {
+    /// Valid UTF-8.
+    Text(&'a str),
+    /// Not UTF-8: 32 bytes a line, as two-digit hex separated by spaces.
+    Hex(Vec<String>),
+}
+
+/// How `dead show --payload` and the dashboard show a payload.
+pub(crate) fn payload_view(bytes: &[u8]) -> PayloadView<'_> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => PayloadView::Text(text),
+        Err(_) => PayloadView::Hex(
+            bytes
+                .chunks(32)
+                .map(|chunk| {
+                    chunk
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .collect(),
+        ),
+    }
 }
 
 /// Text safe for a terminal: control characters escaped (never raw escape sequences).
@@ -397,6 +450,60 @@ fn clip(s: &str, n: usize) -> String {
     }
 }
 
+/// What a change to dead rows says about itself, and what its fields are called where
+/// it came from (flags or JSON fields), for the refusals.
+pub(crate) struct ChangeText<'a> {
+    /// Why (kept in the audit row).
+    pub(crate) reason: &'a str,
+    /// Who (kept in the audit row).
+    pub(crate) by: &'a str,
+    /// The field names: (selection, reason, by).
+    pub(crate) names: (&'a str, &'a str, &'a str),
+}
+
+/// The flags' names for [`ChangeText::names`].
+pub(crate) const CLI_NAMES: (&str, &str, &str) = (
+    "ids, --id-range, --topic, --since or --error",
+    "--reason",
+    "--by",
+);
+
+/// The checks every change to dead rows needs (a selection, a reason, who), and the
+/// request as a dry run: the CLI and the dashboard run it, show the count, then run it
+/// again with `dry_run` off.
+pub(crate) fn change_request(
+    selector: DeadSelector,
+    action: ReplayAction,
+    text: ChangeText<'_>,
+    limit: Option<u32>,
+    rate_per_s: Option<f64>,
+) -> anyhow::Result<ReplayRequest> {
+    let (selection, reason, by) = text.names;
+    anyhow::ensure!(
+        !selector.is_empty(),
+        "select the dead rows to {}: {selection} (an empty selection would take every dead row)",
+        action.as_str()
+    );
+    anyhow::ensure!(
+        !text.reason.trim().is_empty(),
+        "{reason} must not be empty: it is kept in the audit row"
+    );
+    anyhow::ensure!(
+        !text.by.trim().is_empty(),
+        "{by} must not be empty: it is kept in the audit row"
+    );
+    Ok(ReplayRequest {
+        selector,
+        action,
+        limit,
+        by: text.by.to_owned(),
+        reason: text.reason.to_owned(),
+        rate_per_s,
+        dry_run: true,
+        append_to: None,
+    })
+}
+
 /// Replays or discards the selected dead rows, after the checks every change needs.
 pub(crate) async fn change_dead(
     store: &dyn Store,
@@ -405,29 +512,17 @@ pub(crate) async fn change_dead(
     rate_per_s: Option<f64>,
 ) -> anyhow::Result<ExitCode> {
     let selector = change.select.selector()?;
-    anyhow::ensure!(
-        !selector.is_empty(),
-        "select the dead rows to {}: ids, --id-range, --topic, --since or --error (an empty selection would take every dead row)",
-        action.as_str()
-    );
-    anyhow::ensure!(
-        !change.reason.trim().is_empty(),
-        "--reason must not be empty: it is kept in the audit row"
-    );
-    anyhow::ensure!(
-        !change.by.trim().is_empty(),
-        "--by must not be empty: it is kept in the audit row"
-    );
-    let mut request = ReplayRequest {
+    let mut request = change_request(
         selector,
         action,
-        limit: change.limit,
-        by: change.by.clone(),
-        reason: change.reason.clone(),
+        ChangeText {
+            reason: &change.reason,
+            by: &change.by,
+            names: CLI_NAMES,
+        },
+        change.limit,
         rate_per_s,
-        dry_run: true,
-        append_to: None,
-    };
+    )?;
     let preview = store.replay(&request).await?;
     report_refused(&preview);
     if change.dry_run {
@@ -606,6 +701,84 @@ pub(crate) async fn purge_dead(
     }
 }
 
+/// Pauses every topic (`topic` None) or the topics matching `topic`, as `by` for
+/// `reason`; what happened, in one line for people.
+pub(crate) async fn pause(
+    store: &dyn Store,
+    topic: Option<&str>,
+    reason: &str,
+    by: &str,
+) -> anyhow::Result<String> {
+    anyhow::ensure!(!reason.trim().is_empty(), "--reason must not be empty");
+    match topic {
+        Some(t) => {
+            let pattern = TopicPattern::parse(t).map_err(anyhow::Error::msg)?;
+            let before = store.pause_state().await?;
+            store.pause_topic(&pattern, reason, by).await?;
+            Ok(match before.topics.iter().find(|p| p.pattern == *t) {
+                Some(old) => format!(
+                    "topic pause {t} updated (was by {}: {})",
+                    old.by.escape_debug(),
+                    old.reason.escape_debug()
+                ),
+                None => format!(
+                    "topics matching {t} paused: relays stop publishing them within about 1 s (rows claimed before that are still published); other topics flow"
+                ),
+            })
+        }
+        None => {
+            store
+                .set_pause(Some(&format!("{reason} (by {by})")))
+                .await?;
+            Ok(
+                "outbox paused: relays stop publishing within about 1 s; producers keep writing"
+                    .into(),
+            )
+        }
+    }
+}
+
+/// Lifts the pause switch (`topic` None) or the topic pause of exactly `topic`; what
+/// happened, in one line for people. An unknown topic pause is an error naming those in
+/// force.
+pub(crate) async fn resume(store: &dyn Store, topic: Option<&str>) -> anyhow::Result<String> {
+    match topic {
+        Some(t) => {
+            if !store.resume_topic(t).await? {
+                let paused: Vec<String> = store
+                    .pause_state()
+                    .await?
+                    .topics
+                    .into_iter()
+                    .map(|p| p.pattern)
+                    .collect();
+                anyhow::bail!(
+                    "no topic pause {t:?} (paused: {}); resume takes the pattern exactly as paused",
+                    if paused.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        paused.join(", ")
+                    }
+                );
+            }
+            Ok(format!("topic pause {t} lifted"))
+        }
+        None => {
+            store.set_pause(None).await?;
+            let topics = store.pause_state().await?.topics;
+            if topics.is_empty() {
+                Ok("outbox resumed".into())
+            } else {
+                let list: Vec<&str> = topics.iter().map(|p| p.pattern.as_str()).collect();
+                Ok(format!(
+                    "outbox resumed; topic pauses still in force: {} (`outbox resume --topic PATTERN` lifts one)",
+                    list.join(", ")
+                ))
+            }
+        }
+    }
+}
+
 /// The verdict `status` prints and `status --check` exits on.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub(crate) struct Verdict {
@@ -624,6 +797,17 @@ pub(crate) struct Limits {
     pub(crate) max_dead: i64,
     /// Rows due this long with no relay claiming is STUCK.
     pub(crate) stuck_after: Duration,
+}
+
+impl Default for Limits {
+    /// `outbox status`'s defaults: 60 s, no dead letters, 30 s.
+    fn default() -> Self {
+        Limits {
+            max_age: Duration::from_secs(60),
+            max_dead: 0,
+            stuck_after: Duration::from_secs(30),
+        }
+    }
 }
 
 /// Decides the verdict from the overview, the live relays, the pause switch and what
@@ -762,29 +946,61 @@ fn human(s: i64) -> String {
     }
 }
 
-/// `outbox status`; `ordering` as the relays run (for what waits behind dead letters).
-pub(crate) async fn status(
-    store: &dyn Store,
-    json: bool,
-    by_topic: bool,
-    check: bool,
-    limits: Limits,
-    ordering: &outbox::store::KeyOrdering,
-) -> anyhow::Result<ExitCode> {
-    let top = if by_topic { 10 } else { 0 };
-    let o = store.overview(top).await?;
-    let pause = store.pause_state().await?;
-    let relays = store.relays(RELAY_EXPIRY).await?;
-    let held = if ordering.is_on() && !ordering.skip_dead {
-        store.held_keys(ordering).await?
-    } else {
-        outbox::store::HeldKeys::default()
-    };
-    let v = verdict(&o, &relays, &pause, &held, &limits);
-    let live = |id: &str| relays.iter().any(|r| r.relay_id == id);
-    let orphaned: Vec<&outbox::store::ClaimsBy> =
-        o.claims_by.iter().filter(|c| !live(&c.relay_id)).collect();
-    if json {
+/// Everything `outbox status` and the dashboard's overview read, and the verdict on it.
+pub(crate) struct StatusReport {
+    /// The store's overview.
+    pub(crate) overview: Overview,
+    /// The pause switch and topic pauses.
+    pub(crate) pause: PauseState,
+    /// Live relays.
+    pub(crate) relays: Vec<RelayRecord>,
+    /// What per-key ordering holds behind dead letters.
+    pub(crate) held: outbox::store::HeldKeys,
+    /// The verdict.
+    pub(crate) verdict: Verdict,
+}
+
+impl StatusReport {
+    /// Reads the store (the top `top` topics of pending and dead rows) and decides the
+    /// verdict; `ordering` as the relays run (for what waits behind dead letters).
+    pub(crate) async fn read(
+        store: &dyn Store,
+        top: u32,
+        limits: &Limits,
+        ordering: &outbox::store::KeyOrdering,
+    ) -> anyhow::Result<Self> {
+        let overview = store.overview(top).await?;
+        let pause = store.pause_state().await?;
+        let relays = store.relays(RELAY_EXPIRY).await?;
+        let held = if ordering.is_on() && !ordering.skip_dead {
+            store.held_keys(ordering).await?
+        } else {
+            outbox::store::HeldKeys::default()
+        };
+        let verdict = verdict(&overview, &relays, &pause, &held, limits);
+        Ok(StatusReport {
+            overview,
+            pause,
+            relays,
+            held,
+            verdict,
+        })
+    }
+
+    /// Claims held by relays that are not alive.
+    pub(crate) fn orphaned(&self) -> Vec<&outbox::store::ClaimsBy> {
+        let live = |id: &str| self.relays.iter().any(|r| r.relay_id == id);
+        self.overview
+            .claims_by
+            .iter()
+            .filter(|c| !live(&c.relay_id))
+            .collect()
+    }
+
+    /// The report as `outbox status --json` prints it (and the dashboard's API returns
+    /// it); with the topics when `by_topic`.
+    pub(crate) fn to_json(&self, by_topic: bool) -> anyhow::Result<serde_json::Value> {
+        let (o, pause, held) = (&self.overview, &self.pause, &self.held);
         let c = &o.counts;
         let mut j = serde_json::json!({
             "pending": c.pending,
@@ -797,19 +1013,42 @@ pub(crate) async fn status(
             "due": o.due,
             "oldest_due_seconds": o.oldest_due_s,
             "expired_claims": o.expired_claims,
-            "relays": relays,
+            "relays": self.relays,
             "claims_by": o.claims_by,
-            "claims_of_gone_relays": orphaned,
+            "claims_of_gone_relays": self.orphaned(),
             "topic_pauses": pause.topics,
             "ordered_blocked_keys": held.blocked_keys,
             "ordered_held": held.held,
-            "verdict": v,
+            "verdict": self.verdict,
         });
         if by_topic {
             j["pending_by_topic"] = serde_json::to_value(&o.pending_by_topic)?;
             j["dead_by_topic"] = serde_json::to_value(&o.dead_by_topic)?;
         }
-        out(&j.to_string());
+        Ok(j)
+    }
+}
+
+/// `outbox status`; `ordering` as the relays run (for what waits behind dead letters).
+pub(crate) async fn status(
+    store: &dyn Store,
+    json: bool,
+    by_topic: bool,
+    check: bool,
+    limits: Limits,
+    ordering: &outbox::store::KeyOrdering,
+) -> anyhow::Result<ExitCode> {
+    let top = if by_topic { 10 } else { 0 };
+    let report = StatusReport::read(store, top, &limits, ordering).await?;
+    let orphaned = report.orphaned();
+    let (o, pause, relays, v) = (
+        &report.overview,
+        &report.pause,
+        &report.relays,
+        &report.verdict,
+    );
+    if json {
+        out(&report.to_json(by_topic)?.to_string());
     } else {
         let c = &o.counts;
         let age = c
@@ -827,7 +1066,7 @@ pub(crate) async fn status(
             o.expired_claims
         );
         t.push_str(&format!("\nrelays      {} alive", relays.len()));
-        for r in &relays {
+        for r in relays {
             let claim = last_claim_ago_s(r).map_or("never claimed".to_owned(), |s| {
                 format!("last claim {} ago", human(s as i64))
             });

@@ -4,6 +4,7 @@
 
 mod admin;
 mod config;
+mod dashboard;
 mod demo;
 mod otlp;
 mod serve;
@@ -81,6 +82,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of the relay's variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Create or upgrade the outbox schema (idempotent).
@@ -191,13 +194,20 @@ enum Command {
         /// 127.0.0.1:9464). Off by default.
         #[arg(long, env = "OUTBOX_METRICS_ADDR")]
         metrics_addr: Option<String>,
+        /// Serve the admin server on HOST:PORT inside this relay, as `outbox serve` does
+        /// (the dashboard, the API, /metrics, /healthz, /readyz; with this relay's
+        /// destinations and their state). Needs a token unless on loopback. Off by default.
+        #[arg(long, env = "OUTBOX_ADMIN_ADDR")]
+        admin_addr: Option<String>,
+        #[command(flatten)]
+        auth: dashboard::auth::AuthArgs,
         /// Seconds between summary log lines (delivered, rate, retried, quarantined,
         /// backlog, oldest pending age, destinations down); 0 turns them off.
         #[arg(long, env = "OUTBOX_SUMMARY_INTERVAL_S", default_value_t = 60, value_parser = clap::value_parser!(u64).range(0..=86_400))]
         summary_interval_s: u64,
         /// Seconds between store samples for the store gauges (taken by one relay at a
         /// time: the live relay with the smallest id); 0 turns them off. Without
-        /// --metrics-addr nothing would read them, so none are taken.
+        /// --metrics-addr or --admin-addr nothing would read them, so none are taken.
         #[arg(long, env = "OUTBOX_SAMPLE_INTERVAL_S", default_value_t = 15, value_parser = clap::value_parser!(u64).range(0..=86_400))]
         sample_interval_s: u64,
         /// Export a producer span per published message (`send TOPIC`, a child of the
@@ -206,6 +216,30 @@ enum Command {
         /// Messages then carry that span's `traceparent` on the wire. Off by default.
         #[arg(long, env = "OUTBOX_OTLP_ENDPOINT")]
         otlp_endpoint: Option<String>,
+    },
+    /// Serve the admin dashboard: the page at /, a JSON API under /api/ (status, dead
+    /// letters, replay, discard, the audit, pauses, message search), /metrics, /healthz
+    /// and /readyz. Every request but the page and the probes needs a bearer token
+    /// (OUTBOX_ADMIN_TOKEN, OUTBOX_ADMIN_READ_TOKEN or --admin-tokens-file); without one it
+    /// listens on loopback only.
+    Serve {
+        /// HOST:PORT to listen on.
+        #[arg(long, env = "OUTBOX_ADMIN_LISTEN", default_value = "127.0.0.1:8080")]
+        listen: String,
+        #[command(flatten)]
+        auth: dashboard::auth::AuthArgs,
+        /// BEHIND when the oldest pending message is older than this (60s, 15m, 2h).
+        #[arg(long, default_value = "60s", value_parser = admin::parse_duration)]
+        max_age: Duration,
+        /// DEAD when there are more dead letters than this.
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
+        max_dead: i64,
+        /// STUCK when rows have been due this long and no live relay claimed within it.
+        #[arg(long, default_value = "30s", value_parser = admin::parse_duration)]
+        stuck_after: Duration,
+        // As the relays run: which dead letters block their key.
+        #[command(flatten)]
+        ordering: admin::OrderingArgs,
     },
     /// Show counts by status, due and expired claims, live relays, pauses and a verdict
     /// (OK, STUCK, BEHIND, DEAD, PAUSED).
@@ -694,6 +728,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             relay_id,
             in_flight_batches,
             metrics_addr,
+            admin_addr,
+            auth,
             summary_interval_s,
             sample_interval_s,
             ordering,
@@ -726,7 +762,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 summary_interval: Duration::from_secs(*summary_interval_s),
                 // The gauges are only read through --metrics-addr: without it, sampling
                 // would be statements for nobody.
-                sample_interval: if metrics_addr.is_some() {
+                sample_interval: if metrics_addr.is_some() || admin_addr.is_some() {
                     Duration::from_secs(*sample_interval_s)
                 } else {
                     Duration::ZERO
@@ -744,17 +780,45 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             let cancel = CancellationToken::new();
             tokio::spawn(shutdown_on_signal(cancel.clone()));
-            let ready = Arc::new(serve::Ready {
-                store: store.clone(),
-                sqlite_file: sqlite_path(&cli.database_url).map(std::path::PathBuf::from),
-                relay: std::sync::RwLock::new(None),
-            });
-            if let Some(addr) = metrics_addr {
-                serve::start(addr, ready.clone(), cancel.clone()).await?;
+            let ready = Arc::new(serve::Ready::new(
+                store.clone(),
+                sqlite_path(&cli.database_url).map(std::path::PathBuf::from),
+                true,
+            ));
+            let tokens = match admin_addr {
+                Some(_) => Some(dashboard::auth::Tokens::load(auth)?),
+                None => None,
+            };
+            let recorder = if metrics_addr.is_some() || admin_addr.is_some() {
+                Some(serve::recorder()?)
+            } else {
+                None
+            };
+            if let (Some(addr), Some(handle)) = (metrics_addr, &recorder) {
+                serve::start(addr, handle.clone(), ready.clone(), cancel.clone()).await?;
+            }
+            if let (Some(addr), Some(handle), Some(tokens)) = (admin_addr, &recorder, tokens) {
+                let admin = dashboard::Admin {
+                    store: store.clone(),
+                    ready: ready.clone(),
+                    limits: admin::Limits::default(),
+                    ordering: config.ordering.clone(),
+                };
+                dashboard::start(
+                    "--admin-addr",
+                    addr,
+                    tokens,
+                    admin,
+                    handle.clone(),
+                    cancel.clone(),
+                )
+                .await?;
             }
             let relay = |router| {
                 let relay = Relay::with_router(store.clone(), router, config.clone());
                 *ready.relay.write().unwrap_or_else(|p| p.into_inner()) = Some(relay.health());
+                *ready.router.write().unwrap_or_else(|p| p.into_inner()) =
+                    Some(relay.router().clone());
                 relay
             };
             let sink = open().await?;
@@ -839,6 +903,46 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Serve {
+            listen,
+            auth,
+            max_age,
+            max_dead,
+            stuck_after,
+            ordering,
+        } => {
+            let tokens = dashboard::auth::Tokens::load(auth)?;
+            let store = Arc::new(connect(&cli, false).await?);
+            store.check_schema().await?;
+            let cancel = CancellationToken::new();
+            tokio::spawn(shutdown_on_signal(cancel.clone()));
+            let ready = Arc::new(serve::Ready::new(
+                store.clone(),
+                sqlite_path(&cli.database_url).map(std::path::PathBuf::from),
+                false,
+            ));
+            let admin = dashboard::Admin {
+                store,
+                ready,
+                limits: admin::Limits {
+                    max_age: *max_age,
+                    max_dead: *max_dead,
+                    stuck_after: *stuck_after,
+                },
+                ordering: ordering.ordering(),
+            };
+            dashboard::start(
+                "--listen",
+                listen,
+                tokens,
+                admin,
+                serve::recorder()?,
+                cancel.clone(),
+            )
+            .await?;
+            cancel.cancelled().await;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Status {
             json,
             by_topic,
@@ -868,34 +972,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Pause { reason, topic, by } => {
             let store = connect(&cli, false).await?;
             store.check_schema().await?;
-            anyhow::ensure!(!reason.trim().is_empty(), "--reason must not be empty");
-            match topic {
-                Some(t) => {
-                    let pattern =
-                        outbox::sink::router::TopicPattern::parse(t).map_err(anyhow::Error::msg)?;
-                    let before = store.pause_state().await?;
-                    store.pause_topic(&pattern, reason, by).await?;
-                    if let Some(old) = before.topics.iter().find(|p| p.pattern == *t) {
-                        eprintln!(
-                            "topic pause {t} updated (was by {}: {})",
-                            old.by.escape_debug(),
-                            old.reason.escape_debug()
-                        );
-                    } else {
-                        eprintln!(
-                            "topics matching {t} paused: relays stop publishing them within about 1 s (rows claimed before that are still published); other topics flow"
-                        );
-                    }
-                }
-                None => {
-                    store
-                        .set_pause(Some(&format!("{reason} (by {by})")))
-                        .await?;
-                    eprintln!(
-                        "outbox paused: relays stop publishing within about 1 s; producers keep writing"
-                    );
-                }
-            }
+            eprintln!(
+                "{}",
+                admin::pause(&store, topic.as_deref(), reason, by).await?
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Dead(cmd) => {
@@ -985,41 +1065,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Resume { topic } => {
             let store = connect(&cli, false).await?;
             store.check_schema().await?;
-            match topic {
-                Some(t) => {
-                    if !store.resume_topic(t).await? {
-                        let paused: Vec<String> = store
-                            .pause_state()
-                            .await?
-                            .topics
-                            .into_iter()
-                            .map(|p| p.pattern)
-                            .collect();
-                        anyhow::bail!(
-                            "no topic pause {t:?} (paused: {}); resume takes the pattern exactly as paused",
-                            if paused.is_empty() {
-                                "none".to_owned()
-                            } else {
-                                paused.join(", ")
-                            }
-                        );
-                    }
-                    eprintln!("topic pause {t} lifted");
-                }
-                None => {
-                    store.set_pause(None).await?;
-                    let topics = store.pause_state().await?.topics;
-                    if topics.is_empty() {
-                        eprintln!("outbox resumed");
-                    } else {
-                        let list: Vec<&str> = topics.iter().map(|p| p.pattern.as_str()).collect();
-                        eprintln!(
-                            "outbox resumed; topic pauses still in force: {} (`outbox resume --topic PATTERN` lifts one)",
-                            list.join(", ")
-                        );
-                    }
-                }
-            }
+            eprintln!("{}", admin::resume(&store, topic.as_deref()).await?);
             Ok(ExitCode::SUCCESS)
         }
     }

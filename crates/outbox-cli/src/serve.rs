@@ -1,6 +1,7 @@
 //! The relay's HTTP listener (`--metrics-addr`): `/metrics` (Prometheus text format),
 //! `/healthz` (the process is up) and `/readyz` (the store is reachable and migrated, and
-//! the relay loop turned within two poll intervals).
+//! the relay loop turned within two poll intervals). The admin server (`dashboard`) serves
+//! the same three routes beside the dashboard, from the pieces here.
 
 use anyhow::Context as _;
 use axum::Router;
@@ -32,26 +33,38 @@ pub(crate) struct Ready {
     /// relay leaves its open connections working on the deleted inode).
     pub(crate) sqlite_file: Option<std::path::PathBuf>,
     pub(crate) relay: RwLock<Option<Arc<RelayHealth>>>,
+    /// The running relay's router (its destinations and their state), for the dashboard.
+    pub(crate) router: RwLock<Option<Arc<outbox::sink::router::Router>>>,
+    /// True in a process that runs a relay: `/readyz` then also needs its loop turning
+    /// (`outbox serve` alone needs only the store).
+    pub(crate) runs_relay: bool,
+}
+
+impl Ready {
+    /// What `/readyz` reads, for `store` (`sqlite_file`: the SQLite database file).
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        sqlite_file: Option<std::path::PathBuf>,
+        runs_relay: bool,
+    ) -> Self {
+        Ready {
+            store,
+            sqlite_file,
+            relay: RwLock::new(None),
+            router: RwLock::new(None),
+            runs_relay,
+        }
+    }
 }
 
 /// Installs the Prometheus recorder (histogram buckets, and gauges dropped when not set for
 /// a minute, so a relay that stopped sampling the store stops exporting old values),
-/// describes every metric, binds `addr` (a clear error when it is taken) and serves until
-/// `cancel`.
+/// describes every metric and keeps the recorder's upkeep running. Once per process: the
+/// metrics listener and the admin server share the handle.
 ///
 /// # Errors
-/// The address cannot be bound, or a recorder is installed already.
-pub(crate) async fn start(
-    addr: &str,
-    ready: Arc<Ready>,
-    cancel: CancellationToken,
-) -> anyhow::Result<()> {
-    let parsed: std::net::SocketAddr = addr.parse().map_err(|e| {
-        anyhow::anyhow!("--metrics-addr {addr:?} is not HOST:PORT with an IP address and a port (e.g. 127.0.0.1:9464): {e}")
-    })?;
-    let listener = tokio::net::TcpListener::bind(parsed)
-        .await
-        .with_context(|| format!("--metrics-addr {addr}: cannot listen there"))?;
+/// A recorder is installed already.
+pub(crate) fn recorder() -> anyhow::Result<PrometheusHandle> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)?
         .set_buckets_for_metric(
@@ -72,19 +85,72 @@ pub(crate) async fn start(
             upkeep.run_upkeep();
         }
     });
-    let app = Router::new()
+    Ok(handle)
+}
+
+/// `addr` as a socket address; `flag` names the option in the error.
+///
+/// # Errors
+/// Not HOST:PORT with an IP address.
+pub(crate) fn parse_addr(flag: &str, addr: &str) -> anyhow::Result<std::net::SocketAddr> {
+    addr.parse().map_err(|e| {
+        anyhow::anyhow!("{flag} {addr:?} is not HOST:PORT with an IP address and a port (e.g. 127.0.0.1:9464): {e}")
+    })
+}
+
+/// Binds `addr` (`flag` names the option in the error: a clear one when it is taken).
+///
+/// # Errors
+/// The address cannot be bound.
+pub(crate) async fn bind(
+    flag: &str,
+    addr: std::net::SocketAddr,
+) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("{flag} {addr}: cannot listen there"))
+}
+
+/// The routes `/metrics`, `/healthz` and `/readyz`.
+pub(crate) fn probes(handle: PrometheusHandle, ready: Arc<Ready>) -> Router {
+    Router::new()
         .route("/metrics", get(metrics).with_state(handle))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz).with_state(ready));
-    tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
+        .route("/readyz", get(readyz).with_state(ready))
+}
+
+/// Serves `app` on `listener` until `cancel` (in a task of its own; `what` names the
+/// server in the error log).
+pub(crate) fn spawn(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    cancel: CancellationToken,
+    what: &'static str,
+) {
     tokio::spawn(async move {
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(async move { cancel.cancelled().await })
             .await;
         if let Err(e) = served {
-            tracing::error!(error = %e, "the metrics listener stopped");
+            tracing::error!(error = %e, "the {what} stopped");
         }
     });
+}
+
+/// Binds `addr` (`--metrics-addr`) and serves `/metrics`, `/healthz` and `/readyz` until
+/// `cancel`.
+///
+/// # Errors
+/// The address cannot be bound.
+pub(crate) async fn start(
+    addr: &str,
+    handle: PrometheusHandle,
+    ready: Arc<Ready>,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    let listener = bind("--metrics-addr", parse_addr("--metrics-addr", addr)?).await?;
+    tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
+    spawn(listener, probes(handle, ready), cancel, "metrics listener");
     Ok(())
 }
 
@@ -128,6 +194,7 @@ async fn readyz(State(ready): State<Arc<Ready>>) -> (StatusCode, String) {
                 h.since_last_turn().as_secs_f64()
             ),
         ),
+        None if !ready.runs_relay => (StatusCode::OK, "ready\n".into()),
         None => (
             StatusCode::SERVICE_UNAVAILABLE,
             "relay loop: not started\n".into(),

@@ -1,11 +1,13 @@
 //! The `outbox` binary end to end, in one test binary: the CLI against PostgreSQL and NATS
 //! (`cli`), MariaDB producers and relays (`mariadb`), operations (`operations`), traces
-//! (`traces`) and logs without secrets (`no_secrets_in_logs`).
+//! (`traces`), logs without secrets (`no_secrets_in_logs`) and the admin server
+//! (`dashboard`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cli;
 mod common;
+mod dashboard;
 mod mariadb;
 mod no_secrets_in_logs;
 mod operations;

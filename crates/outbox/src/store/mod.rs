@@ -26,6 +26,7 @@ use serde::Serialize;
 use std::time::Duration;
 use uuid::Uuid;
 
+pub mod lookup;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 pub mod ops;
@@ -600,6 +601,23 @@ pub trait Store: Send + Sync + 'static {
     /// the claim and the wait is never missed. Starts the store's watcher on first call.
     /// A broken wake-up channel never fails the relay: it degrades to polling.
     fn wakeups(&self) -> tokio::sync::watch::Receiver<u64>;
+
+    // The admin dashboard: where a message is, and what was delivered and died per minute.
+
+    /// The rows `query` names, wherever they are in their life (pending, claimed,
+    /// dispatched, dead), newest first, at most `limit`. One statement.
+    async fn find_messages(
+        &self,
+        query: &lookup::MessageQuery,
+        limit: u32,
+    ) -> Result<Vec<lookup::MessageLocation>>;
+
+    /// Rows dispatched and rows that died in each of the last `minutes` minutes (at most
+    /// [`lookup::MAX_THROUGHPUT_MINUTES`]; database clock), one entry per minute, oldest
+    /// first. Counts rows still kept: dispatched rows deleted at dispatch or purged, and
+    /// dead rows replayed or discarded since, are not counted. One statement over the
+    /// dispatched and dead indexes.
+    async fn throughput(&self, minutes: u32) -> Result<Vec<lookup::MinuteCounts>>;
 }
 
 /// A store chosen at run time from a database URL.
@@ -768,6 +786,16 @@ impl Store for AnyStore {
     }
     fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
         self.inner().wakeups()
+    }
+    async fn find_messages(
+        &self,
+        query: &lookup::MessageQuery,
+        limit: u32,
+    ) -> Result<Vec<lookup::MessageLocation>> {
+        self.inner().find_messages(query, limit).await
+    }
+    async fn throughput(&self, minutes: u32) -> Result<Vec<lookup::MinuteCounts>> {
+        self.inner().throughput(minutes).await
     }
 }
 

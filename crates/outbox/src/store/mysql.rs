@@ -2094,4 +2094,103 @@ impl Store for MySqlStore {
         self.start_watcher();
         self.inner.wakeup.subscribe()
     }
+
+    async fn find_messages(
+        &self,
+        query: &super::lookup::MessageQuery,
+        limit: u32,
+    ) -> Result<Vec<super::lookup::MessageLocation>> {
+        use super::lookup::MessageQuery;
+        let p = &self.inner.config.schema;
+        let cols = "id, message_id, topic, `key`, CAST(status AS SIGNED) AS status, attempts,
+                    occurred_at, available_at, claimed_by, locked_until, dispatched_at,
+                    last_error, CAST(OCTET_LENGTH(payload) AS SIGNED) AS payload_bytes, replay_id";
+        let rows = match query {
+            MessageQuery::MessageId(id) => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {cols} FROM {p}_messages WHERE message_id = ?"
+                )))
+                .bind(id.hyphenated().to_string())
+                .fetch_all(&self.inner.pool)
+                .await?
+            }
+            MessageQuery::Key {
+                key,
+                topic: Some(topic),
+            } => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {cols} FROM {p}_messages WHERE topic = ? AND `key` = ?
+                     ORDER BY id DESC LIMIT ?"
+                )))
+                .bind(topic)
+                .bind(key)
+                .bind(i64::from(limit))
+                .fetch_all(&self.inner.pool)
+                .await?
+            }
+            MessageQuery::Key { key, topic: None } => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {cols} FROM {p}_messages WHERE `key` = ? ORDER BY id DESC LIMIT ?"
+                )))
+                .bind(key)
+                .bind(i64::from(limit))
+                .fetch_all(&self.inner.pool)
+                .await?
+            }
+        };
+        rows.iter()
+            .map(|r| {
+                let id: i64 = r.try_get("id")?;
+                let mid: String = r.try_get("message_id")?;
+                let message_id = Uuid::parse_str(&mid).map_err(|e| Error::MalformedRow {
+                    id,
+                    reason: format!("message_id {mid:?} is not a UUID: {e}"),
+                })?;
+                let time = |c: &str| -> Result<Option<chrono::DateTime<chrono::Utc>>> {
+                    Ok(r.try_get::<Option<NaiveDateTime>, _>(c)?
+                        .map(|t| t.and_utc()))
+                };
+                Ok(super::lookup::MessageLocation {
+                    id,
+                    message_id,
+                    topic: r.try_get("topic")?,
+                    key: r.try_get("key")?,
+                    status: super::lookup::status_name(r.try_get("status")?),
+                    attempts: r.try_get("attempts")?,
+                    occurred_at: r.try_get::<NaiveDateTime, _>("occurred_at")?.and_utc(),
+                    available_at: r.try_get::<NaiveDateTime, _>("available_at")?.and_utc(),
+                    claimed_by: r.try_get("claimed_by")?,
+                    locked_until: time("locked_until")?,
+                    dispatched_at: time("dispatched_at")?,
+                    last_error: r.try_get("last_error")?,
+                    payload_bytes: r.try_get("payload_bytes")?,
+                    replay_id: r.try_get("replay_id")?,
+                }
+                .noting_parked())
+            })
+            .collect()
+    }
+
+    async fn throughput(&self, minutes: u32) -> Result<Vec<super::lookup::MinuteCounts>> {
+        let p = &self.inner.config.schema;
+        let n = NOW;
+        let minutes = minutes.min(super::lookup::MAX_THROUGHPUT_MINUTES);
+        let rows: Vec<(i64, i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT m, CAST(SUM(d) AS SIGNED), CAST(SUM(x) AS SIGNED) FROM (
+               SELECT CAST(FLOOR(TIMESTAMPDIFF(MICROSECOND, dispatched_at, {n}) / 60000000) AS SIGNED) AS m,
+                      1 AS d, 0 AS x
+               FROM {p}_messages
+               WHERE status = 2 AND dispatched_at >= TIMESTAMPADD(MINUTE, -?, {n})
+               UNION ALL
+               SELECT CAST(FLOOR(TIMESTAMPDIFF(MICROSECOND, dead_at, {n}) / 60000000) AS SIGNED),
+                      0, 1
+               FROM {p}_messages WHERE dead_at >= TIMESTAMPADD(MINUTE, -?, {n})
+             ) t GROUP BY m"
+        )))
+        .bind(i64::from(minutes))
+        .bind(i64::from(minutes))
+        .fetch_all(&self.inner.pool)
+        .await?;
+        Ok(super::lookup::fill_minutes(minutes, &rows))
+    }
 }

@@ -1695,4 +1695,93 @@ impl Store for PgStore {
         self.start_listener();
         self.inner.wakeup.subscribe()
     }
+
+    async fn find_messages(
+        &self,
+        query: &super::lookup::MessageQuery,
+        limit: u32,
+    ) -> Result<Vec<super::lookup::MessageLocation>> {
+        use super::lookup::MessageQuery;
+        let s = self.s();
+        let cols = "id, message_id, topic, key, status, attempts, occurred_at, available_at,
+                    claimed_by, locked_until, dispatched_at, last_error,
+                    octet_length(payload)::bigint AS payload_bytes, replay_id";
+        let rows = match query {
+            MessageQuery::MessageId(id) => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {cols} FROM {s}.messages WHERE message_id = $1"
+                )))
+                .bind(id)
+                .fetch_all(&self.inner.pool)
+                .await?
+            }
+            MessageQuery::Key {
+                key,
+                topic: Some(topic),
+            } => {
+                // md5(key) as the per-key index has it.
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {cols} FROM {s}.messages
+                     WHERE topic = $1 AND md5(key) = md5($2) AND key = $2
+                     ORDER BY id DESC LIMIT $3"
+                )))
+                .bind(topic)
+                .bind(key)
+                .bind(i64::from(limit))
+                .fetch_all(&self.inner.pool)
+                .await?
+            }
+            MessageQuery::Key { key, topic: None } => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {cols} FROM {s}.messages WHERE key = $1 ORDER BY id DESC LIMIT $2"
+                )))
+                .bind(key)
+                .bind(i64::from(limit))
+                .fetch_all(&self.inner.pool)
+                .await?
+            }
+        };
+        rows.iter()
+            .map(|r| {
+                Ok(super::lookup::MessageLocation {
+                    id: r.try_get("id")?,
+                    message_id: r.try_get("message_id")?,
+                    topic: r.try_get("topic")?,
+                    key: r.try_get("key")?,
+                    status: super::lookup::status_name(i64::from(r.try_get::<i16, _>("status")?)),
+                    attempts: r.try_get("attempts")?,
+                    occurred_at: r.try_get("occurred_at")?,
+                    available_at: r.try_get("available_at")?,
+                    claimed_by: r.try_get("claimed_by")?,
+                    locked_until: r.try_get("locked_until")?,
+                    dispatched_at: r.try_get("dispatched_at")?,
+                    last_error: r.try_get("last_error")?,
+                    payload_bytes: r.try_get("payload_bytes")?,
+                    replay_id: r.try_get("replay_id")?,
+                }
+                .noting_parked())
+            })
+            .collect()
+    }
+
+    async fn throughput(&self, minutes: u32) -> Result<Vec<super::lookup::MinuteCounts>> {
+        let s = self.s();
+        let minutes = minutes.min(super::lookup::MAX_THROUGHPUT_MINUTES);
+        let rows: Vec<(i64, i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT m, sum(d)::bigint, sum(x)::bigint FROM (
+               SELECT floor(extract(epoch FROM now() - dispatched_at) / 60)::bigint AS m,
+                      1 AS d, 0 AS x
+               FROM {s}.messages
+               WHERE status = 2 AND dispatched_at >= now() - $1 * interval '1 minute'
+               UNION ALL
+               SELECT floor(extract(epoch FROM now() - available_at) / 60)::bigint, 0, 1
+               FROM {s}.messages
+               WHERE status = 3 AND available_at >= now() - $1 * interval '1 minute'
+             ) t GROUP BY m"
+        )))
+        .bind(f64::from(minutes))
+        .fetch_all(&self.inner.pool)
+        .await?;
+        Ok(super::lookup::fill_minutes(minutes, &rows))
+    }
 }

@@ -1523,4 +1523,98 @@ impl Store for SqliteStore {
         self.start_watcher();
         self.inner.wakeup.subscribe()
     }
+
+    async fn find_messages(
+        &self,
+        query: &super::lookup::MessageQuery,
+        limit: u32,
+    ) -> Result<Vec<super::lookup::MessageLocation>> {
+        use super::lookup::MessageQuery;
+        let p = self.p();
+        let cols = "id, message_id, topic, key, status, attempts, occurred_at, available_at,
+                    claimed_by, locked_until, dispatched_at, last_error,
+                    length(payload) AS payload_bytes, replay_id";
+        let rows = match query {
+            MessageQuery::MessageId(id) => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {cols} FROM {p}_messages WHERE message_id = ?1"
+                )))
+                .bind(id.hyphenated().to_string())
+                .fetch_all(&self.inner.pool)
+                .await?
+            }
+            MessageQuery::Key {
+                key,
+                topic: Some(topic),
+            } => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {cols} FROM {p}_messages WHERE topic = ?1 AND key = ?2
+                     ORDER BY id DESC LIMIT ?3"
+                )))
+                .bind(topic)
+                .bind(key)
+                .bind(i64::from(limit))
+                .fetch_all(&self.inner.pool)
+                .await?
+            }
+            MessageQuery::Key { key, topic: None } => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {cols} FROM {p}_messages WHERE key = ?1 ORDER BY id DESC LIMIT ?2"
+                )))
+                .bind(key)
+                .bind(i64::from(limit))
+                .fetch_all(&self.inner.pool)
+                .await?
+            }
+        };
+        rows.iter()
+            .map(|r| {
+                let id: i64 = r.try_get("id")?;
+                let mid: String = r.try_get("message_id")?;
+                let message_id = Uuid::parse_str(&mid).map_err(|e| Error::MalformedRow {
+                    id,
+                    reason: format!("message_id {mid:?} is not a UUID: {e}"),
+                })?;
+                let time = |c: &str| -> Result<Option<DateTime<Utc>>> {
+                    Ok(r.try_get::<Option<i64>, _>(c)?.map(ms_to_time))
+                };
+                Ok(super::lookup::MessageLocation {
+                    id,
+                    message_id,
+                    topic: r.try_get("topic")?,
+                    key: r.try_get("key")?,
+                    status: super::lookup::status_name(r.try_get("status")?),
+                    attempts: r.try_get("attempts")?,
+                    occurred_at: ms_to_time(r.try_get("occurred_at")?),
+                    available_at: ms_to_time(r.try_get("available_at")?),
+                    claimed_by: r.try_get("claimed_by")?,
+                    locked_until: time("locked_until")?,
+                    dispatched_at: time("dispatched_at")?,
+                    last_error: r.try_get("last_error")?,
+                    payload_bytes: r.try_get("payload_bytes")?,
+                    replay_id: r.try_get("replay_id")?,
+                }
+                .noting_parked())
+            })
+            .collect()
+    }
+
+    async fn throughput(&self, minutes: u32) -> Result<Vec<super::lookup::MinuteCounts>> {
+        let p = self.p();
+        let n = NOW_MS;
+        let minutes = minutes.min(super::lookup::MAX_THROUGHPUT_MINUTES);
+        let rows: Vec<(i64, i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT m, sum(d), sum(x) FROM (
+               SELECT ({n} - dispatched_at) / 60000 AS m, 1 AS d, 0 AS x
+               FROM {p}_messages WHERE status = 2 AND dispatched_at >= {n} - ?1 * 60000
+               UNION ALL
+               SELECT ({n} - available_at) / 60000, 0, 1
+               FROM {p}_messages WHERE status = 3 AND available_at >= {n} - ?1 * 60000
+             ) GROUP BY m"
+        )))
+        .bind(i64::from(minutes))
+        .fetch_all(&self.inner.pool)
+        .await?;
+        Ok(super::lookup::fill_minutes(minutes, &rows))
+    }
 }

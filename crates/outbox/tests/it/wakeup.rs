@@ -180,6 +180,19 @@ impl outbox::Store for Counting {
     fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
         self.inner.wakeups()
     }
+    async fn find_messages(
+        &self,
+        query: &outbox::store::lookup::MessageQuery,
+        limit: u32,
+    ) -> outbox::Result<Vec<outbox::store::lookup::MessageLocation>> {
+        self.inner.find_messages(query, limit).await
+    }
+    async fn throughput(
+        &self,
+        minutes: u32,
+    ) -> outbox::Result<Vec<outbox::store::lookup::MinuteCounts>> {
+        self.inner.throughput(minutes).await
+    }
 }
 
 /// Idle, a relay with several workers makes one claim per poll interval (not one per

@@ -41,6 +41,8 @@ mod wakeups;
 pub(crate) use wakeups::*;
 mod ordering;
 pub(crate) use ordering::*;
+mod lookup;
+pub(crate) use lookup::*;
 
 use crate::common::{RecordingSink, messages, relay_config, wait_until};
 use async_trait::async_trait;
@@ -372,6 +374,7 @@ macro_rules! conformance_cases {
             ordered_claims_follow_each_key,
             concurrent_ordered_claims_keep_each_key_in_order,
             parked_rows_wait_behind_dead_letters_until_released,
+            messages_are_found_where_they_are_and_minutes_counted,
         );
     };
     (@each $backend:ty; $($case:ident),* $(,)?) => {
