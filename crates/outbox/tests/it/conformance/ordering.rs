@@ -398,6 +398,21 @@ pub(crate) async fn parked_rows_wait_behind_dead_letters_until_released<B: Backe
         0,
         "k is blocked"
     );
+    let found = store
+        .find_messages(
+            &outbox::store::lookup::MessageQuery::Key {
+                key: "k".into(),
+                topic: Some("o.t".into()),
+            },
+            10,
+        )
+        .await
+        .unwrap();
+    let states: Vec<(i64, &str)> = found.iter().map(|m| (m.id, m.status)).collect();
+    assert!(
+        states.contains(&(k[1], "parked")) && states.contains(&(k[0], "dead")),
+        "a parked row shows as parked: {states:?}"
+    );
     let c = store.counts().await.unwrap();
     assert_eq!(
         (c.pending, c.dead),
