@@ -120,6 +120,7 @@ pub(crate) fn fill_minutes(minutes: u32, rows: &[(i64, i64, i64)]) -> Vec<Minute
 pub const MAX_THROUGHPUT_MINUTES: u32 = 24 * 60;
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
