@@ -715,6 +715,7 @@ pub(crate) async fn pause(
             let pattern = TopicPattern::parse(t).map_err(anyhow::Error::msg)?;
             let before = store.pause_state().await?;
             store.pause_topic(&pattern, reason, by).await?;
+            audit(store, by, reason, "pause", Some(t)).await?;
             Ok(match before.topics.iter().find(|p| p.pattern == *t) {
                 Some(old) => format!(
                     "topic pause {t} updated (was by {}: {})",
@@ -730,6 +731,7 @@ pub(crate) async fn pause(
             store
                 .set_pause(Some(&format!("{reason} (by {by})")))
                 .await?;
+            audit(store, by, reason, "pause", None).await?;
             Ok(
                 "outbox paused: relays stop publishing within about 1 s; producers keep writing"
                     .into(),
@@ -738,10 +740,40 @@ pub(crate) async fn pause(
     }
 }
 
-/// Lifts the pause switch (`topic` None) or the topic pause of exactly `topic`; what
-/// happened, in one line for people. An unknown topic pause is an error naming those in
-/// force.
-pub(crate) async fn resume(store: &dyn Store, topic: Option<&str>) -> anyhow::Result<String> {
+/// Writes a pause or resume into the audit (`outbox replays`, the dashboard's Replays):
+/// after the change, so a failed change leaves no row; a failed write is an error saying
+/// the change itself was made.
+async fn audit(
+    store: &dyn Store,
+    by: &str,
+    reason: &str,
+    action: &str,
+    topic: Option<&str>,
+) -> anyhow::Result<()> {
+    let entry = outbox::store::ops::AuditEntry {
+        by: by.to_owned(),
+        reason: reason.to_owned(),
+        action: action.to_owned(),
+        selection: match topic {
+            Some(t) => format!("topics {t}"),
+            None => "all topics".to_owned(),
+        },
+    };
+    store
+        .audit(&entry)
+        .await
+        .with_context(|| format!("the {action} was made, but writing its audit row failed"))
+}
+
+/// Lifts the pause switch (`topic` None) or the topic pause of exactly `topic`, recorded
+/// in the audit as by `by` because of `reason` (may be empty); what happened, in one line
+/// for people. An unknown topic pause is an error naming those in force.
+pub(crate) async fn resume(
+    store: &dyn Store,
+    topic: Option<&str>,
+    reason: &str,
+    by: &str,
+) -> anyhow::Result<String> {
     match topic {
         Some(t) => {
             if !store.resume_topic(t).await? {
@@ -761,10 +793,12 @@ pub(crate) async fn resume(store: &dyn Store, topic: Option<&str>) -> anyhow::Re
                     }
                 );
             }
+            audit(store, by, reason, "resume", Some(t)).await?;
             Ok(format!("topic pause {t} lifted"))
         }
         None => {
             store.set_pause(None).await?;
+            audit(store, by, reason, "resume", None).await?;
             let topics = store.pause_state().await?.topics;
             if topics.is_empty() {
                 Ok("outbox resumed".into())

@@ -286,6 +286,12 @@ enum Command {
         /// The topic pattern to resume, exactly as paused.
         #[arg(long)]
         topic: Option<String>,
+        /// Why (kept in the audit, `outbox replays`; optional).
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Who (kept in the audit; default $USER).
+        #[arg(long, env = "USER", default_value = "unknown")]
+        by: String,
     },
     /// Dead letters: list, show, discard.
     #[command(subcommand)]
@@ -1062,10 +1068,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             out(&serde_json::json!({ "deleted": total }).to_string());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Resume { topic } => {
+        Command::Resume { topic, reason, by } => {
             let store = connect(&cli, false).await?;
             store.check_schema().await?;
-            eprintln!("{}", admin::resume(&store, topic.as_deref()).await?);
+            eprintln!(
+                "{}",
+                admin::resume(&store, topic.as_deref(), reason, by).await?
+            );
             Ok(ExitCode::SUCCESS)
         }
     }

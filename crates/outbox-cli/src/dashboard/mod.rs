@@ -478,6 +478,9 @@ struct PauseBody {
 struct ResumeBody {
     /// The topic pattern exactly as paused; absent: the pause switch.
     topic: Option<String>,
+    /// Why (kept in the audit; optional).
+    #[serde(default)]
+    reason: String,
 }
 
 /// Pauses every topic or the topics matching `topic`, as the caller.
@@ -509,7 +512,7 @@ async fn resume(
 ) -> ApiResult {
     let Json(body) = body.map_err(|e| ApiError::bad(e.body_text()))?;
     let topic = body.topic.as_deref().filter(|t| !t.trim().is_empty());
-    let message = admin::resume(a.store.as_ref(), topic)
+    let message = admin::resume(a.store.as_ref(), topic, &body.reason, &caller.name)
         .await
         .map_err(|e| ApiError(StatusCode::NOT_FOUND, format!("{e:#}")))?;
     tracing::info!(by = %caller.name, topic = ?topic, "admin API: resumed");

@@ -422,12 +422,45 @@ fn api_round_trip(db: &Db) {
     assert_eq!(code, 404, "{v}");
     assert!(error_of(&v).contains("paused: ok.>"), "{v}");
     assert_eq!(api.post("/api/resume", Some(DANA), &json!({})).0, 200);
-    let (code, v) = api.post("/api/resume", Some(DANA), &json!({"topic": "ok.>"}));
+    let (code, v) = api.post(
+        "/api/resume",
+        Some(DANA),
+        &json!({"topic": "ok.>", "reason": "deployed"}),
+    );
     assert_eq!(code, 200, "{v}");
     let o = api.ok("/api/overview", READER);
     assert_eq!(
         (&o["paused"], &o["topic_pauses"]),
         (&json!(false), &json!([]))
+    );
+    // Every pause and resume is in the audit, with the token's name.
+    let audit = api.ok("/api/replays?limit=4", READER);
+    let rows: Vec<(String, String, String, String)> = audit["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let f = |k: &str| r[k].as_str().unwrap_or_default().to_owned();
+            (f("action"), f("by"), f("selection"), f("reason"))
+        })
+        .collect();
+    let row = |a: &str, sel: &str, why: &str| {
+        (
+            a.to_owned(),
+            "dana".to_owned(),
+            sel.to_owned(),
+            why.to_owned(),
+        )
+    };
+    assert_eq!(
+        rows,
+        vec![
+            row("resume", "topics ok.>", "deployed"),
+            row("resume", "all topics", ""),
+            row("pause", "all topics", "all stop"),
+            row("pause", "topics ok.>", "deploy"),
+        ],
+        "newest first: {audit}"
     );
 
     // Messages by key, within a topic.

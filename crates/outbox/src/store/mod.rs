@@ -36,7 +36,7 @@ pub mod postgres;
 pub mod sqlite;
 
 pub use ops::{
-    ClaimsBy, DeadLetter, DeadSelector, Overview, Refused, RelayHeartbeat, RelayRecord,
+    AuditEntry, ClaimsBy, DeadLetter, DeadSelector, Overview, Refused, RelayHeartbeat, RelayRecord,
     ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest, TopicPause,
 };
 
@@ -618,6 +618,12 @@ pub trait Store: Send + Sync + 'static {
     /// dead rows replayed or discarded since, are not counted. One statement over the
     /// dispatched and dead indexes.
     async fn throughput(&self, minutes: u32) -> Result<Vec<lookup::MinuteCounts>>;
+
+    /// Writes an operator's change that is not a replay (a pause, a resume) into the
+    /// audit (`replays`, the table [`Store::replays`] reads) with no rows counted: who,
+    /// why, the action (at most 16 bytes: `pause`, `resume`) and what it applied to.
+    /// One insert.
+    async fn audit(&self, entry: &ops::AuditEntry) -> Result<()>;
 }
 
 /// A store chosen at run time from a database URL.
@@ -796,6 +802,9 @@ impl Store for AnyStore {
     }
     async fn throughput(&self, minutes: u32) -> Result<Vec<lookup::MinuteCounts>> {
         self.inner().throughput(minutes).await
+    }
+    async fn audit(&self, entry: &ops::AuditEntry) -> Result<()> {
+        self.inner().audit(entry).await
     }
 }
 

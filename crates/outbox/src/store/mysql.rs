@@ -2193,4 +2193,15 @@ impl Store for MySqlStore {
         .await?;
         Ok(super::lookup::fill_minutes(minutes, &rows))
     }
+
+    async fn audit(&self, entry: &super::ops::AuditEntry) -> Result<()> {
+        sqlx::query(self.inner.sql.replay_insert.clone())
+            .bind(&entry.by)
+            .bind(&entry.reason)
+            .bind(&entry.action)
+            .bind(&entry.selection)
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(())
+    }
 }

@@ -334,6 +334,19 @@ pub struct RelayHeartbeat {
     pub last_claim_ago: Option<Duration>,
 }
 
+/// An operator's change other than a replay, for the audit ([`super::Store::audit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditEntry {
+    /// Who (a user name, or the admin token's name).
+    pub by: String,
+    /// Why, as given (may be empty for a resume).
+    pub reason: String,
+    /// `pause` or `resume` (at most 16 bytes).
+    pub action: String,
+    /// What it applied to: `all topics`, or `topics PATTERN`.
+    pub selection: String,
+}
+
 /// A registry row, as `outbox status` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RelayRecord {

@@ -1617,4 +1617,19 @@ impl Store for SqliteStore {
         .await?;
         Ok(super::lookup::fill_minutes(minutes, &rows))
     }
+
+    async fn audit(&self, entry: &super::ops::AuditEntry) -> Result<()> {
+        let p = self.p();
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {p}_replays (requested_by, reason, action, selection)
+             VALUES (?1, ?2, ?3, ?4)"
+        )))
+        .bind(&entry.by)
+        .bind(&entry.reason)
+        .bind(&entry.action)
+        .bind(&entry.selection)
+        .execute(&self.inner.pool)
+        .await?;
+        Ok(())
+    }
 }

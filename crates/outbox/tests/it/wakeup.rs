@@ -193,6 +193,9 @@ impl outbox::Store for Counting {
     ) -> outbox::Result<Vec<outbox::store::lookup::MinuteCounts>> {
         self.inner.throughput(minutes).await
     }
+    async fn audit(&self, entry: &outbox::store::ops::AuditEntry) -> outbox::Result<()> {
+        self.inner.audit(entry).await
+    }
 }
 
 /// Idle, a relay with several workers makes one claim per poll interval (not one per
