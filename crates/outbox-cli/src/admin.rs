@@ -1210,6 +1210,7 @@ mod tests {
             last_seen: now,
             last_seen_ago_s: 0.0,
             last_claim_at: last_claim_ago_s.map(|s| now - chrono::Duration::seconds(s)),
+            destinations: Vec::new(),
         }
     }
 

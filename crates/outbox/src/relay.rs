@@ -838,6 +838,15 @@ impl Relay {
                     sink: self.router.describe(),
                     in_flight: self.health.in_flight(),
                     last_claim_ago: self.health.since_last_claim(),
+                    destinations: self
+                        .router
+                        .destination_states()
+                        .into_iter()
+                        .map(|(name, state)| crate::store::DestinationState {
+                            name,
+                            state: state.to_owned(),
+                        })
+                        .collect(),
                 };
                 if let Err(e) = self.store.heartbeat(&beat).await {
                     crate::metrics::store_error("heartbeat");

@@ -567,7 +567,8 @@ fn dashboard_without_a_token_stays_on_loopback() {
 }
 
 /// `relay --admin-addr` serves the API inside the relay, with this relay's destinations
-/// and their state, beside `--metrics-addr` (one recorder for both).
+/// and their state (live, and in its registry row), beside `--metrics-addr` (one recorder
+/// for both).
 #[test]
 fn dashboard_inside_the_relay() {
     let db = Db::new(None);
@@ -606,6 +607,12 @@ fn dashboard_inside_the_relay() {
     assert_eq!(dests[0]["state"], "up", "{o}");
     assert!(dests[0]["name"].as_str().unwrap().contains("file"), "{o}");
     assert_eq!(o["relays"][0]["sink"], format!("file:{}", out.display()));
+    // The registry row carries them too, for a server outside any relay (`outbox serve`).
+    assert_eq!(
+        o["relays"][0]["destinations"],
+        json!([{"name": format!("file:{}", out.display()), "state": "up"}]),
+        "{o}"
+    );
     assert_eq!(api.get("/readyz", None).0, 200);
     let (code, scrape) = request(admin, "GET", "/metrics", Some(READER), None, &[]).unwrap();
     assert_eq!(code, 200);

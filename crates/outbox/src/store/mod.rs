@@ -36,8 +36,9 @@ pub mod postgres;
 pub mod sqlite;
 
 pub use ops::{
-    AuditEntry, ClaimsBy, DeadLetter, DeadSelector, Overview, Refused, RelayHeartbeat, RelayRecord,
-    ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest, TopicPause,
+    AuditEntry, ClaimsBy, DeadLetter, DeadSelector, DestinationState, Overview, Refused,
+    RelayHeartbeat, RelayRecord, ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest,
+    TopicPause,
 };
 
 /// SQLite's database clock in integer milliseconds (UTC); constant within one statement.

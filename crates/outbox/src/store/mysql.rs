@@ -46,7 +46,7 @@ use uuid::Uuid;
 /// topic pauses; 4: the consumer inbox, `{prefix}_inbox` and `{prefix}_inbox_accept`; 5:
 /// topic pauses carry their regex, so the claim itself honours them; 6: `order_key` and its
 /// index, for per-key ordering).
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
@@ -160,11 +160,12 @@ impl Sql {
             // MariaDB alike.
             heartbeat: q(format!(
                 "INSERT INTO {p}_relays (relay_id, host, pid, version, sink, in_flight, started_at,
-                                         last_seen, last_claim_at)
-                 VALUES (?, ?, ?, ?, ?, ?, {n}, {n}, TIMESTAMPADD(MICROSECOND, -? * 1000, {n}))
+                                         last_seen, last_claim_at, destinations)
+                 VALUES (?, ?, ?, ?, ?, ?, {n}, {n}, TIMESTAMPADD(MICROSECOND, -? * 1000, {n}), ?)
                  ON DUPLICATE KEY UPDATE host = VALUES(host), pid = VALUES(pid),
                      version = VALUES(version), sink = VALUES(sink), in_flight = VALUES(in_flight),
-                     last_seen = VALUES(last_seen), last_claim_at = VALUES(last_claim_at)"
+                     last_seen = VALUES(last_seen), last_claim_at = VALUES(last_claim_at),
+                     destinations = VALUES(destinations)"
             )),
             relays_stale: q(format!(
                 "SELECT relay_id FROM {p}_relays WHERE last_seen < TIMESTAMPADD(HOUR, -1, {n})"
@@ -176,7 +177,8 @@ impl Sql {
             deregister: q(format!("DELETE FROM {p}_relays WHERE relay_id = ?")),
             relays: q(format!(
                 "SELECT relay_id, host, pid, version, sink, in_flight, started_at, last_seen,
-                        CAST(TIMESTAMPDIFF(MICROSECOND, last_seen, {n}) AS SIGNED), last_claim_at
+                        CAST(TIMESTAMPDIFF(MICROSECOND, last_seen, {n}) AS SIGNED), last_claim_at,
+                        destinations
                  FROM {p}_relays WHERE last_seen >= TIMESTAMPADD(MICROSECOND, -? * 1000, {n})
                  ORDER BY started_at, relay_id"
             )),
@@ -379,6 +381,12 @@ fn migrations(p: &str) -> Vec<Vec<String>> {
                    THEN UNHEX(MD5(CONCAT(topic, CHAR(0), `key`))) END) STORED,
              ADD KEY {p}_messages_key (order_key, id)"
         ),
+    ),
+    // v7: the registry keeps each relay's destinations and their state (JSON).
+    alter_unless_column(
+        &format!("{p}_relays"),
+        "destinations",
+        &format!("ALTER TABLE {p}_relays ADD COLUMN destinations TEXT NULL"),
     )]
 }
 
@@ -1845,6 +1853,7 @@ impl Store for MySqlStore {
             .bind(&beat.sink)
             .bind(beat.in_flight)
             .bind(beat.last_claim_ago.map(millis))
+            .bind(super::ops::destinations_json(&beat.destinations))
             .execute(&self.inner.pool)
             .await?;
         // Rows not seen for an hour: found by a plain read, deleted by primary key (still
@@ -1881,6 +1890,7 @@ impl Store for MySqlStore {
             NaiveDateTime,
             i64,
             Option<NaiveDateTime>,
+            Option<String>,
         );
         let rows: Vec<Row> = sqlx::query_as(self.inner.sql.relays.clone())
             .bind(millis(within))
@@ -1899,6 +1909,7 @@ impl Store for MySqlStore {
                 last_seen: r.7.and_utc(),
                 last_seen_ago_s: r.8.max(0) as f64 / 1e6,
                 last_claim_at: r.9.map(|t| t.and_utc()),
+                destinations: super::ops::parse_destinations(r.10.as_deref()),
             })
             .collect())
     }

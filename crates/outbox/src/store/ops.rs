@@ -332,6 +332,30 @@ pub struct RelayHeartbeat {
     pub in_flight: i64,
     /// How long ago its last claim returned rows; `None` when it has not claimed any yet.
     pub last_claim_ago: Option<Duration>,
+    /// Its destinations and their state as its router judges them now
+    /// (`Router::destination_states`).
+    pub destinations: Vec<DestinationState>,
+}
+
+/// One destination of a relay and its state, as the relay's heartbeat reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct DestinationState {
+    /// The destination, without secrets (`Sink::describe`).
+    pub name: String,
+    /// `up`, `down` (failing) or `open` (breaker open: waiting for its next probe).
+    pub state: String,
+}
+
+/// The JSON text a registry row keeps its destinations in.
+pub(crate) fn destinations_json(d: &[DestinationState]) -> String {
+    serde_json::to_string(d).unwrap_or_else(|_| "[]".to_owned())
+}
+
+/// The destinations of a registry row's JSON text; none when it cannot be read (a row
+/// written before the registry kept them).
+pub(crate) fn parse_destinations(text: Option<&str>) -> Vec<DestinationState> {
+    text.and_then(|t| serde_json::from_str(t).ok())
+        .unwrap_or_default()
 }
 
 /// An operator's change other than a replay, for the audit ([`super::Store::audit`]).
@@ -370,6 +394,9 @@ pub struct RelayRecord {
     pub last_seen_ago_s: f64,
     /// When its last claim returned rows (database clock, from the heartbeat).
     pub last_claim_at: Option<DateTime<Utc>>,
+    /// Its destinations and their state at the last heartbeat (none from a relay of an
+    /// older version).
+    pub destinations: Vec<DestinationState>,
 }
 
 /// A topic pause ([`super::Store::pause_topic`]).

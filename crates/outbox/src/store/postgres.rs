@@ -27,7 +27,7 @@ use uuid::Uuid;
 /// skips its header checks for a message without headers; 6: topic pauses carry their
 /// regex, so the claim itself honours them; 7: the `messages_key` index of per-key
 /// ordering).
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// SQL text built once per store from the validated schema name.
 struct Sql {
@@ -543,6 +543,8 @@ $fn$;
             "CREATE INDEX IF NOT EXISTS messages_key ON {s}.messages (topic, md5(key), id)
              WHERE key IS NOT NULL AND status <> 2;"
         ),
+        // v8: the registry keeps each relay's destinations and their state (JSON).
+        format!("ALTER TABLE {s}.relays ADD COLUMN IF NOT EXISTS destinations text;"),
     ]
 }
 
@@ -1446,12 +1448,13 @@ impl Store for PgStore {
         let s = self.s();
         sqlx::query(AssertSqlSafe(format!(
             "WITH up AS (
-               INSERT INTO {s}.relays (relay_id, host, pid, version, sink, in_flight, last_claim_at)
-               VALUES ($1, $2, $3, $4, $5, $6, now() - $7 * interval '1 millisecond')
+               INSERT INTO {s}.relays (relay_id, host, pid, version, sink, in_flight, last_claim_at,
+                                       destinations)
+               VALUES ($1, $2, $3, $4, $5, $6, now() - $7 * interval '1 millisecond', $8)
                ON CONFLICT (relay_id) DO UPDATE SET
                    host = excluded.host, pid = excluded.pid, version = excluded.version,
                    sink = excluded.sink, in_flight = excluded.in_flight, last_seen = now(),
-                   last_claim_at = excluded.last_claim_at
+                   last_claim_at = excluded.last_claim_at, destinations = excluded.destinations
                RETURNING 1)
              DELETE FROM {s}.relays WHERE last_seen < now() - interval '1 hour'"
         )))
@@ -1462,6 +1465,7 @@ impl Store for PgStore {
         .bind(&beat.sink)
         .bind(beat.in_flight)
         .bind(beat.last_claim_ago.map(millis))
+        .bind(super::ops::destinations_json(&beat.destinations))
         .execute(&self.inner.pool)
         .await?;
         Ok(())
@@ -1491,10 +1495,11 @@ impl Store for PgStore {
             DateTime<Utc>,
             f64,
             Option<DateTime<Utc>>,
+            Option<String>,
         );
         let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT relay_id, host, pid, version, sink, in_flight, started_at, last_seen,
-                    extract(epoch FROM now() - last_seen)::float8, last_claim_at
+                    extract(epoch FROM now() - last_seen)::float8, last_claim_at, destinations
              FROM {s}.relays WHERE last_seen >= now() - $1 * interval '1 millisecond'
              ORDER BY started_at, relay_id"
         )))
@@ -1514,6 +1519,7 @@ impl Store for PgStore {
                 last_seen: r.7,
                 last_seen_ago_s: r.8.max(0.0),
                 last_claim_at: r.9,
+                destinations: super::ops::parse_destinations(r.10.as_deref()),
             })
             .collect())
     }

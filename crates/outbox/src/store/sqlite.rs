@@ -33,7 +33,7 @@ use uuid::Uuid;
 /// Schema version this build creates and expects (4: the consumer inbox; 5: topic pauses
 /// carry their regex, so the claim itself honours them; 6: the `messages_key` index of
 /// per-key ordering).
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// The database clock in integer milliseconds (UTC); constant within one statement.
 const NOW_MS: &str = super::SQLITE_NOW_MS;
@@ -319,6 +319,8 @@ CREATE INDEX IF NOT EXISTS {p}_inbox_received ON {p}_inbox (received_at);
             "CREATE INDEX IF NOT EXISTS {p}_messages_key ON {p}_messages (topic, key, id)
              WHERE key IS NOT NULL AND status <> 2;"
         ),
+        // v7: the registry keeps each relay's destinations and their state (JSON).
+        format!("ALTER TABLE {p}_relays ADD COLUMN destinations TEXT;"),
     ]
 }
 
@@ -1265,12 +1267,13 @@ impl Store for SqliteStore {
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO {p}_relays (relay_id, host, pid, version, sink, in_flight, started_at,
-                                     last_seen, last_claim_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, {n}, {n}, CASE WHEN ?7 IS NULL THEN NULL ELSE {n} - ?7 END)
+                                     last_seen, last_claim_at, destinations)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, {n}, {n}, CASE WHEN ?7 IS NULL THEN NULL ELSE {n} - ?7 END, ?8)
              ON CONFLICT (relay_id) DO UPDATE SET
                  host = excluded.host, pid = excluded.pid, version = excluded.version,
                  sink = excluded.sink, in_flight = excluded.in_flight,
-                 last_seen = excluded.last_seen, last_claim_at = excluded.last_claim_at"
+                 last_seen = excluded.last_seen, last_claim_at = excluded.last_claim_at,
+                 destinations = excluded.destinations"
         )))
         .bind(&beat.relay_id)
         .bind(&beat.host)
@@ -1279,6 +1282,7 @@ impl Store for SqliteStore {
         .bind(&beat.sink)
         .bind(beat.in_flight)
         .bind(beat.last_claim_ago.map(millis))
+        .bind(super::ops::destinations_json(&beat.destinations))
         .execute(&mut *tx)
         .await?;
         sqlx::query(AssertSqlSafe(format!(
@@ -1315,10 +1319,11 @@ impl Store for SqliteStore {
             i64,
             i64,
             Option<i64>,
+            Option<String>,
         );
         let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT relay_id, host, pid, version, sink, in_flight, started_at, last_seen,
-                    {n} - last_seen, last_claim_at
+                    {n} - last_seen, last_claim_at, destinations
              FROM {p}_relays WHERE last_seen >= {n} - ?1 ORDER BY started_at, relay_id"
         )))
         .bind(millis(within))
@@ -1337,6 +1342,7 @@ impl Store for SqliteStore {
                 last_seen: ms_to_time(r.7),
                 last_seen_ago_s: r.8.max(0) as f64 / 1000.0,
                 last_claim_at: r.9.map(ms_to_time),
+                destinations: super::ops::parse_destinations(r.10.as_deref()),
             })
             .collect())
     }

@@ -334,6 +334,10 @@ fn beat(id: &str, last_claim_ago: Option<Duration>) -> RelayHeartbeat {
         sink: "nats://127.0.0.1:4222".into(),
         in_flight: 7,
         last_claim_ago,
+        destinations: vec![outbox::store::DestinationState {
+            name: "nats://127.0.0.1:4222".into(),
+            state: "up".into(),
+        }],
     }
 }
 
@@ -355,6 +359,13 @@ pub(crate) async fn relay_registry_heartbeats_and_expires<B: Backend>() {
     assert_eq!((r1.host.as_str(), r1.pid, r1.in_flight), ("host-a", 42, 7));
     assert_eq!(r1.sink, "nats://127.0.0.1:4222");
     assert_eq!(r1.last_claim_at, None);
+    assert_eq!(
+        r1.destinations,
+        vec![outbox::store::DestinationState {
+            name: "nats://127.0.0.1:4222".into(),
+            state: "up".into()
+        }]
+    );
     let seen = r1.last_seen.timestamp_micros();
     assert!(
         (seen - t0).abs() < 5_000_000,
@@ -371,11 +382,16 @@ pub(crate) async fn relay_registry_heartbeats_and_expires<B: Backend>() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     let mut again = beat("r1", Some(Duration::ZERO));
     again.in_flight = 0;
+    again.destinations[0].state = "open".into();
     store.heartbeat(&again).await.unwrap();
     let relays = store.relays(RELAY_EXPIRY).await.unwrap();
     assert_eq!(relays.len(), 2);
     let r1b = relays.iter().find(|r| r.relay_id == "r1").unwrap();
     assert_eq!(r1b.in_flight, 0);
+    assert_eq!(
+        r1b.destinations[0].state, "open",
+        "the state as of the last beat"
+    );
     assert_eq!(r1b.started_at, r1.started_at);
     assert!(r1b.last_seen > r1.last_seen);
     assert!(r1b.last_claim_at.is_some());
