@@ -859,8 +859,10 @@ pub(crate) fn verdict(
     let claiming = relays
         .iter()
         .any(|r| last_claim_ago_s(r).is_some_and(|s| s <= stuck_s as f64));
-    // Rows held behind dead letters are due but wait by design: they are not stuck.
-    let due_free = o.due - held.held;
+    // Rows held behind dead letters wait by design: they are not stuck. The parked ones
+    // are not due at all; the others (written since the last park) are.
+    let held_due = (held.held - o.parked).max(0);
+    let due_free = o.due - held_due;
     if let Some(due_s) = o.oldest_due_s
         && due_free > 0
         && due_s >= stuck_s
@@ -901,6 +903,16 @@ pub(crate) fn verdict(
             text: format!(
                 "relays are not publishing ({}); `outbox resume` lifts it",
                 pause.reason.as_deref().unwrap_or("no reason given")
+            ),
+        };
+    }
+    if held.held == 0 && o.parked > 0 {
+        // Seen without the relays' --ordered patterns: the parked rows say it.
+        return Verdict {
+            state: "BLOCKED",
+            text: format!(
+                "{} messages are parked behind dead letters of their keys (per-key ordering): `outbox dead list --ordered PATTERN` marks the blocking ones; `outbox replay` delivers one first, `outbox dead discard` releases the rest",
+                group(o.parked)
             ),
         };
     }
@@ -1047,6 +1059,7 @@ impl StatusReport {
             "due": o.due,
             "oldest_due_seconds": o.oldest_due_s,
             "expired_claims": o.expired_claims,
+            "parked": o.parked,
             "relays": self.relays,
             "claims_by": o.claims_by,
             "claims_of_gone_relays": self.orphaned(),
@@ -1192,6 +1205,7 @@ mod tests {
             due,
             oldest_due_s: oldest_due,
             expired_claims: 0,
+            parked: 0,
             claims_by: Vec::new(),
             pending_by_topic: Vec::new(),
             dead_by_topic: Vec::new(),
@@ -1233,6 +1247,31 @@ mod tests {
             changed_at: None,
             topics: Vec::new(),
         }
+    }
+
+    #[test]
+    fn parked_rows_block_without_the_ordering_and_do_not_hide_stuck_ones() {
+        let p = unpaused();
+        // Parked rows seen without --ordered: BLOCKED, not OK or DEAD.
+        let mut o = overview(0, None, Some(30), 1);
+        o.parked = 7;
+        let v = verdict(&o, &[], &p, &NONE_HELD, &LIMITS);
+        assert_eq!(v.state, "BLOCKED", "{v:?}");
+        assert!(v.text.starts_with("7 messages are parked"), "{v:?}");
+        // With --ordered, 7 held of which 5 parked: 2 held rows are due; 3 more due rows
+        // and no relay: those 3 are stuck.
+        let mut o = overview(5, Some(95), Some(95), 1);
+        o.parked = 5;
+        let held = outbox::store::HeldKeys {
+            blocked_keys: 1,
+            held: 7,
+            oldest_held_age_seconds: Some(95),
+        };
+        let v = verdict(&o, &[], &p, &held, &LIMITS);
+        assert_eq!(
+            (v.state, v.text.as_str()),
+            ("STUCK", "3 messages due for 95 s and no relay is alive")
+        );
     }
 
     #[test]

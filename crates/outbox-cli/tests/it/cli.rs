@@ -796,7 +796,7 @@ fn a_deleting_relay_keeps_no_dispatched_rows() {
 }
 
 /// Per-key ordering through real relay processes: 10,000 messages over 50 keys, two
-/// `outbox relay --ordered` processes with four batches in flight each to JetStream (a
+/// `outbox relay --ordered` processes with four batches of 10 in flight each to JetStream (a
 /// duplicate window of 100 ms, so re-sends show), and one relay SIGKILLed and restarted three
 /// times mid-stream. Per key, what the stream holds with duplicates removed by message id
 /// (first arrival kept) is in id order, and every message arrived.
@@ -837,10 +837,12 @@ async fn sigkilled_ordered_relays_keep_every_keys_order() {
             &format!("{prefix}.>"),
             "--relay-id",
             id,
+            // Claims of 10 rows: one claim holds at most 10 of the 50 keys, so the two
+            // relays' four claims each share the keys and the victim always has some.
             "--batch-size",
-            "200",
+            "10",
             "--min-batch-size",
-            "50",
+            "10",
             "--in-flight-batches",
             "4",
             "--lease-ms",

@@ -847,9 +847,19 @@ fn an_ordered_relay_holds_a_key_behind_its_dead_letter() {
     assert_eq!(st["verdict"]["state"], "BLOCKED", "{st}");
     assert_eq!(st["ordered_held"], 2, "{st}");
     assert_eq!(st["ordered_blocked_keys"], 1, "{st}");
+    // The drain's relay parked them: without --ordered, status still sees them waiting.
     let unaware = status(&[]);
     assert_eq!(
-        unaware["verdict"]["state"], "STUCK",
+        (
+            &unaware["verdict"]["state"],
+            &unaware["parked"],
+            &unaware["due"]
+        ),
+        (
+            &serde_json::json!("BLOCKED"),
+            &serde_json::json!(2),
+            &serde_json::json!(0)
+        ),
         "without --ordered: {unaware}"
     );
     let listed = run_ok(

@@ -2076,6 +2076,12 @@ impl Store for MySqlStore {
         let claims_by: Vec<(Option<String>, i64, i64)> = sqlx::query_as(sql.claims_by.clone())
             .fetch_all(pool)
             .await?;
+        let p = &self.inner.config.schema;
+        let parked: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT COUNT(*) FROM {p}_messages WHERE live_at = '{PARKED}'"
+        )))
+        .fetch_one(pool)
+        .await?;
         let by_topic = async |status: i16| -> Result<Vec<(String, i64)>> {
             Ok(sqlx::query_as(sql.by_topic.clone())
                 .bind(status)
@@ -2088,6 +2094,7 @@ impl Store for MySqlStore {
             due,
             oldest_due_s: oldest_due.map(|s| s.max(0)),
             expired_claims: expired,
+            parked,
             claims_by: claims_by
                 .into_iter()
                 .map(|(r, claimed, expired)| ClaimsBy {

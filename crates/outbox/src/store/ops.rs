@@ -436,6 +436,9 @@ pub struct Overview {
     pub oldest_due_s: Option<i64>,
     /// Claimed rows whose lease has ended.
     pub expired_claims: i64,
+    /// Pending rows parked behind a dead letter of their key by strict per-key ordering
+    /// ([`super::Store::park_held`]): not due, and waiting by design.
+    pub parked: i64,
     /// Claimed rows by claimant.
     pub claims_by: Vec<ClaimsBy>,
     /// Pending rows by topic, the largest first (top N).

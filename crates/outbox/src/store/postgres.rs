@@ -1663,6 +1663,12 @@ impl Store for PgStore {
             )))
             .fetch_one(pool)
             .await?;
+        let parked: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {s}.messages
+             WHERE status <= 1 AND available_at = '{PARKED_AT}'"
+        )))
+        .fetch_one(pool)
+        .await?;
         let claims_by: Vec<(Option<String>, i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT claimed_by, count(*), count(*) FILTER (WHERE available_at <= now())
              FROM {s}.messages WHERE status = 1 GROUP BY claimed_by ORDER BY claimed_by"
@@ -1684,6 +1690,7 @@ impl Store for PgStore {
             due,
             oldest_due_s: oldest_due.map(|s| s.max(0)),
             expired_claims: expired,
+            parked,
             claims_by: claims_by
                 .into_iter()
                 .map(|(r, claimed, expired)| ClaimsBy {

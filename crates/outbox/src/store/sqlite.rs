@@ -1491,6 +1491,12 @@ impl Store for SqliteStore {
             )))
             .fetch_one(pool)
             .await?;
+        let parked: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {p}_messages
+             WHERE status <= 1 AND available_at = {PARKED_AT_MS}"
+        )))
+        .fetch_one(pool)
+        .await?;
         let claims_by: Vec<(Option<String>, i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT claimed_by, count(*), coalesce(sum(available_at <= {n}), 0)
              FROM {p}_messages WHERE status = 1 GROUP BY claimed_by ORDER BY claimed_by"
@@ -1512,6 +1518,7 @@ impl Store for SqliteStore {
             due,
             oldest_due_s: oldest_due_ms.map(|ms| ms.max(0) / 1000),
             expired_claims: expired,
+            parked,
             claims_by: claims_by
                 .into_iter()
                 .map(|(r, claimed, expired)| ClaimsBy {
