@@ -242,7 +242,7 @@ enum Command {
         ordering: admin::OrderingArgs,
     },
     /// Show counts by status, due and expired claims, live relays, pauses and a verdict
-    /// (OK, STUCK, BEHIND, DEAD, PAUSED).
+    /// (OK, STUCK, BLOCKED, BEHIND, DEAD, PAUSED).
     Status {
         /// One JSON object: pending, claimed, dispatched, dead, oldest_pending_age_seconds,
         /// paused, due, relays, topic_pauses, verdict, ….

@@ -208,7 +208,8 @@ pub struct RelayStats {
     pub retried: u64,
     /// Rows quarantined.
     pub quarantined: u64,
-    /// Rows released on shutdown.
+    /// Rows given back unpublished (attempt refunded): on shutdown, and with per-key
+    /// ordering the rest of a key's claim after one of its messages failed.
     pub released: u64,
     /// Rows this relay held whose claim passed to another relay (found at a lease renewal
     /// or at settle; each is logged with its message id when found).

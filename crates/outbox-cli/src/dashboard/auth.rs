@@ -81,6 +81,10 @@ impl Tokens {
                 !tokens.iter().any(|t: &Token| t.secret == secret.as_bytes()),
                 "{origin}: this token is given twice"
             );
+            anyhow::ensure!(
+                !tokens.iter().any(|t: &Token| t.caller.name == name),
+                "{origin}: the name {name:?} is given twice (the audit could not tell them apart)"
+            );
             tokens.push(Token {
                 caller: Caller {
                     name: name.to_owned(),
@@ -99,6 +103,7 @@ impl Tokens {
         if let Some(file) = &args.admin_tokens_file {
             let text = std::fs::read_to_string(file)
                 .with_context(|| format!("cannot read the tokens file {}", file.display()))?;
+            let mut in_file = 0;
             for (n, line) in text.lines().enumerate() {
                 let line = line.trim();
                 if line.is_empty() || line.starts_with('#') {
@@ -127,7 +132,14 @@ impl Tokens {
                     ),
                 };
                 add(name, role, secret.trim(), &origin)?;
+                in_file += 1;
             }
+            // A tokens file that names no token would leave the server open.
+            anyhow::ensure!(
+                in_file > 0,
+                "the tokens file {} holds no token (lines name:role:token): refusing to serve the admin API without one",
+                file.display()
+            );
         }
         Ok(Tokens(tokens))
     }
@@ -206,6 +218,21 @@ fn same_origin(headers: &HeaderMap) -> bool {
     }
 }
 
+/// True when the request's `Host` is an IP address or `localhost` (any port): the only
+/// names an open server (no token, loopback) answers to, so a page of another site whose
+/// name was rebound to 127.0.0.1 (DNS rebinding) cannot use it.
+fn loopback_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+        return false;
+    };
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        host.rsplit_once(':').map_or(host, |(n, _)| n)
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
+}
+
 /// The middleware: the origin check, then the token (401 without a valid one), then the
 /// role (403 for a read-only token on a change); the caller goes into the request's
 /// extensions.
@@ -218,6 +245,12 @@ pub(crate) async fn authenticate(
         return error(
             StatusCode::FORBIDDEN,
             "cross-origin request refused: the Origin header names another host",
+        );
+    }
+    if tokens.is_empty() && !loopback_host(req.headers()) {
+        return error(
+            StatusCode::FORBIDDEN,
+            "without an admin token this server answers only to an IP address or localhost in the Host header",
         );
     }
     if is_public(req.uri().path()) {
@@ -233,7 +266,11 @@ pub(crate) async fn authenticate(
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(|v| {
+                // The scheme is case-insensitive (RFC 7235, 2.1).
+                let (scheme, token) = v.split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then_some(token)
+            })
             .map(str::trim);
         match presented.and_then(|p| tokens.find(p.as_bytes())) {
             Some(c) => c.clone(),
@@ -274,6 +311,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_open_server_answers_only_to_ip_or_localhost_hosts() {
+        let with = |host: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::HOST, host.parse().unwrap());
+            loopback_host(&h)
+        };
+        for ok in [
+            "127.0.0.1:8080",
+            "localhost:8080",
+            "LOCALHOST",
+            "[::1]:8080",
+            "127.0.0.1",
+        ] {
+            assert!(with(ok), "{ok}");
+        }
+        for bad in [
+            "attacker.example:8080",
+            "attacker.example",
+            "127.0.0.1.nip.io:80",
+        ] {
+            assert!(!with(bad), "{bad}");
+        }
+        assert!(!loopback_host(&HeaderMap::new()), "no Host");
+    }
+
+    #[test]
     fn tokens_file_lines_and_refusals() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("tokens");
@@ -300,6 +363,16 @@ mod tests {
         std::fs::write(&file, "dana:boss:0123456789abcdef0123\n").unwrap();
         let e = Tokens::load(&args).map(|_| ()).unwrap_err().to_string();
         assert!(e.contains("line 1: role \"boss\""), "{e}");
+        std::fs::write(&file, "# tokens come later\n").unwrap();
+        let e = Tokens::load(&args).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains("holds no token"), "{e}");
+        std::fs::write(
+            &file,
+            "dana:operator:0123456789abcdef0123\ndana:read:ffffffffffffffffffff\n",
+        )
+        .unwrap();
+        let e = Tokens::load(&args).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains("given twice"), "{e}");
         let short = AuthArgs {
             admin_token: Some("short".into()),
             ..AuthArgs::default()
