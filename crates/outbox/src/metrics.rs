@@ -252,7 +252,7 @@ pub fn describe() {
     );
     describe_counter!(
         RELEASED,
-        "Rows given back unpublished because the shutdown grace ran out."
+        "Rows given back unpublished, attempt refunded: the shutdown grace ran out, or an earlier message of their ordered key in the same claim failed."
     );
     describe_counter!(
         CLAIMS_LOST,

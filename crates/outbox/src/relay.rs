@@ -154,10 +154,11 @@ const PAUSE_LOG_INTERVAL: Duration = Duration::from_secs(5);
 /// of a blocked key written meanwhile are read by every claim until they are parked.
 const PARK_INTERVAL: Duration = Duration::from_secs(10);
 
-/// How often a relay with strict per-key ordering gives back parked rows that nothing
-/// holds any more ([`Store::unpark_released`]; replay and discard give theirs back
-/// themselves, so this catches dead letters removed by other means). Every relay also does
-/// it once at start, with its own ordering.
+/// How often a relay gives back parked rows that its ordering does not hold
+/// ([`Store::unpark_released`]; replay and discard give theirs back themselves, so this
+/// catches dead letters removed by other means, a relay that no longer orders strictly,
+/// and a start-up call that found another parker at work). Every relay also does it before
+/// its first claim.
 const UNPARK_INTERVAL: Duration = Duration::from_secs(60);
 
 /// `HOSTNAME:PID:XXXX` with four random hex digits.
@@ -695,6 +696,9 @@ impl Relay {
         crate::metrics::relay_info(&self.store_kind(), &self.router.describe());
         self.warn_if_id_taken().await;
         self.health.turned();
+        // Parked rows this relay's ordering does not hold come back before the first
+        // claim (so a drain sees them due).
+        self.unpark().await;
         // Subscribed before the first claim: a commit after it moves the counter even if
         // no worker is idle yet.
         *self.listener.lock().await = Some(self.store.wakeups());
@@ -786,12 +790,13 @@ impl Relay {
         let mut wakeups = Some(self.store.wakeups());
         let mut last_summary = (start, self.counters.snapshot());
         let host = host_name();
-        // Parked rows this relay's ordering no longer holds come back at start; with
-        // strict ordering the relay parks held rows and checks for released ones.
+        // With strict ordering the relay parks held rows; every relay gives back, at start
+        // (`run`, before the first claim) and every UNPARK_INTERVAL, parked rows its
+        // ordering does not hold (a start-up call that found another parker at work is
+        // so retried).
         let strict = cfg.ordering.is_on() && !cfg.ordering.skip_dead;
-        self.unpark().await;
         let mut next_park = strict.then_some(start);
-        let mut next_unpark = strict.then(|| start + UNPARK_INTERVAL);
+        let mut next_unpark = Some(start + UNPARK_INTERVAL);
         loop {
             let wake = [
                 next_beat,

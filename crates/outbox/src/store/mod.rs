@@ -594,6 +594,7 @@ pub trait Store: Send + Sync + 'static {
     /// them. They become due now, in `id` order. Returns the rows given back. Reads every
     /// parked row: meant for a relay's start and a slow background interval (the paths
     /// that release a key, [`Store::replay`] above all, give its rows back themselves).
+    /// Waits for a parker at work (PostgreSQL; MySQL up to 10 s, then returns 0).
     async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64>;
 
     /// A counter that moves whenever new rows may be due (a `NOTIFY`, a commit seen by the

@@ -1251,18 +1251,19 @@ impl MySqlStore {
         })
     }
 
-    /// Runs `op` on one connection under the parking lock (`GET_LOCK`, not waiting): one
-    /// parker at a time, so two relays never update the same parked rows in different
-    /// orders. `Ok(0)` when another connection holds it.
-    async fn under_parking_lock<F>(&self, op: F) -> Result<u64>
+    /// Runs `op` on one connection under the parking lock (`GET_LOCK`, waiting up to
+    /// `wait_s` seconds): one parker at a time, so two relays never update the same parked
+    /// rows in different orders. `Ok(0)` when another connection holds it past that.
+    async fn under_parking_lock<F>(&self, wait_s: u32, op: F) -> Result<u64>
     where
         F: AsyncFnOnce(&mut sqlx::pool::PoolConnection<MySql>) -> Result<u64>,
     {
         let p = &self.inner.config.schema;
         let mut conn = self.inner.pool.acquire().await?;
         let lock = format!("outbox_park_{p}");
-        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
             .bind(&lock)
+            .bind(wait_s)
             .fetch_one(&mut *conn)
             .await?;
         if got != Some(1) {
@@ -1973,7 +1974,7 @@ impl Store for MySqlStore {
         }
         let p = self.inner.config.schema.clone();
         let regexes = ordering.regexes();
-        self.under_parking_lock(async |conn| {
+        self.under_parking_lock(0, async |conn| {
             let ord: String = regexes
                 .iter()
                 .map(|_| "topic REGEXP ?")
@@ -2019,7 +2020,7 @@ impl Store for MySqlStore {
         let p = self.inner.config.schema.clone();
         let strict = ordering.is_on() && !ordering.skip_dead;
         let regexes = ordering.regexes();
-        self.under_parking_lock(async |conn| {
+        self.under_parking_lock(10, async |conn| {
             // The first parked row of each key, and whether a dead letter still holds it.
             let ord: String = if regexes.is_empty() {
                 "FALSE".to_owned()

@@ -649,12 +649,25 @@ impl PgStore {
     }
 
     /// One parker at a time ([`Store::park_held`], [`Store::unpark_released`]): two
-    /// relays updating the same parked rows in different orders could deadlock. False
-    /// when another transaction holds it.
-    async fn parking_lock(&self, tx: &mut Transaction<'static, Postgres>) -> Result<bool> {
+    /// relays updating the same parked rows in different orders could deadlock. With
+    /// `wait`, waits for it (a park is one statement); else false when another
+    /// transaction holds it.
+    async fn parking_lock(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        wait: bool,
+    ) -> Result<bool> {
+        let key = format!("outbox-park-{}", self.s());
+        if wait {
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+                .bind(key)
+                .execute(&mut **tx)
+                .await?;
+            return Ok(true);
+        }
         Ok(
             sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
-                .bind(format!("outbox-park-{}", self.s()))
+                .bind(key)
                 .fetch_one(&mut **tx)
                 .await?,
         )
@@ -1593,7 +1606,7 @@ impl Store for PgStore {
         }
         let s = self.s();
         let mut tx = self.inner.pool.begin().await?;
-        if !self.parking_lock(&mut tx).await? {
+        if !self.parking_lock(&mut tx, false).await? {
             return Ok(0);
         }
         // The dead letters are locked (one a replay or discard holds is skipped: it is
@@ -1622,7 +1635,7 @@ impl Store for PgStore {
     async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
         let s = self.s();
         let mut tx = self.inner.pool.begin().await?;
-        if !self.parking_lock(&mut tx).await? {
+        if !self.parking_lock(&mut tx, true).await? {
             return Ok(0);
         }
         let strict = ordering.is_on() && !ordering.skip_dead;
