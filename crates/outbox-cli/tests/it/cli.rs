@@ -851,7 +851,7 @@ async fn sigkilled_ordered_relays_keep_every_keys_order() {
             "100",
         ])
         .stdout(Stdio::null());
-        c.spawn().unwrap()
+        Killed(c.spawn().unwrap())
     };
     let dispatched = || status(&schema)["dispatched"].as_i64().unwrap_or(0);
     // (dispatched rows, rows the relay `id` holds claimed)
@@ -881,8 +881,8 @@ async fn sigkilled_ordered_relays_keep_every_keys_order() {
                 "{name} never held a claim past {target} dispatched ({done} dispatched)"
             );
         }
-        victim.kill().unwrap(); // SIGKILL
-        victim.wait().unwrap();
+        victim.0.kill().unwrap(); // SIGKILL
+        victim.0.wait().unwrap();
         victim = relay(&format!("victim-{round}"));
     }
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -895,8 +895,8 @@ async fn sigkilled_ordered_relays_keep_every_keys_order() {
         std::thread::sleep(Duration::from_millis(100));
     }
     for mut child in [steady, victim] {
-        child.kill().unwrap();
-        child.wait().unwrap();
+        child.0.kill().unwrap();
+        child.0.wait().unwrap();
     }
 
     let info = stream.get_info().await.unwrap();
@@ -927,4 +927,14 @@ async fn sigkilled_ordered_relays_keep_every_keys_order() {
     );
     js.delete_stream(&stream_name).await.unwrap();
     psql(&format!("DROP SCHEMA {schema} CASCADE"));
+}
+
+/// A child process killed when dropped, so a failed assertion leaves no relay behind.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
