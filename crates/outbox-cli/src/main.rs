@@ -895,7 +895,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let pending = store.counts().await?.pending;
             if pending > 0 {
                 eprintln!(
-                    "drain finished: nothing is due now, but {pending} rows are pending for later (delayed messages, or retries scheduled earlier; `outbox status` shows them)"
+                    "drain finished, with {pending} rows still pending: not due yet (delayed messages, retries scheduled earlier, rows parked behind dead letters), or written after the drain's last claim; `outbox status` shows them"
                 );
             }
             if config.ordering.is_on() && !config.ordering.skip_dead {
