@@ -1018,7 +1018,7 @@ impl StatusReport {
         let overview = store.overview(top).await?;
         let pause = store.pause_state().await?;
         let relays = store.relays(RELAY_EXPIRY).await?;
-        let held = if ordering.is_on() && !ordering.skip_dead {
+        let held = if ordering.holds_dead() {
             store.held_keys(ordering).await?
         } else {
             outbox::store::HeldKeys::default()

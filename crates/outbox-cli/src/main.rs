@@ -898,7 +898,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     "drain finished, with {pending} rows still pending: not due yet (delayed messages, retries scheduled earlier, rows parked behind dead letters), or written after the drain's last claim; `outbox status` shows them"
                 );
             }
-            if config.ordering.is_on() && !config.ordering.skip_dead {
+            if config.ordering.holds_dead() {
                 let held = store.held_keys(&config.ordering).await?;
                 if held.held > 0 {
                     eprintln!(

@@ -794,7 +794,7 @@ impl Relay {
         // (`run`, before the first claim) and every UNPARK_INTERVAL, parked rows its
         // ordering does not hold (a start-up call that found another parker at work is
         // so retried).
-        let strict = cfg.ordering.is_on() && !cfg.ordering.skip_dead;
+        let strict = cfg.ordering.holds_dead();
         let mut next_park = strict.then_some(start);
         let mut next_unpark = Some(start + UNPARK_INTERVAL);
         loop {
@@ -961,7 +961,7 @@ impl Relay {
         let pause = self.store.pause_state().await?;
         crate::metrics::store_sample(&overview, relays.len(), &pause);
         let ordering = &self.config.ordering;
-        if ordering.is_on() && !ordering.skip_dead {
+        if ordering.holds_dead() {
             crate::metrics::ordering_sample(&self.store.held_keys(ordering).await?);
         }
         Ok(())
@@ -1187,7 +1187,7 @@ impl Relay {
         // Messages that go dead unpublished stop what follows them when dead rows hold
         // their key: one past max_attempts stops its key (`dead_keys`), a malformed row,
         // whose key is not known, every ordered message after it (`stop_after`).
-        let strict = cfg.ordering.is_on() && !cfg.ordering.skip_dead;
+        let strict = cfg.ordering.holds_dead();
         let stop_after = if strict {
             malformed.iter().map(|d| d.id).min().unwrap_or(i64::MAX)
         } else {
@@ -1491,9 +1491,8 @@ impl Relay {
             crate::metrics::quarantined(quarantine_reason(&d.error), 1);
             let found = batch.iter().find(|m| m.id == d.id);
             let ordering = &self.config.ordering;
-            if !ordering.skip_dead
+            if ordering.holds_dead()
                 && found.is_none_or(|m| m.key.is_some() && ordering.covers(&m.topic))
-                && ordering.is_on()
             {
                 // A malformed row (not in the batch) may have been keyed too.
                 self.park_wanted.notify_one();

@@ -235,6 +235,12 @@ impl KeyOrdering {
         !self.topics.is_empty()
     }
 
+    /// True when dead letters hold back their keys: some topic is ordered and
+    /// `skip_dead` is off (strict, the default).
+    pub fn holds_dead(&self) -> bool {
+        self.is_on() && !self.skip_dead
+    }
+
     /// True when `topic` is ordered.
     pub fn covers(&self, topic: &str) -> bool {
         self.topics.iter().any(|t| t.matches(topic))

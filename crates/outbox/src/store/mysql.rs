@@ -1969,7 +1969,7 @@ impl Store for MySqlStore {
     }
 
     async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
-        if !ordering.is_on() || ordering.skip_dead {
+        if !ordering.holds_dead() {
             return Ok(0);
         }
         let p = self.inner.config.schema.clone();
@@ -2018,7 +2018,7 @@ impl Store for MySqlStore {
 
     async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
         let p = self.inner.config.schema.clone();
-        let strict = ordering.is_on() && !ordering.skip_dead;
+        let strict = ordering.holds_dead();
         let regexes = ordering.regexes();
         self.under_parking_lock(10, async |conn| {
             // The first parked row of each key, and whether a dead letter still holds it.

@@ -1601,7 +1601,7 @@ impl Store for PgStore {
     }
 
     async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
-        if !ordering.is_on() || ordering.skip_dead {
+        if !ordering.holds_dead() {
             return Ok(0);
         }
         let s = self.s();
@@ -1638,7 +1638,7 @@ impl Store for PgStore {
         if !self.parking_lock(&mut tx, true).await? {
             return Ok(0);
         }
-        let strict = ordering.is_on() && !ordering.skip_dead;
+        let strict = ordering.holds_dead();
         let given = sqlx::query(AssertSqlSafe(format!(
             "WITH parked AS (
                SELECT topic, key, min(id) AS id FROM {s}.messages

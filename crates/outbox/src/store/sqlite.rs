@@ -1411,7 +1411,7 @@ impl Store for SqliteStore {
     }
 
     async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
-        if !ordering.is_on() || ordering.skip_dead {
+        if !ordering.holds_dead() {
             return Ok(0);
         }
         let p = self.p();
@@ -1441,7 +1441,7 @@ impl Store for SqliteStore {
     async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
         let p = self.p();
         let n = NOW_MS;
-        let strict = ordering.is_on() && !ordering.skip_dead;
+        let strict = ordering.holds_dead();
         let regexes = if strict {
             ordering.regexes()
         } else {
