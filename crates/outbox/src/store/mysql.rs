@@ -216,6 +216,14 @@ fn hex(bytes: &[u8]) -> String {
     s
 }
 
+/// `column REGEXP ? OR …` over `count` parameters (`FALSE` when `count` is 0).
+fn regexp_any(column: &str, count: usize) -> String {
+    if count == 0 {
+        return "FALSE".to_owned();
+    }
+    vec![format!("{column} REGEXP ?"); count].join(" OR ")
+}
+
 /// The claim's select of due ids, with `extra` appended to the filter. It honours the
 /// pause switch and the topic pauses itself: both tests are uncorrelated subqueries the
 /// server evaluates once, and the topic regexes are matched row by row only when a topic
@@ -240,10 +248,7 @@ fn claim_select(p: &str, extra: &str) -> String {
 /// regexes bound twice (the `ord` column, then the head test), then `skip` regexes, then
 /// the limit.
 fn ordered_select(p: &str, ordered: usize, skip: usize, skip_dead: bool) -> String {
-    let ord: String = (0..ordered)
-        .map(|_| "m.topic REGEXP ?")
-        .collect::<Vec<_>>()
-        .join(" OR ");
+    let ord = regexp_any("m.topic", ordered);
     let dead_h = if skip_dead { " AND h.status <> 3" } else { "" };
     let skip: String = (0..skip).map(|_| " AND m.topic NOT REGEXP ?").collect();
     let head_ready = format!(
@@ -1940,11 +1945,7 @@ impl Store for MySqlStore {
         }
         let p = &self.inner.config.schema;
         let regexes = ordering.regexes();
-        let ord: String = regexes
-            .iter()
-            .map(|_| "topic REGEXP ?")
-            .collect::<Vec<_>>()
-            .join(" OR ");
+        let ord = regexp_any("topic", regexes.len());
         let mut query = sqlx::query_as::<_, (i64, i64, Option<i64>)>(AssertSqlSafe(format!(
             "WITH blocked AS (
                SELECT MIN(order_key) AS order_key, topic, `key`, MIN(id) AS id FROM {p}_messages
@@ -1975,11 +1976,7 @@ impl Store for MySqlStore {
         let p = self.inner.config.schema.clone();
         let regexes = ordering.regexes();
         self.under_parking_lock(0, async |conn| {
-            let ord: String = regexes
-                .iter()
-                .map(|_| "topic REGEXP ?")
-                .collect::<Vec<_>>()
-                .join(" OR ");
+            let ord = regexp_any("topic", regexes.len());
             let mut tx = sqlx::Connection::begin(&mut **conn).await?;
             // The dead letters are locked (a replay or discard holding one is skipped: it
             // releases its key): a replay that comes after waits for this transaction and
@@ -2022,15 +2019,7 @@ impl Store for MySqlStore {
         let regexes = ordering.regexes();
         self.under_parking_lock(10, async |conn| {
             // The first parked row of each key, and whether a dead letter still holds it.
-            let ord: String = if regexes.is_empty() {
-                "FALSE".to_owned()
-            } else {
-                regexes
-                    .iter()
-                    .map(|_| "f.topic REGEXP ?")
-                    .collect::<Vec<_>>()
-                    .join(" OR ")
-            };
+            let ord = regexp_any("f.topic", regexes.len());
             let mut query = sqlx::query_as::<_, (i64, i64)>(AssertSqlSafe(format!(
                 "SELECT f.id, CAST(({ord}) AND EXISTS (
                           SELECT 1 FROM {p}_messages d FORCE INDEX ({p}_messages_key)

@@ -159,8 +159,12 @@ fn claim_sql(p: &str, skip: usize) -> String {
     )
 }
 
-/// `column REGEXP ?first OR …` over `count` parameters from `?first`.
+/// `column REGEXP ?first OR …` over `count` parameters from `?first` (`0`, false, when
+/// `count` is 0).
 fn regexp_any(column: &str, first: usize, count: usize) -> String {
+    if count == 0 {
+        return "0".to_owned();
+    }
     (first..first + count)
         .map(|i| format!("{column} REGEXP ?{i}"))
         .collect::<Vec<_>>()
@@ -176,10 +180,7 @@ fn regexp_any(column: &str, first: usize, count: usize) -> String {
 /// regexes to pass over (the topic pauses).
 fn claim_ordered_select(p: &str, ordered: usize, skip: usize, skip_dead: bool) -> String {
     let n = NOW_MS;
-    let ord: String = (0..ordered)
-        .map(|i| format!("topic REGEXP ?{}", i + 2))
-        .collect::<Vec<_>>()
-        .join(" OR ");
+    let ord = regexp_any("topic", 2, ordered);
     let skip: String = (0..skip)
         .map(|i| format!(" AND topic NOT REGEXP ?{}", i + 2 + ordered))
         .collect();
@@ -1384,10 +1385,7 @@ impl Store for SqliteStore {
         let p = self.p();
         let n = NOW_MS;
         let regexes = ordering.regexes();
-        let ord: String = (1..=regexes.len())
-            .map(|i| format!("topic REGEXP ?{i}"))
-            .collect::<Vec<_>>()
-            .join(" OR ");
+        let ord = regexp_any("topic", 1, regexes.len());
         let mut query = sqlx::query_as::<_, (i64, i64, Option<i64>)>(AssertSqlSafe(format!(
             "WITH blocked AS (
                SELECT topic, key, min(id) AS id FROM {p}_messages
