@@ -816,6 +816,17 @@ impl Store for AnyStore {
     }
 }
 
+/// The message id of row `id`, stored as text (MySQL, SQLite).
+///
+/// # Errors
+/// [`crate::Error::MalformedRow`] naming the row when `text` is not a UUID.
+pub(crate) fn text_message_id(id: i64, text: &str) -> Result<Uuid> {
+    Uuid::parse_str(text).map_err(|e| crate::Error::MalformedRow {
+        id,
+        reason: format!("message_id {text:?} is not a UUID: {e}"),
+    })
+}
+
 /// Parses the stored headers JSON (an object of strings) of row `id`.
 pub(crate) fn parse_headers(
     id: i64,

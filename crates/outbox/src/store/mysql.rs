@@ -837,11 +837,7 @@ impl MySqlStore {
             error: e.to_string(),
         })?;
         let read = || -> Result<OutgoingMessage> {
-            let mid: String = row.try_get("message_id")?;
-            let message_id = Uuid::parse_str(&mid).map_err(|e| Error::MalformedRow {
-                id,
-                reason: format!("message_id {mid:?} is not a UUID: {e}"),
-            })?;
+            let message_id = super::text_message_id(id, &row.try_get::<String, _>("message_id")?)?;
             let headers: String = row.try_get("headers")?;
             let headers: serde_json::Value =
                 serde_json::from_str(&headers).map_err(|e| Error::MalformedRow {
@@ -1616,11 +1612,8 @@ impl Store for MySqlStore {
         rows.iter()
             .map(|r| {
                 let id: i64 = r.try_get("id")?;
-                let mid: String = r.try_get("message_id")?;
-                let message_id = Uuid::parse_str(&mid).map_err(|e| Error::MalformedRow {
-                    id,
-                    reason: format!("message_id {mid:?} is not a UUID: {e}"),
-                })?;
+                let message_id =
+                    super::text_message_id(id, &r.try_get::<String, _>("message_id")?)?;
                 Ok(DeadLetter {
                     id,
                     message_id,
@@ -2149,11 +2142,8 @@ impl Store for MySqlStore {
         rows.iter()
             .map(|r| {
                 let id: i64 = r.try_get("id")?;
-                let mid: String = r.try_get("message_id")?;
-                let message_id = Uuid::parse_str(&mid).map_err(|e| Error::MalformedRow {
-                    id,
-                    reason: format!("message_id {mid:?} is not a UUID: {e}"),
-                })?;
+                let message_id =
+                    super::text_message_id(id, &r.try_get::<String, _>("message_id")?)?;
                 let time = |c: &str| -> Result<Option<chrono::DateTime<chrono::Utc>>> {
                     Ok(r.try_get::<Option<NaiveDateTime>, _>(c)?
                         .map(|t| t.and_utc()))

@@ -512,11 +512,7 @@ impl SqliteStore {
             error: e.to_string(),
         })?;
         let read = || -> Result<OutgoingMessage> {
-            let mid: String = row.try_get("message_id")?;
-            let message_id = Uuid::parse_str(&mid).map_err(|e| Error::MalformedRow {
-                id,
-                reason: format!("message_id {mid:?} is not a UUID: {e}"),
-            })?;
+            let message_id = super::text_message_id(id, &row.try_get::<String, _>("message_id")?)?;
             let headers: String = row.try_get("headers")?;
             let headers: serde_json::Value =
                 serde_json::from_str(&headers).map_err(|e| Error::MalformedRow {
@@ -1581,11 +1577,8 @@ impl Store for SqliteStore {
         rows.iter()
             .map(|r| {
                 let id: i64 = r.try_get("id")?;
-                let mid: String = r.try_get("message_id")?;
-                let message_id = Uuid::parse_str(&mid).map_err(|e| Error::MalformedRow {
-                    id,
-                    reason: format!("message_id {mid:?} is not a UUID: {e}"),
-                })?;
+                let message_id =
+                    super::text_message_id(id, &r.try_get::<String, _>("message_id")?)?;
                 let time = |c: &str| -> Result<Option<DateTime<Utc>>> {
                     Ok(r.try_get::<Option<i64>, _>(c)?.map(ms_to_time))
                 };
