@@ -100,6 +100,31 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?} is not a duration: {e}"))
 }
 
+/// The verdict's limits, as `status` and `serve` take them.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct LimitsArgs {
+    /// BEHIND when the oldest pending message is older than this (60s, 15m, 2h).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    max_age: Duration,
+    /// DEAD when there are more dead letters than this.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
+    max_dead: i64,
+    /// STUCK when rows have been due this long and no live relay claimed within it.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    stuck_after: Duration,
+}
+
+impl LimitsArgs {
+    /// The limits these flags give.
+    pub(crate) fn limits(&self) -> Limits {
+        Limits {
+            max_age: self.max_age,
+            max_dead: self.max_dead,
+            stuck_after: self.stuck_after,
+        }
+    }
+}
+
 /// Per-key ordering, as `relay`, `status` and `dead list` take it (one setting, the
 /// same `OUTBOX_ORDERED` for all three).
 #[derive(Args, Debug, Clone)]

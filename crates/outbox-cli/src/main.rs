@@ -228,15 +228,8 @@ enum Command {
         listen: String,
         #[command(flatten)]
         auth: dashboard::auth::AuthArgs,
-        /// BEHIND when the oldest pending message is older than this (60s, 15m, 2h).
-        #[arg(long, default_value = "60s", value_parser = admin::parse_duration)]
-        max_age: Duration,
-        /// DEAD when there are more dead letters than this.
-        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
-        max_dead: i64,
-        /// STUCK when rows have been due this long and no live relay claimed within it.
-        #[arg(long, default_value = "30s", value_parser = admin::parse_duration)]
-        stuck_after: Duration,
+        #[command(flatten)]
+        limits: admin::LimitsArgs,
         // As the relays run: which dead letters block their key.
         #[command(flatten)]
         ordering: admin::OrderingArgs,
@@ -254,15 +247,8 @@ enum Command {
         /// Exit 1 unless the verdict is OK (for cron jobs and probes).
         #[arg(long)]
         check: bool,
-        /// BEHIND when the oldest pending message is older than this (60s, 15m, 2h).
-        #[arg(long, default_value = "60s", value_parser = admin::parse_duration)]
-        max_age: Duration,
-        /// DEAD when there are more dead letters than this.
-        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
-        max_dead: i64,
-        /// STUCK when rows have been due this long and no live relay claimed within it.
-        #[arg(long, default_value = "30s", value_parser = admin::parse_duration)]
-        stuck_after: Duration,
+        #[command(flatten)]
+        limits: admin::LimitsArgs,
         // With --ordered, rows of ordered keys waiting behind dead letters are BLOCKED,
         // not STUCK or BEHIND.
         #[command(flatten)]
@@ -912,9 +898,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve {
             listen,
             auth,
-            max_age,
-            max_dead,
-            stuck_after,
+            limits,
             ordering,
         } => {
             let tokens = dashboard::auth::Tokens::load(auth)?;
@@ -930,11 +914,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let admin = dashboard::Admin {
                 store,
                 ready,
-                limits: admin::Limits {
-                    max_age: *max_age,
-                    max_dead: *max_dead,
-                    stuck_after: *stuck_after,
-                },
+                limits: limits.limits(),
                 ordering: ordering.ordering(),
             };
             dashboard::start(
@@ -953,24 +933,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
             by_topic,
             check,
-            max_age,
-            max_dead,
-            stuck_after,
+            limits,
             ordering,
         } => {
             let store = connect(&cli, false).await?;
             store.check_schema().await?;
-            let limits = admin::Limits {
-                max_age: *max_age,
-                max_dead: *max_dead,
-                stuck_after: *stuck_after,
-            };
             admin::status(
                 &store,
                 *json,
                 *by_topic,
                 *check,
-                limits,
+                limits.limits(),
                 &ordering.ordering(),
             )
             .await
