@@ -90,6 +90,13 @@ async fn pg_listener_logs_its_loss_and_its_return_once_each() {
     let mut wake = store.wakeups();
     let mut admin = pg_connect().await;
     let first = wait_for_listener(&mut admin, &schema.name, None).await;
+    // The server runs LISTEN before the listener has read the answer; an outage in between
+    // fails its first connect ("cannot connect") instead of losing a connection. Its
+    // connect wakes the relay once the LISTEN has returned: wait for that.
+    tokio::time::timeout(Duration::from_secs(5), wake.changed())
+        .await
+        .expect("the listener's connect wakes the relay")
+        .unwrap();
 
     proxy.set(ProxyMode::Refuse);
     let outage = Duration::from_secs(2);
