@@ -469,6 +469,9 @@ pub(crate) fn plan(
     messages: Vec<OutgoingMessage>,
     policy: &Policy,
 ) -> (Vec<OutgoingMessage>, Vec<Dead>) {
+    if messages.iter().all(|m| m.attempts <= policy.max_attempts) {
+        return (messages, Vec::new()); // the usual claim, moved as it is
+    }
     let (publish, over): (Vec<_>, Vec<_>) = messages
         .into_iter()
         .partition(|m| m.attempts <= policy.max_attempts);
@@ -1310,10 +1313,13 @@ impl Relay {
         // claim, plus the time since the claim returned (one clock for both ends).
         if let Some(db_now) = db_now {
             let h = crate::metrics::seconds_histogram(crate::metrics::ENQUEUE_TO_CONFIRM);
+            let db_now_us = db_now.timestamp_micros();
+            let times = confirm.recorded_times();
             for (i, m) in to_publish.iter().enumerate() {
-                if let (Some(Ok(())), Some(at)) = (&outcomes[i], confirm.recorded_at(i)) {
-                    let before = (db_now - m.occurred_at).to_std().unwrap_or_default();
-                    h.record((before + at.saturating_duration_since(claimed_at)).as_secs_f64());
+                if let (Some(Ok(())), Some(Some(at))) = (&outcomes[i], times.get(i)) {
+                    let before_us = (db_now_us - m.occurred_at.timestamp_micros()).max(0);
+                    let since = at.saturating_duration_since(claimed_at).as_secs_f64();
+                    h.record(before_us as f64 / 1e6 + since);
                 }
             }
         }

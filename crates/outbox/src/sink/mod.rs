@@ -188,7 +188,13 @@ pub enum SinkError {
 }
 
 /// One message's outcome so far (`None` = not known yet).
-type Slot = Option<Result<(), PublishError>>;
+pub(crate) type Slot = Option<Result<(), PublishError>>;
+
+/// A batch's outcomes and when each was recorded, under one lock.
+struct Slots {
+    outcome: Vec<Slot>,
+    at: Vec<Option<std::time::Instant>>,
+}
 
 /// One outcome slot per message of a batch: slot `i` belongs to `batch[i]`.
 ///
@@ -200,9 +206,8 @@ type Slot = Option<Result<(), PublishError>>;
 /// handle on the same slots.
 #[derive(Clone)]
 pub struct Confirmations {
-    slots: std::sync::Arc<std::sync::Mutex<Vec<Slot>>>,
-    /// When each slot was filled (for the per-message confirmation latency).
-    times: std::sync::Arc<std::sync::Mutex<Vec<Option<std::time::Instant>>>>,
+    /// The outcomes, and when each was recorded (for the per-message confirmation latency).
+    slots: std::sync::Arc<std::sync::Mutex<Slots>>,
     /// Woken whenever a slot is filled.
     filled: std::sync::Arc<tokio::sync::Notify>,
     /// For a view over part of a batch (a router's group): local index → batch index.
@@ -213,14 +218,16 @@ impl Confirmations {
     /// `n` empty slots.
     pub fn new(n: usize) -> Self {
         Confirmations {
-            slots: std::sync::Arc::new(std::sync::Mutex::new(vec![None; n])),
-            times: std::sync::Arc::new(std::sync::Mutex::new(vec![None; n])),
+            slots: std::sync::Arc::new(std::sync::Mutex::new(Slots {
+                outcome: vec![None; n],
+                at: vec![None; n],
+            })),
             filled: std::sync::Arc::new(tokio::sync::Notify::new()),
             map: None,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -235,7 +242,7 @@ impl Confirmations {
     pub fn len(&self) -> usize {
         match &self.map {
             Some(m) => m.len(),
-            None => self.lock().len(),
+            None => self.lock().outcome.len(),
         }
     }
 
@@ -251,18 +258,11 @@ impl Confirmations {
             return false;
         };
         let mut slots = self.lock();
-        match slots.get_mut(g) {
+        match slots.outcome.get_mut(g) {
             Some(slot @ None) => {
                 *slot = Some(outcome);
+                slots.at[g] = Some(std::time::Instant::now());
                 drop(slots);
-                if let Some(t) = self
-                    .times
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get_mut(g)
-                {
-                    *t = Some(std::time::Instant::now());
-                }
                 self.filled.notify_waiters();
                 true
             }
@@ -272,35 +272,67 @@ impl Confirmations {
 
     /// Records `error` for every message that has no outcome yet.
     pub fn fail_unset(&self, error: &PublishError) {
-        for i in 0..self.len() {
-            self.set(i, Err(error.clone()));
+        let mut filled = false;
+        self.update_each(|slot, at| {
+            if slot.is_none() {
+                *slot = Some(Err(error.clone()));
+                *at = Some(std::time::Instant::now());
+                filled = true;
+            }
+        });
+        if filled {
+            self.filled.notify_waiters();
         }
+    }
+
+    /// Calls `f` with each slot of this view and when its outcome was recorded, in order,
+    /// under one lock (one lock per batch instead of one per message).
+    pub(crate) fn update_each(
+        &self,
+        mut f: impl FnMut(&mut Slot, &mut Option<std::time::Instant>),
+    ) {
+        let mut slots = self.lock();
+        let Slots { outcome, at } = &mut *slots;
+        match &self.map {
+            Some(m) => {
+                for &g in m.iter() {
+                    if let (Some(o), Some(t)) = (outcome.get_mut(g), at.get_mut(g)) {
+                        f(o, t);
+                    }
+                }
+            }
+            None => {
+                for (o, t) in outcome.iter_mut().zip(at.iter_mut()) {
+                    f(o, t);
+                }
+            }
+        }
+    }
+
+    /// When each slot of the whole batch was recorded, empty ones as `None`.
+    pub(crate) fn recorded_times(&self) -> Vec<Option<std::time::Instant>> {
+        self.lock().at.clone()
     }
 
     /// When message `i`'s outcome was recorded.
     pub fn recorded_at(&self, i: usize) -> Option<std::time::Instant> {
         let g = self.global(i)?;
-        self.times
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(g)
-            .copied()
-            .flatten()
+        self.lock().at.get(g).copied().flatten()
     }
 
     /// Message `i`'s outcome so far.
     pub fn get(&self, i: usize) -> Option<Result<(), PublishError>> {
         let g = self.global(i)?;
-        self.lock().get(g).cloned().flatten()
+        self.lock().outcome.get(g).cloned().flatten()
     }
 
     /// How many messages were confirmed (`Ok`) so far.
     pub fn confirmed(&self) -> usize {
         let slots = self.lock();
-        let ok = |g: &usize| matches!(slots.get(*g), Some(Some(Ok(()))));
+        let ok = |g: &usize| matches!(slots.outcome.get(*g), Some(Some(Ok(()))));
         match &self.map {
             Some(m) => m.iter().filter(|g| ok(g)).count(),
-            None => (0..slots.len()).filter(ok).count(),
+            None => (0..slots.outcome.len()).filter(ok).count(),
         }
     }
 
@@ -310,7 +342,6 @@ impl Confirmations {
         let map: Vec<usize> = indices.iter().filter_map(|&i| self.global(i)).collect();
         Confirmations {
             slots: self.slots.clone(),
-            times: self.times.clone(),
             filled: self.filled.clone(),
             map: Some(map.into()),
         }
@@ -320,8 +351,10 @@ impl Confirmations {
     pub fn is_complete(&self) -> bool {
         let slots = self.lock();
         match &self.map {
-            Some(m) => m.iter().all(|&g| slots.get(g).is_some_and(Option::is_some)),
-            None => slots.iter().all(Option::is_some),
+            Some(m) => m
+                .iter()
+                .all(|&g| slots.outcome.get(g).is_some_and(Option::is_some)),
+            None => slots.outcome.iter().all(Option::is_some),
         }
     }
 
@@ -344,18 +377,9 @@ impl Confirmations {
         &self.filled
     }
 
-    /// Replaces the outcome of slot `i` (the router resolving a timeout).
-    pub(crate) fn replace(&self, i: usize, outcome: Result<(), PublishError>) {
-        if let Some(g) = self.global(i)
-            && let Some(slot) = self.lock().get_mut(g)
-        {
-            *slot = Some(outcome);
-        }
-    }
-
     /// Every slot of the whole batch, empty ones as `None`.
     pub(crate) fn snapshot(&self) -> Vec<Slot> {
-        self.lock().clone()
+        self.lock().outcome.clone()
     }
 }
 

@@ -457,38 +457,30 @@ impl Router {
         let mut unavailable = 0;
         let mut answered = false;
         let mut retry_after: Option<Duration> = None;
-        for i in 0..confirm.len() {
-            match confirm.get(i) {
-                Some(Err(e)) if e.kind == ErrorKind::TimedOut => {
-                    if alive {
-                        answered = true;
-                        confirm.replace(
-                            i,
-                            Err(PublishError::transient(format!(
-                                "timed out: {} (the destination confirmed other messages meanwhile)",
-                                e.message
-                            ))
-                            .with_code("timeout")),
-                        );
-                    } else {
-                        unavailable += 1;
-                        confirm.replace(
-                            i,
-                            Err(PublishError::unavailable(format!(
-                                "{} (the destination confirmed nothing)",
-                                e.message
-                            ))
-                            .with_code("timeout")),
-                        );
-                    }
-                }
-                Some(Err(e)) if e.kind == ErrorKind::Unavailable => {
+        confirm.update_each(|slot, _| match slot {
+            Some(Err(e)) if e.kind == ErrorKind::TimedOut => {
+                if alive {
+                    answered = true;
+                    *slot = Some(Err(PublishError::transient(format!(
+                        "timed out: {} (the destination confirmed other messages meanwhile)",
+                        e.message
+                    ))
+                    .with_code("timeout")));
+                } else {
                     unavailable += 1;
-                    retry_after = retry_after.max(e.retry_after);
+                    *slot = Some(Err(PublishError::unavailable(format!(
+                        "{} (the destination confirmed nothing)",
+                        e.message
+                    ))
+                    .with_code("timeout")));
                 }
-                _ => answered = true,
             }
-        }
+            Some(Err(e)) if e.kind == ErrorKind::Unavailable => {
+                unavailable += 1;
+                retry_after = retry_after.max(e.retry_after);
+            }
+            _ => answered = true,
+        });
         let down = !answered && unavailable > 0;
         let o = &self.options;
         let describe = || sink.describe();
@@ -532,14 +524,14 @@ impl Router {
         // when the destination asked for longer).
         if let BreakerState::Open { until, .. } = health.breaker {
             let rest = until.saturating_duration_since(Instant::now());
-            for i in 0..confirm.len() {
-                if let Some(Err(e)) = confirm.get(i)
+            confirm.update_each(|slot, _| {
+                if let Some(Err(e)) = slot
                     && e.kind == ErrorKind::Unavailable
                 {
                     let after = e.retry_after.unwrap_or_default().max(rest);
-                    confirm.replace(i, Err(e.with_retry_after(after)));
+                    e.retry_after = Some(after);
                 }
-            }
+            });
         }
         drop(health);
         self.count_outcomes(h, confirm, sent);
@@ -554,18 +546,16 @@ impl Router {
         // measurable share of the relay's work); failures, rarer, one by one.
         let durations = crate::metrics::confirm_durations(label);
         let mut ok = 0;
-        for i in 0..confirm.len() {
-            match confirm.get(i) {
-                Some(Ok(())) => {
-                    ok += 1;
-                    if let Some(at) = confirm.recorded_at(i) {
-                        durations.record(at.saturating_duration_since(sent).as_secs_f64());
-                    }
+        confirm.update_each(|slot, at| match slot {
+            Some(Ok(())) => {
+                ok += 1;
+                if let Some(at) = at {
+                    durations.record(at.saturating_duration_since(sent).as_secs_f64());
                 }
-                Some(Err(e)) => crate::metrics::publish(label, system, e.outcome(), e.code, 1),
-                None => {}
             }
-        }
+            Some(Err(e)) => crate::metrics::publish(label, system, e.outcome(), e.code, 1),
+            None => {}
+        });
         if ok > 0 {
             crate::metrics::publish(label, system, "ok", "none", ok);
         }

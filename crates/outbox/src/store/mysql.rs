@@ -682,7 +682,7 @@ impl MySqlStore {
         .await?;
         sqlx::Connection::close(conn).await?;
         // The pool's acquire_timeout bounds the wait for a connection, opening one included.
-        let pool = MySqlPoolOptions::new()
+        let pool = super::ping_when_idle(MySqlPoolOptions::new())
             .max_connections(8)
             .acquire_timeout(super::ACQUIRE_TIMEOUT)
             .after_connect(|conn, _meta| {
