@@ -289,6 +289,12 @@ fn find<'a>(pairs: &[(&str, &'a [u8])], name: &str) -> Option<&'a str> {
 
 /// The envelope of a transport's header `pairs`: the CloudEvents form of `binding` when
 /// the pairs (or the content type) say so, else the outbox envelope's fields.
+#[cfg(any(
+    feature = "nats",
+    feature = "kafka",
+    feature = "rabbitmq",
+    feature = "mqtt"
+))]
 fn from_pairs(
     binding: Binding,
     pairs: &[(&str, &[u8])],

@@ -124,14 +124,16 @@ pub(crate) fn install_tls_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// A connection idle for longer than this is pinged before the pool hands it out.
+/// A connection idle for this long or longer is pinged before the pool hands it out.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 
 /// Pool options that ping a connection before handing it out only when it sat idle for
 /// [`PING_AFTER_IDLE`] or more (sqlx pings before every acquire by default: one more round
-/// trip per statement, which was a third of a claim's wait at 1,000 msg/s). A connection
-/// busy until just now is trusted; if the server went away meanwhile, the statement fails
-/// as a store error, the relay retries it, and the pool drops the connection.
+/// trip before each statement of a busy relay). A connection busy until just now is
+/// trusted; if the server went away meanwhile, the statement fails as a store error, the
+/// relay retries it, and the pool drops the connection.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn ping_when_idle<DB: sqlx::Database>(
     options: sqlx::pool::PoolOptions<DB>,
 ) -> sqlx::pool::PoolOptions<DB> {
@@ -843,6 +845,7 @@ impl Store for AnyStore {
 ///
 /// # Errors
 /// [`crate::Error::MalformedRow`] naming the row when `text` is not a UUID.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) fn text_message_id(id: i64, text: &str) -> Result<Uuid> {
     Uuid::parse_str(text).map_err(|e| crate::Error::MalformedRow {
         id,
@@ -917,9 +920,11 @@ pub(crate) fn claim_from_rows<R>(
 
 /// One row of a settlement, flattened for a single statement: id, new status, delay (ms),
 /// error (None keeps `last_error`), whether the attempt is given back.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) type SettleRow = (i64, i16, i64, Option<String>, bool);
 
 /// The settlement as rows (see [`SettleRow`]).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) fn settle_rows(s: &Settlement) -> Vec<SettleRow> {
     let mut rows = Vec::with_capacity(s.len());
     rows.extend(
@@ -1058,6 +1063,7 @@ impl Wakeup {
     }
 
     /// A handle that moves the counter from outside the watch task (a commit hook).
+    #[cfg(feature = "sqlite")]
     pub(crate) fn bumper(&self) -> Bump {
         Bump(self.counter.clone())
     }

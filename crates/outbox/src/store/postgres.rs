@@ -193,13 +193,14 @@ mod col {
     pub(super) const NOW_EPOCH: usize = 8;
 }
 
-/// The bytes of payload and headers the claim puts in one row of arrays (32 MiB): the rows
-/// claimed come back as few rows as that allows, far below PostgreSQL's 1 GB limit on one
-/// value.
+/// About how many bytes of claimed rows one row of the claim's arrays holds (16 KiB; each
+/// row counts its payload, topic, key and stored headers, plus 64 for the rest): the first
+/// row past the bound starts the next chunk, so a chunk holds at least one row and stays far
+/// below PostgreSQL's 1 GB limit on one value.
 const CLAIM_CHUNK_BYTES: i64 = 16 << 10;
 
-/// The claim statement, with `extra` appended to the due-row filter. Its `RETURNING`
-/// columns are read by position ([`col`]): keep the two in step. The claim honours
+/// The claim statement, with `extra` appended to the due-row filter. Its columns (see
+/// [`claim_update`]) are read by position ([`col`]): keep the two in step. The claim honours
 /// the pause switch and the topic pauses itself: the switch is one uncorrelated test (a
 /// one-time filter), and the topic pauses are read row by row only when one exists (the
 /// `NOT EXISTS` on the left of the `OR` is evaluated once, and `OR` stops at it); a
@@ -230,8 +231,8 @@ fn claim_pauses(s: &str) -> String {
 }
 
 /// The claim's update of the rows of `due`, and what it returns: the claimed rows as
-/// columns of arrays ([`col`]), in one row per [`CLAIM_CHUNK_BYTES`] of payload and headers,
-/// each with the database's `now()`; empty headers come back as `NULL` (nothing to parse).
+/// columns of arrays ([`col`]), in one row per [`CLAIM_CHUNK_BYTES`] of claimed rows, each
+/// with the database's `now()`; empty headers come back as `NULL` (nothing to parse).
 /// One row of arrays rather than a row per message: per
 /// row, sqlx's row stream and row decoding were about a third of the relay's instructions
 /// per message (callgrind, batch 1,000: 9,784 → 8,252 with this alone). The chunks stay
