@@ -1018,8 +1018,9 @@ async fn cpu_per_message() {
 /// inserted by one server-side statement over K keys, drained by one relay at the default
 /// settings (adaptive claims up to 1,000, four batches in flight) to JetStream; first
 /// without ordering (10,000 keys), then ordered with 10,000, 100 and 1 key(s), each
-/// run twice, alternating with the unordered one. Prints msg/s and the ratio to the
-/// unordered run next to it.
+/// run twice, alternating with the unordered one. Prints msg/s, the ratio to the
+/// unordered run next to it, and the rows per claim that found rows in each (what one
+/// database round trip takes).
 async fn ordering_costs(root: &str) {
     let n: i64 = std::env::var("BENCH_ORDER_MESSAGES")
         .ok()
@@ -1083,16 +1084,17 @@ async fn ordering_costs(root: &str) {
             let rate = stats.dispatched as f64 / t.elapsed().as_secs_f64();
             assert_eq!(stats.dispatched, n as u64);
             drop_store(&store).await;
-            rate
+            // Rows per claim that found rows: what one database round trip takes.
+            (rate, stats.dispatched as f64 / stats.batches.max(1) as f64)
         }
     };
     println!("ordering  {n} messages of 100 bytes, relay defaults, PostgreSQL -> JetStream");
     for keys in [10_000i64, 100, 1] {
         for _ in 0..2 {
-            let off = run(10_000, Default::default()).await;
-            let on = run(keys, ordered.clone()).await;
+            let (off, off_per) = run(10_000, Default::default()).await;
+            let (on, on_per) = run(keys, ordered.clone()).await;
             println!(
-                "ordering  unordered {off:>9.0} msg/s   ordered, {keys:>6} keys {on:>9.0} msg/s   ratio {:.2}",
+                "ordering  unordered {off:>9.0} msg/s   ordered, {keys:>6} keys {on:>9.0} msg/s   ratio {:.2}   rows per claim {off_per:.0} / {on_per:.0}",
                 on / off
             );
         }

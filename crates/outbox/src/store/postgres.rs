@@ -270,9 +270,18 @@ fn claim_update(s: &str) -> String {
 ///    those whose head is dead when dead rows hold their key. So a blocked key never fills
 ///    the claim, and a row taken here has its key's head before it: the head is taken too
 ///    (or locked by another claim), and every key makes progress.
-/// 2. `fence`: per ordered key of `cand`, its first row that blocks it and is not in
-///    `cand`: live (pending, claimed, locked by another claim and so skipped), or dead
-///    when dead rows hold. That row was cut off by the limit, skipped, or is not ready.
+///    Each row keeps its key's head (`head_id`). The head is read by a `LATERAL` join whose
+///    verdict is one boolean column (`head_ok`): with the comparisons in the outer `WHERE`
+///    instead, the planner multiplies their selectivities, expects almost no row to pass,
+///    and sorts the whole table rather than walk the live index up to the limit (measured:
+///    330 ms instead of 20 ms for 1,000 rows of 20,000).
+/// 2. `fence`: per ordered key of `cand` with more than one row there, its head among them,
+///    the key's first row that blocks it and is not in `cand`: live (pending, claimed,
+///    locked by another claim and so skipped), or dead when dead rows hold. That row was
+///    cut off by the limit, skipped, or is not ready. A key with one row in `cand` needs no
+///    fence (its row is due exactly when it is the head), nor does a key whose head is not
+///    in `cand` (the head is its fence, and comes first): with many keys, most claimed rows
+///    cost one index read, not two (a claim of 1,000 rows over 1,000 keys: 31 → 20 ms).
 /// 3. `due`: the rows of `cand` before their key's fence; the rest stay as they were
 ///    (locked until this statement ends, then free).
 ///
@@ -291,20 +300,22 @@ fn claim_ordered_sql(s: &str, extra: &str, skip_dead: bool) -> String {
     let not_dead_e = if skip_dead { " AND e.status <> 3" } else { "" };
     format!(
         "WITH cand AS MATERIALIZED (
-           SELECT id, topic, key, (key IS NOT NULL AND topic ~ ANY($5::text[])) AS ord
+           SELECT m.id, m.topic, m.key, head_id IS NOT NULL AS ord, head_id
            FROM {s}.messages m
-           WHERE status <= 1 AND available_at <= now(){extra}{pauses}
-             AND (m.key IS NULL OR NOT (m.topic ~ ANY($5::text[])) OR NOT EXISTS (
-                   SELECT 1 FROM (SELECT h.topic, md5(h.key) AS kh, h.status, h.available_at
-                                  FROM {s}.messages h
-                                  WHERE (h.topic, md5(h.key), h.id) >= (m.topic, md5(m.key), 0)
-                                    AND h.key IS NOT NULL AND h.status <> 2{not_dead}
-                                  ORDER BY h.topic, md5(h.key), h.id LIMIT 1) head
-                   WHERE head.topic = m.topic AND head.kh = md5(m.key)
-                     AND (head.status = 3 OR head.available_at > m.available_at)))
-           ORDER BY available_at, id
+           LEFT JOIN LATERAL (
+             SELECT h.id AS head_id,
+                    h.topic = m.topic AND md5(h.key) = md5(m.key) AND h.status <> 3
+                    AND h.available_at <= m.available_at AS head_ok
+             FROM {s}.messages h
+             WHERE m.key IS NOT NULL AND m.topic ~ ANY($5::text[])
+               AND (h.topic, md5(h.key), h.id) >= (m.topic, md5(m.key), 0)
+               AND h.key IS NOT NULL AND h.status <> 2{not_dead}
+             ORDER BY h.topic, md5(h.key), h.id LIMIT 1) head ON true
+           WHERE m.status <= 1 AND m.available_at <= now(){extra}{pauses}
+             AND coalesce(head_ok, true)
+           ORDER BY m.available_at, m.id
            LIMIT $1
-           FOR UPDATE SKIP LOCKED),
+           FOR UPDATE OF m SKIP LOCKED),
          fence AS MATERIALIZED (
            SELECT k.topic, k.key,
                   (SELECT CASE WHEN e.topic = k.topic AND md5(e.key) = md5(k.key) THEN e.id END
@@ -313,10 +324,13 @@ fn claim_ordered_sql(s: &str, extra: &str, skip_dead: bool) -> String {
                      AND e.key IS NOT NULL AND e.status <> 2{not_dead_e}
                      AND e.id NOT IN (SELECT id FROM cand)
                    ORDER BY e.topic, md5(e.key), e.id LIMIT 1) AS fence_id
-           FROM (SELECT DISTINCT topic, key FROM cand WHERE ord) k),
+           FROM (SELECT topic, key FROM cand WHERE ord
+                 GROUP BY topic, key HAVING count(*) > 1 AND bool_or(head_id = id)) k),
          due AS (
            SELECT c.id FROM cand c LEFT JOIN fence f ON f.topic = c.topic AND f.key = c.key
-           WHERE NOT c.ord OR f.fence_id IS NULL OR c.id < f.fence_id){update}",
+           WHERE NOT c.ord
+              OR (f.topic IS NULL AND c.head_id = c.id)
+              OR (f.topic IS NOT NULL AND (f.fence_id IS NULL OR c.id < f.fence_id))){update}",
         pauses = claim_pauses(s),
         update = claim_update(s),
     )
