@@ -600,3 +600,59 @@ async fn postgres_takes_keys_longer_than_an_index_entry() {
     );
     assert_eq!(second.messages[0].key.as_deref(), Some(key.as_str()));
 }
+
+/// A key whose head is locked by a claim still in progress (another relay's statement,
+/// skipped by `SKIP LOCKED`) gives the claim none of its rows, whether one of them or
+/// several are due: the head is outside the claim, so it fences the whole key. Other keys
+/// flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_holds_a_key_whose_head_another_claim_has_locked() {
+    use outbox::store::ClaimRequest;
+    let db = PgBackend::create("headlock", crate::conformance::DEFAULT_MAX).await;
+    let ids: Vec<i64> = db
+        .enqueue_all(&[
+            Message::new("o.a", b"a1".to_vec()).key("a"),
+            Message::new("o.a", b"a2".to_vec()).key("a"),
+            Message::new("o.a", b"b1".to_vec()).key("b"),
+            Message::new("o.a", b"c1".to_vec()).key("c"),
+            Message::new("o.a", b"c2".to_vec()).key("c"),
+            Message::new("o.a", b"c3".to_vec()).key("c"),
+        ])
+        .await
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let (a1, a2, b1, c1) = (ids[0], ids[1], ids[2], ids[3]);
+    // Another claim in progress holds a1 and c1.
+    let mut other = db.app.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT id FROM {}.messages WHERE id = ANY($1) FOR UPDATE",
+        db.schema.name
+    )))
+    .bind(vec![a1, c1])
+    .fetch_all(&mut *other)
+    .await
+    .unwrap();
+    let req = ClaimRequest {
+        relay_id: "headlock".into(),
+        batch_size: 100,
+        lease: Duration::from_secs(30),
+        skip_topics: Vec::new(),
+        ordering: ordered("o.>"),
+    };
+    let store = db.store();
+    let claim = store.claim(&req).await.unwrap();
+    assert_eq!(
+        claim.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
+        vec![b1],
+        "a2 (alone in the claim) and c2, c3 (two) wait behind their locked heads"
+    );
+    store.mark_dispatched(claim.token, &[b1]).await.unwrap();
+    other.rollback().await.unwrap();
+    let claim = store.claim(&req).await.unwrap();
+    assert_eq!(
+        claim.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
+        vec![a1, a2, c1, ids[4], ids[5]],
+        "once the heads are free, each key's run comes in id order"
+    );
+}
