@@ -206,11 +206,24 @@ const CLAIM_CHUNK_BYTES: i64 = 16 << 10;
 /// `NOT EXISTS` on the left of the `OR` is evaluated once, and `OR` stops at it); a
 /// pause whose regex is not filled in yet holds every topic (fail closed) until `migrate`
 /// fills it.
+///
+/// The claim's own transaction commits without waiting for its WAL to reach disk
+/// (`synchronous_commit = off` for that transaction only, set once by an uncorrelated
+/// subquery, so no other statement on the connection is affected): a claim lost in a
+/// database crash leaves its rows as they were, to be claimed and published again (a
+/// duplicate, never a loss), and the relay's settle finds its token gone and reports them
+/// lost. Committed claims are visible to every other claim at once, so leases hold as
+/// before. What it saves is one WAL flush between the producer's commit and the publish
+/// (`-- latency`, PostgreSQL → JetStream at 1,000 msg/s on a machine with slow flushes:
+/// p50 5.5–6.3 → 3.1–4.6 ms; see the README). The ordered claim keeps synchronous commit:
+/// a key's claim lost in a crash would let another relay publish the key's rows while the
+/// first still does.
 fn claim_sql(s: &str, extra: &str) -> String {
     format!(
         "WITH due AS (
            SELECT id FROM {s}.messages
            WHERE status <= 1 AND available_at <= now(){extra}{pauses}
+             AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
            ORDER BY available_at, id
            LIMIT $1
            FOR UPDATE SKIP LOCKED){update}",
