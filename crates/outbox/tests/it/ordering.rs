@@ -11,17 +11,28 @@ use crate::conformance_postgres::PgBackend;
 use crate::sink_http::{Reply, TestServer, webhook};
 use outbox::sink::nats::{NatsOptions, NatsSink};
 use outbox::sink::router::TopicPattern;
-use outbox::store::{DeadSelector, KeyOrdering, ReplayAction, ReplayRequest};
+use outbox::store::{ClaimRequest, DeadSelector, KeyOrdering, ReplayAction, ReplayRequest};
 use outbox::{Message, Relay, RelayConfig};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-fn ordered(pattern: &str) -> KeyOrdering {
+pub(crate) fn ordered(pattern: &str) -> KeyOrdering {
     KeyOrdering {
         topics: vec![TopicPattern::parse(pattern).unwrap()],
         skip_dead: false,
+    }
+}
+
+/// A claim by hand of up to `batch_size` rows, strict ordering on `o.>`, a 30 s lease.
+fn ordered_claim(relay_id: &str, batch_size: u32) -> ClaimRequest {
+    ClaimRequest {
+        relay_id: relay_id.into(),
+        batch_size,
+        lease: Duration::from_secs(30),
+        skip_topics: Vec::new(),
+        ordering: ordered("o.>"),
     }
 }
 
@@ -431,16 +442,7 @@ async fn a_relay_that_no_longer_orders_gives_parked_rows_back() {
         .collect();
     // k0:0 dies; k0:1-3 are parked behind it.
     let strict = ordered("o.>");
-    let claim = store
-        .claim(&outbox::store::ClaimRequest {
-            relay_id: "by-hand".into(),
-            batch_size: 1,
-            lease: Duration::from_secs(30),
-            skip_topics: Vec::new(),
-            ordering: strict.clone(),
-        })
-        .await
-        .unwrap();
+    let claim = store.claim(&ordered_claim("by-hand", 1)).await.unwrap();
     assert_eq!(claim.messages.len(), 1);
     store
         .quarantine(
@@ -523,7 +525,6 @@ async fn a_held_hot_key_does_not_wake_the_idle_workers_for_nothing() {
 #[tokio::test]
 async fn sqlite_rows_with_blob_keys_do_not_stop_the_ordered_claim() {
     use crate::conformance_sqlite::SqliteBackend;
-    use outbox::store::ClaimRequest;
     let db = SqliteBackend::create("blob", crate::conformance::DEFAULT_MAX).await;
     sqlx::raw_sql(
         "INSERT INTO outbox_messages (message_id, topic, key, payload) VALUES
@@ -540,17 +541,7 @@ async fn sqlite_rows_with_blob_keys_do_not_stop_the_ordered_claim() {
             Message::new("u.a", b"x".to_vec()),
         ])
         .await;
-    let claim = db
-        .store()
-        .claim(&ClaimRequest {
-            relay_id: "blob".into(),
-            batch_size: 100,
-            lease: Duration::from_secs(30),
-            skip_topics: Vec::new(),
-            ordering: ordered("o.>"),
-        })
-        .await
-        .unwrap();
+    let claim = db.store().claim(&ordered_claim("blob", 100)).await.unwrap();
     let ids: Vec<i64> = claim.messages.iter().map(|m| m.id).collect();
     assert_eq!(ids, good.iter().map(|e| e.id).collect::<Vec<_>>());
     assert_eq!(claim.malformed.len(), 3, "{:?}", claim.malformed);
@@ -560,7 +551,6 @@ async fn sqlite_rows_with_blob_keys_do_not_stop_the_ordered_claim() {
 /// bytes) is enqueued and claimed in order like any other.
 #[tokio::test]
 async fn postgres_takes_keys_longer_than_an_index_entry() {
-    use outbox::store::ClaimRequest;
     let db = PgBackend::create("longkey", crate::conformance::DEFAULT_MAX).await;
     let key: String = (0..400)
         .map(|_| uuid::Uuid::new_v4().simple().to_string())
@@ -575,13 +565,7 @@ async fn postgres_takes_keys_longer_than_an_index_entry() {
         .iter()
         .map(|e| e.id)
         .collect();
-    let req = ClaimRequest {
-        relay_id: "long".into(),
-        batch_size: 1,
-        lease: Duration::from_secs(30),
-        skip_topics: Vec::new(),
-        ordering: ordered("o.>"),
-    };
+    let req = ordered_claim("long", 1);
     let store = db.store();
     let first = store.claim(&req).await.unwrap();
     assert_eq!(
@@ -607,7 +591,6 @@ async fn postgres_takes_keys_longer_than_an_index_entry() {
 /// flow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_holds_a_key_whose_head_another_claim_has_locked() {
-    use outbox::store::ClaimRequest;
     let db = PgBackend::create("headlock", crate::conformance::DEFAULT_MAX).await;
     let ids: Vec<i64> = db
         .enqueue_all(&[
@@ -633,13 +616,7 @@ async fn postgres_holds_a_key_whose_head_another_claim_has_locked() {
     .fetch_all(&mut *other)
     .await
     .unwrap();
-    let req = ClaimRequest {
-        relay_id: "headlock".into(),
-        batch_size: 100,
-        lease: Duration::from_secs(30),
-        skip_topics: Vec::new(),
-        ordering: ordered("o.>"),
-    };
+    let req = ordered_claim("headlock", 100);
     let store = db.store();
     let claim = store.claim(&req).await.unwrap();
     assert_eq!(
