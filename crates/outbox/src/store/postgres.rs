@@ -58,11 +58,11 @@ impl Sql {
                  VALUES ($1, $2, $3, $4, $5, coalesce($6, now() + $7 * interval '1 millisecond'))
                  ON CONFLICT (message_id) DO NOTHING RETURNING id"
             )),
-            claim: q(claim_sql(s, "")),
+            claim: q(claim_sql(s, "", &claim_update(s))),
             // Extra topics not to claim: $5 is an array of topic regexes.
-            claim_skip: q(claim_sql(s, " AND NOT (topic ~ ANY($5::text[]))")),
-            claim_ordered: q(claim_ordered_sql(s, "", false)),
-            claim_ordered_skip_dead: q(claim_ordered_sql(s, "", true)),
+            claim_skip: q(claim_sql(s, SKIP_TOPICS_5, &claim_update(s))),
+            claim_ordered: q(claim_ordered_sql(s, "", false, &claim_update(s))),
+            claim_ordered_skip_dead: q(claim_ordered_sql(s, "", true, &claim_update(s))),
             // One statement for a claim's whole outcome (River's
             // `JobSetStateIfRunningMany`), one data-modifying CTE per kind so each keeps
             // the plan the separate statements had: the marks and releases by
@@ -199,8 +199,16 @@ mod col {
 /// below PostgreSQL's 1 GB limit on one value.
 const CLAIM_CHUNK_BYTES: i64 = 16 << 10;
 
-/// The claim statement, with `extra` appended to the due-row filter. Its columns (see
-/// [`claim_update`]) are read by position ([`col`]): keep the two in step. The claim honours
+/// The claim's filter of the topics not to claim, as `$5` (unordered claim) or `$6`
+/// (ordered claim) holds their regexes.
+const SKIP_TOPICS_5: &str = " AND NOT (topic ~ ANY($5::text[]))";
+/// See [`SKIP_TOPICS_5`].
+const SKIP_TOPICS_6: &str = " AND NOT (topic ~ ANY($6::text[]))";
+
+/// The claim statement, with `extra` appended to the due-row filter and `update` (the
+/// update of the rows and what it returns: [`claim_update`], or [`claim_update_ids`])
+/// after it. The columns of [`claim_update`] are read by position ([`col`]): keep the two
+/// in step. The claim honours
 /// the pause switch and the topic pauses itself: the switch is one uncorrelated test (a
 /// one-time filter), and the topic pauses are read row by row only when one exists (the
 /// `NOT EXISTS` on the left of the `OR` is evaluated once, and `OR` stops at it); a
@@ -218,7 +226,7 @@ const CLAIM_CHUNK_BYTES: i64 = 16 << 10;
 /// p50 5.5–6.3 → 3.1–4.6 ms; see the README). The ordered claim keeps synchronous commit:
 /// a key's claim lost in a crash would let another relay publish the key's rows while the
 /// first still does.
-fn claim_sql(s: &str, extra: &str) -> String {
+fn claim_sql(s: &str, extra: &str, update: &str) -> String {
     format!(
         "WITH due AS (
            SELECT id FROM {s}.messages
@@ -228,7 +236,6 @@ fn claim_sql(s: &str, extra: &str) -> String {
            LIMIT $1
            FOR UPDATE SKIP LOCKED){update}",
         pauses = claim_pauses(s),
-        update = claim_update(s),
     )
 }
 
@@ -255,11 +262,7 @@ fn claim_update(s: &str) -> String {
     format!(
         ",
          claimed AS (
-           UPDATE {s}.messages m
-           SET status = 1, attempts = least(m.attempts, 2147483646) + 1, claimed_by = $2, claim_token = $3,
-               locked_until = now() + $4 * interval '1 millisecond',
-               available_at = now() + $4 * interval '1 millisecond'
-           FROM due WHERE m.id = due.id
+           {set}
            RETURNING m.id, m.message_id, m.topic, m.key, m.payload, m.headers,
                      extract(epoch FROM m.occurred_at)::float8 AS occurred_epoch, m.attempts,
                      octet_length(m.payload) + pg_column_size(m.headers) + octet_length(m.topic)
@@ -269,7 +272,32 @@ fn claim_update(s: &str) -> String {
          SELECT array_agg(id), array_agg(message_id), array_agg(topic), array_agg(key),
                 array_agg(payload), array_agg(nullif(headers, '{{}}')), array_agg(occurred_epoch),
                 array_agg(attempts), extract(epoch FROM now())::float8
-         FROM chunked GROUP BY chunk"
+         FROM chunked GROUP BY chunk",
+        set = claim_set(s),
+    )
+}
+
+/// The claim's update of the rows of `due` (`$2` the relay, `$3` the token, `$4` the
+/// lease in ms), without its `RETURNING`.
+fn claim_set(s: &str) -> String {
+    format!(
+        "UPDATE {s}.messages m
+           SET status = 1, attempts = least(m.attempts, 2147483646) + 1, claimed_by = $2, claim_token = $3,
+               locked_until = now() + $4 * interval '1 millisecond',
+               available_at = now() + $4 * interval '1 millisecond'
+           FROM due WHERE m.id = due.id"
+    )
+}
+
+/// As [`claim_update`], returning only the claimed ids (one array, in one row, with the
+/// database's `now()` after it, or no row when nothing was claimed): the claim of
+/// [`PgStore::claim_then_read`], which no row's text can fail.
+fn claim_update_ids(s: &str) -> String {
+    format!(
+        ",
+         claimed AS ({set} RETURNING m.id)
+         SELECT array_agg(id), extract(epoch FROM now())::float8 FROM claimed HAVING count(*) > 0",
+        set = claim_set(s),
     )
 }
 
@@ -308,7 +336,7 @@ fn claim_update(s: &str) -> String {
 /// Whatever this statement's snapshot misses only makes it more careful: a row it sees
 /// live may since have been dispatched (the key waits one claim longer), never the other
 /// way round, since a dispatched row stays dispatched.
-fn claim_ordered_sql(s: &str, extra: &str, skip_dead: bool) -> String {
+fn claim_ordered_sql(s: &str, extra: &str, skip_dead: bool, update: &str) -> String {
     let not_dead = if skip_dead { " AND h.status <> 3" } else { "" };
     let not_dead_e = if skip_dead { " AND e.status <> 3" } else { "" };
     format!(
@@ -345,7 +373,6 @@ fn claim_ordered_sql(s: &str, extra: &str, skip_dead: bool) -> String {
               OR (f.topic IS NULL AND c.head_id = c.id)
               OR (f.topic IS NOT NULL AND (f.fence_id IS NULL OR c.id < f.fence_id))){update}",
         pauses = claim_pauses(s),
-        update = claim_update(s),
     )
 }
 
@@ -778,12 +805,21 @@ impl PgStore {
             (false, false) => self.inner.sql.claim_skip.clone(),
             (true, true) if skip_dead => self.inner.sql.claim_ordered_skip_dead.clone(),
             (true, true) => self.inner.sql.claim_ordered.clone(),
-            (true, false) => AssertSqlSafe(claim_ordered_sql(
-                self.s(),
-                " AND NOT (topic ~ ANY($6::text[]))",
-                skip_dead,
-            ))
-            .into_sql_str(),
+            (true, false) => {
+                AssertSqlSafe(self.claim_text(req, &claim_update(self.s()))).into_sql_str()
+            }
+        }
+    }
+
+    /// The claim statement of `req` with `update` after its due rows (see [`claim_sql`]).
+    fn claim_text(&self, req: &ClaimRequest, update: &str) -> String {
+        let s = self.s();
+        let skip_dead = req.ordering.skip_dead;
+        match (req.ordering.is_on(), req.skip_topics.is_empty()) {
+            (false, true) => claim_sql(s, "", update),
+            (false, false) => claim_sql(s, SKIP_TOPICS_5, update),
+            (true, true) => claim_ordered_sql(s, "", skip_dead, update),
+            (true, false) => claim_ordered_sql(s, SKIP_TOPICS_6, skip_dead, update),
         }
     }
 
@@ -948,7 +984,8 @@ impl PgStore {
     /// an array itself does not decode (or its decoding panics), so the caller can read those
     /// rows one by one ([`PgStore::read_claimed`]). That is a defence only: in a UTF-8
     /// database every value these columns hold decodes (and a `SQL_ASCII` database's
-    /// text that is not UTF-8 is refused by the server before it is sent).
+    /// text that is not UTF-8 is refused by the server before it is sent: see
+    /// [`PgStore::claim_then_read`]).
     fn chunk_into(row: &PgRow, claim: &mut Claim) -> std::result::Result<(), Vec<i64>> {
         type Columns = (
             Vec<Uuid>,
@@ -1029,12 +1066,43 @@ impl PgStore {
         Ok(())
     }
 
-    /// The rows of `ids` this claim (`token`) holds, read one row each: the claim's path when
-    /// a row of arrays did not decode, so that one bad value makes one malformed row.
+    /// The claim of `req` when the usual one failed on a row's text
+    /// ([`text_not_sendable`]): the same rows are claimed, returning only their ids, then
+    /// read by [`PgStore::read_claimed`], which takes text as bytes, so that a row whose
+    /// text is not UTF-8 is one malformed row (quarantined by the relay) instead of a claim
+    /// that fails, and keeps failing, for every row with it.
+    async fn claim_then_read(&self, req: &ClaimRequest, token: Uuid) -> Result<Claim> {
+        let sql = self.claim_text(req, &claim_update_ids(self.s()));
+        let row = bind_claim(sqlx::query(AssertSqlSafe(sql)), req, token)
+            .fetch_optional(&self.inner.pool)
+            .await?;
+        let Some(row) = row else {
+            return Ok(Claim {
+                token,
+                messages: Vec::new(),
+                malformed: Vec::new(),
+                db_now: None,
+            });
+        };
+        let ids: Vec<i64> = row.try_get(0)?;
+        let mut claim = self.read_claimed(token, &ids).await?;
+        claim.db_now = row
+            .try_get::<f64, _>(1)
+            .ok()
+            .and_then(|e| DateTime::from_timestamp_micros((e * 1e6) as i64));
+        Ok(claim)
+    }
+
+    /// The rows of `ids` this claim (`token`) holds, read one row each, their text as UTF-8
+    /// bytes checked here (`convert_to`; a `SQL_ASCII` database's text as it is stored, the
+    /// server having no encoding to convert from): the claim's path when a row of arrays
+    /// did not decode or a row's text could not be sent, so that one bad value makes one
+    /// malformed row.
     async fn read_claimed(&self, token: Uuid, ids: &[i64]) -> Result<Claim> {
         let s = self.s();
         let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT id, message_id, topic, key, payload, headers,
+            "SELECT id, message_id, convert_to(topic, {UTF8_BYTES}), convert_to(key, {UTF8_BYTES}),
+                    payload, convert_to(headers::text, {UTF8_BYTES}),
                     extract(epoch FROM occurred_at)::float8, attempts
              FROM {s}.messages WHERE id = ANY($1) AND claim_token = $2 AND status = 1"
         )))
@@ -1057,12 +1125,28 @@ impl PgStore {
             error: e.to_string(),
         })?;
         let read = || -> Result<OutgoingMessage> {
-            let headers: serde_json::Value = row.try_get(5)?;
+            let text = |i: usize, column: &str| -> Result<Option<String>> {
+                row.try_get::<Option<Vec<u8>>, _>(i)?
+                    .map(|bytes| {
+                        String::from_utf8(bytes).map_err(|e| Error::MalformedRow {
+                            id,
+                            reason: format!("its {column} is not valid UTF-8 ({})", e.utf8_error()),
+                        })
+                    })
+                    .transpose()
+            };
+            let topic = text(2, "topic")?.unwrap_or_default();
+            let key = text(3, "key")?;
+            let headers = text(5, "headers")?.unwrap_or_else(|| "{}".into());
+            let headers = serde_json::from_str(&headers).map_err(|e| Error::MalformedRow {
+                id,
+                reason: format!("its headers are not JSON ({e})"),
+            })?;
             Ok(OutgoingMessage {
                 id,
                 message_id: row.try_get(1)?,
-                topic: row.try_get(2)?,
-                key: row.try_get(3)?,
+                topic,
+                key,
                 payload: bytes::Bytes::from(row.try_get::<Vec<u8>, _>(4)?),
                 headers: parse_headers(id, headers)?,
                 occurred_at: epoch_to_time(id, row.try_get(6)?)?,
@@ -1074,6 +1158,25 @@ impl PgStore {
             error: super::malformed_reason(e),
         })
     }
+}
+
+/// The encoding `convert_to(text, …)` is given to read text as UTF-8 bytes: UTF-8, but in a
+/// `SQL_ASCII` database (which holds bytes with no encoding to convert from) the bytes as
+/// they are stored, for the reader to check.
+const UTF8_BYTES: &str =
+    "CASE getdatabaseencoding() WHEN 'SQL_ASCII' THEN 'SQL_ASCII' ELSE 'UTF8' END";
+
+/// `bytes` as text, with U+FFFD for what is not UTF-8: for operators' views of a row.
+fn lossy(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// Whether `e` is the server refusing to send a value's text in the connection's encoding
+/// (SQLSTATE 22021 `character_not_in_repertoire`, 22P05 `untranslatable_character`): in a
+/// `SQL_ASCII` database a text column holds any bytes, and those that are not UTF-8 fail
+/// the whole statement that returns them to a UTF-8 client, as sqlx's is.
+fn text_not_sendable(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if matches!(d.code().as_deref(), Some("22021" | "22P05")))
 }
 
 /// Connects the listener: a pool of one connection of its own whose acquire (connection
@@ -1249,7 +1352,13 @@ impl Store for PgStore {
         // actual parameters every time, so the claim never falls back to a generic plan
         // (which collapsed throughput under concurrent inserts when measured).
         let query = bind_claim(sqlx::query(self.claim_statement(req)), req, token);
-        let rows = query.fetch_all(&self.inner.pool).await?;
+        let rows = match query.fetch_all(&self.inner.pool).await {
+            Ok(rows) => rows,
+            // A row's text the server cannot send: the statement failed whole (nothing
+            // claimed), and would fail again on every claim.
+            Err(e) if text_not_sendable(&e) => return self.claim_then_read(req, token).await,
+            Err(e) => return Err(e.into()),
+        };
         let mut claim = Claim {
             token,
             messages: Vec::new(),
@@ -1443,9 +1552,13 @@ impl Store for PgStore {
         } else {
             "NULL::bytea"
         };
+        // Text as bytes: a malformed row's text may not be UTF-8 (see `read_claimed`), and
+        // is shown with U+FFFD for what is not, rather than failing the whole list.
         let sql = format!(
-            "SELECT id, message_id, topic, key, attempts, occurred_at, available_at, last_error,
-                    headers::text AS headers, octet_length(payload)::bigint AS payload_bytes,
+            "SELECT id, message_id, convert_to(topic, {UTF8_BYTES}) AS topic,
+                    convert_to(key, {UTF8_BYTES}) AS key, attempts, occurred_at, available_at,
+                    last_error, convert_to(headers::text, {UTF8_BYTES}) AS headers,
+                    octet_length(payload)::bigint AS payload_bytes,
                     {payload} AS payload, replay_id,
                     (SELECT count(*) FROM {s}.messages l
                      WHERE l.topic = m.topic AND md5(l.key) = md5(m.key) AND l.key = m.key
@@ -1462,13 +1575,13 @@ impl Store for PgStore {
                 Ok(DeadLetter {
                     id: r.try_get("id")?,
                     message_id: r.try_get("message_id")?,
-                    topic: r.try_get("topic")?,
-                    key: r.try_get("key")?,
+                    topic: lossy(r.try_get("topic")?),
+                    key: r.try_get::<Option<Vec<u8>>, _>("key")?.map(lossy),
                     attempts: r.try_get("attempts")?,
                     occurred_at: r.try_get("occurred_at")?,
                     died_at: r.try_get("available_at")?,
                     last_error: r.try_get("last_error")?,
-                    headers: r.try_get("headers")?,
+                    headers: lossy(r.try_get("headers")?),
                     payload_bytes: r.try_get("payload_bytes")?,
                     payload: r.try_get("payload")?,
                     replay_id: r.try_get("replay_id")?,

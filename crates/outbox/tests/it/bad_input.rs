@@ -1,7 +1,9 @@
 //! Bad input is refused where it enters, with an error that names it: a relay on an
 //! unmigrated store, an unknown sink URL, and a NATS subject that no stream covers
-//! (quarantined at once). Oversized messages and text a store cannot hold are refused at
-//! enqueue: see the conformance suite (`payloads_and_headers_survive_byte_for_byte`).
+//! (quarantined at once). Rows that cannot be read as messages, text that is not UTF-8
+//! included, are quarantined as malformed while the rest flows. Oversized messages and
+//! text a store cannot hold are refused at enqueue: see the conformance suite
+//! (`payloads_and_headers_survive_byte_for_byte`).
 
 #![allow(clippy::unwrap_used)]
 
@@ -194,4 +196,159 @@ async fn a_panicking_sink_ends_the_relay_with_the_panic_and_loses_nothing() {
     .await;
     second.shutdown().await.unwrap();
     assert_eq!(seen.lock().unwrap().len(), enq.len());
+}
+
+/// The URL of a `SQL_ASCII` database on the test server (created on first use): its text
+/// columns hold any bytes, UTF-8 or not.
+async fn sql_ascii_url() -> String {
+    let mut conn = crate::common::pg_connect().await;
+    let created = sqlx::query(
+        "CREATE DATABASE outbox_sql_ascii ENCODING 'SQL_ASCII' TEMPLATE template0
+         LC_COLLATE 'C' LC_CTYPE 'C'",
+    )
+    .execute(&mut conn)
+    .await;
+    match created {
+        Ok(_) => {}
+        // 42P04: it exists; 23505: another test created it at the same moment.
+        Err(sqlx::Error::Database(e)) if matches!(e.code().as_deref(), Some("42P04" | "23505")) => {
+        }
+        Err(e) => panic!("creating the SQL_ASCII database: {e}"),
+    }
+    let url = crate::common::pg_url();
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b.to_owned(), format!("?{q}")),
+        None => (url.clone(), String::new()),
+    };
+    let server = base.rsplit_once('/').map_or(base.as_str(), |(s, _)| s);
+    format!("{server}/outbox_sql_ascii{query}")
+}
+
+/// In a `SQL_ASCII` database a row's text may hold bytes that are not UTF-8, which the
+/// server refuses to send to a UTF-8 client (SQLSTATE 22021), failing the whole claim
+/// statement that returns it. Such a row is quarantined as malformed, naming its column,
+/// and the rows around it are published: one bad row never stalls the relay. Both the
+/// unordered and the ordered claim are covered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_text_that_is_not_utf8_is_quarantined_and_the_rest_flows() {
+    use outbox::postgres::PgStore;
+    use outbox::{Ident, StoreConfig};
+    let url = sql_ascii_url().await;
+    let schema = format!("t_sqlascii_{}", crate::common::unique());
+    struct DropSchema(String, String);
+    impl Drop for DropSchema {
+        fn drop(&mut self) {
+            let (url, schema) = (self.0.clone(), self.1.clone());
+            crate::common::cleanup_blocking(async move {
+                use sqlx::Connection as _;
+                if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
+                    let _ = sqlx::query(AssertSqlSafe(format!(
+                        "DROP SCHEMA IF EXISTS {schema} CASCADE"
+                    )))
+                    .execute(&mut c)
+                    .await;
+                }
+            });
+        }
+    }
+    let _guard = DropSchema(url.clone(), schema.clone());
+    let config = StoreConfig {
+        schema: Ident::new(&schema).unwrap(),
+        max_message_bytes: LIMIT,
+    };
+    let store = PgStore::connect(&url, config).await.unwrap();
+    outbox::Store::migrate(&store).await.unwrap();
+    let app = sqlx::PgPool::connect(&url).await.unwrap();
+    let s = &schema;
+    // (topic, key, headers), each written as SQL; the bad ones hold a byte 0xff or 0xfe.
+    let rows: [(&str, &str, &str, bool); 7] = [
+        ("'t.ok.1'", "NULL", "'{}'", true),
+        ("E't.bad.\\xff'", "NULL", "'{}'", false),
+        ("'t.ok.2'", "'k1'", "'{}'", true),
+        ("'o.keyed'", "E'k\\xfe'", "'{}'", false),
+        ("'t.ok.3'", "NULL", "'{\"h\": \"v\"}'", true),
+        ("'t.hdr'", "NULL", "E'{\"h\": \"v\\xff\"}'", false),
+        ("'o.keyed'", "'k2'", "'{}'", true),
+    ];
+    let mut ids = Vec::new();
+    for (topic, key, headers, _) in rows {
+        let id: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "INSERT INTO {s}.messages (message_id, topic, key, payload, headers)
+             VALUES (gen_random_uuid(), {topic}, {key}, '\\x01', {headers}::jsonb) RETURNING id"
+        )))
+        .fetch_one(&app)
+        .await
+        .unwrap();
+        ids.push(id);
+    }
+    let (sink, seen) = crate::common::RecordingSink::new();
+    for ordered in [false, true] {
+        let mut cfg = relay_config("sqlascii");
+        if ordered {
+            cfg.ordering = crate::ordering::ordered("o.>");
+            // The ordered run finds the rows the first one left: put them back.
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {s}.messages SET status = 0, attempts = 0, last_error = NULL,
+                        available_at = now(), dispatched_at = NULL"
+            )))
+            .execute(&app)
+            .await
+            .unwrap();
+        }
+        let store: Arc<dyn outbox::Store> = Arc::new(store.clone());
+        let handle = Relay::new(store.clone(), sink.clone(), cfg).spawn();
+        wait_until("4 dispatched and 3 dead", Duration::from_secs(15), || {
+            let store = store.clone();
+            async move {
+                let c = store.counts().await.unwrap();
+                if c.dispatched == 4 && c.dead == 3 && c.pending == 0 && c.claimed == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("{c:?}"))
+                }
+            }
+        })
+        .await;
+        handle.shutdown().await.unwrap();
+        for ((_, _, _, good), id) in rows.iter().zip(&ids) {
+            let (status, error): (i16, Option<String>) = sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT status, last_error FROM {s}.messages WHERE id = $1"
+            )))
+            .bind(id)
+            .fetch_one(&app)
+            .await
+            .unwrap();
+            if *good {
+                assert_eq!(status, 2, "row {id} (ordered: {ordered}): {error:?}");
+            } else {
+                assert_eq!(status, 3, "row {id} (ordered: {ordered})");
+                let error = error.unwrap_or_default();
+                assert!(
+                    error.contains("malformed row") && error.contains("not valid UTF-8"),
+                    "row {id}: {error}"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        4,
+        "only the good rows reached the sink"
+    );
+    // The operator's list shows them, what is not UTF-8 as U+FFFD.
+    let dead = outbox::Store::dead_letters(&store, &Default::default(), 10, false)
+        .await
+        .unwrap();
+    let shown: Vec<(String, Option<String>, String)> = dead
+        .into_iter()
+        .map(|d| (d.topic, d.key, d.headers))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("t.bad.\u{fffd}".into(), None, "{}".into()),
+            ("o.keyed".into(), Some("k\u{fffd}".into()), "{}".into()),
+            ("t.hdr".into(), None, "{\"h\": \"v\u{fffd}\"}".into()),
+        ]
+    );
 }
