@@ -762,13 +762,14 @@ impl PgStore {
     /// Gives back the parked rows of the keys of `rows` (the replayed, discarded or purged
     /// dead letters: id, topic, key, and when the replayed one is due) that come before
     /// their key's next dead letter: at the replayed row's own time, so it still goes
-    /// first, or now for a deleted one. In the replay's transaction.
+    /// first, or now for a deleted one. In the replay's transaction. Topics and keys come
+    /// as the bytes `convert_to(…, UTF8_BYTES)` read.
     async fn unpark_keys(
         &self,
         tx: &mut Transaction<'static, Postgres>,
         ids: &[i64],
-        topics: &[String],
-        keys: &[String],
+        topics: &[Vec<u8>],
+        keys: &[Vec<u8>],
         at_ms: &[i64],
     ) -> Result<()> {
         if ids.is_empty() {
@@ -777,8 +778,9 @@ impl PgStore {
         let s = self.s();
         sqlx::query(AssertSqlSafe(format!(
             "WITH r AS (
-               SELECT topic, key, min(id) AS id, min(at_ms) AS at_ms
-               FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[]) AS x(id, topic, key, at_ms)
+               SELECT convert_from(topic, {UTF8_BYTES}) AS topic,
+                      convert_from(key, {UTF8_BYTES}) AS key, min(id) AS id, min(at_ms) AS at_ms
+               FROM unnest($1::bigint[], $2::bytea[], $3::bytea[], $4::bigint[]) AS x(id, topic, key, at_ms)
                GROUP BY topic, key),
              k AS (
                SELECT r.*, (SELECT min(d.id) FROM {s}.messages d
@@ -1658,9 +1660,11 @@ impl Store for PgStore {
                 .await?
             }
         };
-        // The keyed rows among them, whose parked followers are given back below.
-        let keyed: Vec<(i64, String, String)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT id, topic, key FROM {s}.messages WHERE id = ANY($1) AND key IS NOT NULL"
+        // The keyed rows among them, whose parked followers are given back below; their
+        // text as bytes, which any row's text can be sent as (see `read_claimed`).
+        let keyed: Vec<(i64, Vec<u8>, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT id, convert_to(topic, {UTF8_BYTES}), convert_to(key, {UTF8_BYTES})
+             FROM {s}.messages WHERE id = ANY($1) AND key IS NOT NULL"
         )))
         .bind(&ids)
         .fetch_all(&mut *tx)
@@ -1980,14 +1984,15 @@ impl Store for PgStore {
         .fetch_all(pool)
         .await?;
         let by_topic = async |status: i16| -> Result<Vec<(String, i64)>> {
-            Ok(sqlx::query_as(AssertSqlSafe(format!(
-                "SELECT topic, count(*) FROM {s}.messages WHERE status = $1
-                 GROUP BY topic ORDER BY count(*) DESC, topic LIMIT $2"
+            let rows: Vec<(Vec<u8>, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT convert_to(topic, {UTF8_BYTES}), count(*) FROM {s}.messages
+                 WHERE status = $1 GROUP BY topic ORDER BY count(*) DESC, topic LIMIT $2"
             )))
             .bind(status)
             .bind(i64::from(top_n))
             .fetch_all(pool)
-            .await?)
+            .await?;
+            Ok(rows.into_iter().map(|(t, n)| (lossy(t), n)).collect())
         };
         Ok(Overview {
             counts,
@@ -2020,9 +2025,13 @@ impl Store for PgStore {
     ) -> Result<Vec<super::lookup::MessageLocation>> {
         use super::lookup::MessageQuery;
         let s = self.s();
-        let cols = "id, message_id, topic, key, status, attempts, occurred_at, available_at,
-                    claimed_by, locked_until, dispatched_at, last_error,
-                    octet_length(payload)::bigint AS payload_bytes, replay_id";
+        // Text as bytes, shown with U+FFFD for what is not UTF-8 (see `dead_letters`).
+        let cols = format!(
+            "id, message_id, convert_to(topic, {UTF8_BYTES}) AS topic,
+             convert_to(key, {UTF8_BYTES}) AS key, status, attempts, occurred_at, available_at,
+             claimed_by, locked_until, dispatched_at, last_error,
+             octet_length(payload)::bigint AS payload_bytes, replay_id"
+        );
         let rows = match query {
             MessageQuery::MessageId(id) => {
                 sqlx::query(AssertSqlSafe(format!(
@@ -2063,8 +2072,8 @@ impl Store for PgStore {
                 Ok(super::lookup::MessageLocation {
                     id: r.try_get("id")?,
                     message_id: r.try_get("message_id")?,
-                    topic: r.try_get("topic")?,
-                    key: r.try_get("key")?,
+                    topic: lossy(r.try_get("topic")?),
+                    key: r.try_get::<Option<Vec<u8>>, _>("key")?.map(lossy),
                     status: super::lookup::status_name(i64::from(r.try_get::<i16, _>("status")?)),
                     attempts: r.try_get("attempts")?,
                     occurred_at: r.try_get("occurred_at")?,

@@ -339,6 +339,7 @@ async fn postgres_text_that_is_not_utf8_is_quarantined_and_the_rest_flows() {
     let dead = outbox::Store::dead_letters(&store, &Default::default(), 10, false)
         .await
         .unwrap();
+    let keyed_dead = dead[1].message_id;
     let shown: Vec<(String, Option<String>, String)> = dead
         .into_iter()
         .map(|d| (d.topic, d.key, d.headers))
@@ -351,4 +352,59 @@ async fn postgres_text_that_is_not_utf8_is_quarantined_and_the_rest_flows() {
             ("t.hdr".into(), None, "{\"h\": \"v\u{fffd}\"}".into()),
         ]
     );
+    // So do the overview and the message search.
+    let overview = outbox::Store::overview(&store, 5).await.unwrap();
+    let mut dead_topics = overview.dead_by_topic;
+    dead_topics.sort();
+    assert_eq!(
+        dead_topics,
+        [
+            ("o.keyed".into(), 1),
+            ("t.bad.\u{fffd}".into(), 1),
+            ("t.hdr".into(), 1)
+        ]
+    );
+    let found = outbox::Store::find_messages(
+        &store,
+        &outbox::store::lookup::MessageQuery::MessageId(keyed_dead),
+        10,
+    )
+    .await
+    .unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].key.as_deref(), Some("k\u{fffd}"));
+    // And can replay (the keyed one: its parked followers are looked up by its key) and
+    // discard them.
+    use outbox::store::{DeadSelector, ReplayAction, ReplayRequest};
+    let request = |ids: Vec<i64>, action| ReplayRequest {
+        selector: DeadSelector {
+            ids,
+            ..DeadSelector::default()
+        },
+        action,
+        limit: None,
+        by: "alice".into(),
+        reason: "not UTF-8".into(),
+        rate_per_s: None,
+        dry_run: false,
+        append_to: None,
+    };
+    let replayed = outbox::Store::replay(&store, &request(vec![ids[3]], ReplayAction::Replay))
+        .await
+        .unwrap();
+    assert_eq!(replayed.count, 1);
+    let discarded = outbox::Store::replay(
+        &store,
+        &request(vec![ids[1], ids[5]], ReplayAction::Discard),
+    )
+    .await
+    .unwrap();
+    assert_eq!(discarded.count, 2);
+    let left: Vec<(i64, i16)> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT id, status FROM {s}.messages WHERE status <> 2 ORDER BY id"
+    )))
+    .fetch_all(&app)
+    .await
+    .unwrap();
+    assert_eq!(left, [(ids[3], 0)]);
 }
