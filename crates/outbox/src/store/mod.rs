@@ -876,6 +876,13 @@ pub(crate) fn parse_headers(
     }
 }
 
+/// `bytes` as text, with U+FFFD for what is not UTF-8: for operators' views of a row whose
+/// text may not be UTF-8 (a PostgreSQL `SQL_ASCII` database, SQLite).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn lossy(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
 /// The `last_error` text for a claimed row that cannot be read as a message.
 pub(crate) fn malformed_reason(e: crate::Error) -> String {
     match e {

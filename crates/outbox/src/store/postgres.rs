@@ -1104,18 +1104,51 @@ impl PgStore {
     /// server having no encoding to convert from): the claim's path when a row of arrays
     /// did not decode or a row's text could not be sent, so that one bad value makes one
     /// malformed row.
+    ///
+    /// When even that fails on a row's text (in a database whose encoding is neither UTF-8
+    /// nor `SQL_ASCII`, a character with no UTF-8 form, SQLSTATE 22P05), the rows are read
+    /// one statement each, and a row that fails so is malformed with the server's reason.
     async fn read_claimed(&self, token: Uuid, ids: &[i64]) -> Result<Claim> {
         let s = self.s();
-        let rows = sqlx::query(AssertSqlSafe(format!(
+        let sql = format!(
             "SELECT id, message_id, convert_to(topic, {UTF8_BYTES}), convert_to(key, {UTF8_BYTES}),
                     payload, convert_to(headers::text, {UTF8_BYTES}),
                     extract(epoch FROM occurred_at)::float8, attempts
              FROM {s}.messages WHERE id = ANY($1) AND claim_token = $2 AND status = 1"
-        )))
-        .bind(ids)
-        .bind(token)
-        .fetch_all(&self.inner.pool)
-        .await?;
+        );
+        let read = async |ids: &[i64]| {
+            sqlx::query(AssertSqlSafe(sql.clone()))
+                .bind(ids)
+                .bind(token)
+                .fetch_all(&self.inner.pool)
+                .await
+        };
+        let rows = match read(ids).await {
+            Ok(rows) => rows,
+            Err(e) if text_not_sendable(&e) => {
+                let mut rows = Vec::with_capacity(ids.len());
+                let mut unsendable = Vec::new();
+                for &id in ids {
+                    match read(&[id]).await {
+                        Ok(row) => rows.extend(row),
+                        Err(e) if text_not_sendable(&e) => unsendable.push(Dead {
+                            id,
+                            error: super::malformed_reason(Error::MalformedRow {
+                                id,
+                                reason: format!("its text cannot be sent as UTF-8 ({e})"),
+                            }),
+                        }),
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                let mut claim = super::claim_from_rows(token, &rows, Self::row_to_message, |r| {
+                    r.try_get::<i64, _>(0).unwrap_or(-1)
+                });
+                claim.malformed.extend(unsendable);
+                return Ok(claim);
+            }
+            Err(e) => return Err(e.into()),
+        };
         Ok(super::claim_from_rows(
             token,
             &rows,
@@ -1171,11 +1204,6 @@ impl PgStore {
 /// they are stored, for the reader to check.
 const UTF8_BYTES: &str =
     "CASE getdatabaseencoding() WHEN 'SQL_ASCII' THEN 'SQL_ASCII' ELSE 'UTF8' END";
-
-/// `bytes` as text, with U+FFFD for what is not UTF-8: for operators' views of a row.
-fn lossy(bytes: Vec<u8>) -> String {
-    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-}
 
 /// Whether `e` is the server refusing to send a value's text in the connection's encoding
 /// (SQLSTATE 22021 `character_not_in_repertoire`, 22P05 `untranslatable_character`): in a
@@ -1581,13 +1609,13 @@ impl Store for PgStore {
                 Ok(DeadLetter {
                     id: r.try_get("id")?,
                     message_id: r.try_get("message_id")?,
-                    topic: lossy(r.try_get("topic")?),
-                    key: r.try_get::<Option<Vec<u8>>, _>("key")?.map(lossy),
+                    topic: super::lossy(r.try_get("topic")?),
+                    key: r.try_get::<Option<Vec<u8>>, _>("key")?.map(super::lossy),
                     attempts: r.try_get("attempts")?,
                     occurred_at: r.try_get("occurred_at")?,
                     died_at: r.try_get("available_at")?,
                     last_error: r.try_get("last_error")?,
-                    headers: lossy(r.try_get("headers")?),
+                    headers: super::lossy(r.try_get("headers")?),
                     payload_bytes: r.try_get("payload_bytes")?,
                     payload: r.try_get("payload")?,
                     replay_id: r.try_get("replay_id")?,
@@ -1992,7 +2020,10 @@ impl Store for PgStore {
             .bind(i64::from(top_n))
             .fetch_all(pool)
             .await?;
-            Ok(rows.into_iter().map(|(t, n)| (lossy(t), n)).collect())
+            Ok(rows
+                .into_iter()
+                .map(|(t, n)| (super::lossy(t), n))
+                .collect())
         };
         Ok(Overview {
             counts,
@@ -2072,8 +2103,8 @@ impl Store for PgStore {
                 Ok(super::lookup::MessageLocation {
                     id: r.try_get("id")?,
                     message_id: r.try_get("message_id")?,
-                    topic: lossy(r.try_get("topic")?),
-                    key: r.try_get::<Option<Vec<u8>>, _>("key")?.map(lossy),
+                    topic: super::lossy(r.try_get("topic")?),
+                    key: r.try_get::<Option<Vec<u8>>, _>("key")?.map(super::lossy),
                     status: super::lookup::status_name(i64::from(r.try_get::<i16, _>("status")?)),
                     attempts: r.try_get("attempts")?,
                     occurred_at: r.try_get("occurred_at")?,

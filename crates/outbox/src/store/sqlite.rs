@@ -216,6 +216,13 @@ fn claim_fence_sql(p: &str, skip_dead: bool) -> String {
 }
 
 /// The ordered claim's last step: claims the rows of `?4` (a JSON array of ids).
+/// Whether `e` is sqlx's `REGEXP` function refusing its input
+/// (`SQLITE_CONSTRAINT_FUNCTION`): text that is not UTF-8 (the patterns themselves are
+/// checked before they are bound).
+fn regexp_refused(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("1043"))
+}
+
 fn claim_ids_sql(p: &str) -> String {
     let n = NOW_MS;
     format!(
@@ -706,6 +713,91 @@ impl SqliteStore {
         Ok(lines.join("\n"))
     }
 
+    /// One claim (see [`Store::claim`]).
+    async fn claim_once(&self, req: &ClaimRequest) -> Result<Claim> {
+        let token = Uuid::now_v7();
+        // BEGIN IMMEDIATE takes the write lock up front (waiting under the busy timeout),
+        // so the claim never fails half-way as a read that cannot upgrade to a write.
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
+        // The topic pauses, under the same write lock as the claim.
+        let pauses: Vec<(String, Option<String>)> =
+            sqlx::query_as(self.inner.sql.topic_pauses.clone())
+                .fetch_all(&mut *tx)
+                .await?;
+        let mut skip: Vec<String> = req.skip_topics.iter().map(TopicPattern::regex).collect();
+        for (pattern, regex) in pauses {
+            skip.push(regex.unwrap_or_else(|| super::pause_regex(&pattern)));
+        }
+        if req.ordering.is_on() {
+            let ids = Self::claim_ordered_ids(&mut tx, self.p(), req, &skip).await?;
+            let rows = if ids.is_empty() {
+                Vec::new()
+            } else {
+                sqlx::query(AssertSqlSafe(claim_ids_sql(self.p())))
+                    .bind(&req.relay_id)
+                    .bind(token.hyphenated().to_string())
+                    .bind(millis(req.lease))
+                    .bind(ids_json(&ids))
+                    .fetch_all(&mut *tx)
+                    .await?
+            };
+            tx.commit().await?;
+            return Ok(Self::claim_of(token, &rows));
+        }
+        let sql = if skip.is_empty() {
+            self.inner.sql.claim.clone()
+        } else {
+            AssertSqlSafe(claim_sql(self.p(), skip.len())).into_sql_str()
+        };
+        let mut query = sqlx::query(sql)
+            .bind(&req.relay_id)
+            .bind(token.hyphenated().to_string())
+            .bind(millis(req.lease))
+            .bind(i64::from(req.batch_size));
+        for re in skip {
+            query = query.bind(re);
+        }
+        let rows = query.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(Self::claim_of(token, &rows))
+    }
+
+    /// The claim when the `REGEXP` function refused a topic that is not UTF-8 (it fails
+    /// the whole statement, and would fail every claim that reads that row: the ordered
+    /// claim and topic pauses match topics against patterns). The due rows whose topic is
+    /// not UTF-8 are claimed (up to the batch size), to come back malformed and be
+    /// quarantined; the next claim takes the rest. `None` when no due row has such a topic
+    /// (the error was something else).
+    async fn claim_unmatchable_topics(&self, req: &ClaimRequest) -> Result<Option<Claim>> {
+        let token = Uuid::now_v7();
+        let p = self.p();
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let due: Vec<(i64, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT id, CAST(topic AS BLOB) FROM {p}_messages
+             WHERE status <= 1 AND available_at <= {NOW_MS} ORDER BY available_at, id"
+        )))
+        .fetch_all(&mut *tx)
+        .await?;
+        let ids: Vec<i64> = due
+            .into_iter()
+            .filter(|(_, topic)| std::str::from_utf8(topic).is_err())
+            .map(|(id, _)| id)
+            .take(req.batch_size as usize)
+            .collect();
+        if ids.is_empty() {
+            return Ok(None);
+        }
+        let rows = sqlx::query(AssertSqlSafe(claim_ids_sql(p)))
+            .bind(&req.relay_id)
+            .bind(token.hyphenated().to_string())
+            .bind(millis(req.lease))
+            .bind(ids_json(&ids))
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(Self::claim_of(token, &rows)))
+    }
+
     /// The claim of the rows the claim statement returned.
     fn claim_of(token: Uuid, rows: &[SqliteRow]) -> Claim {
         let mut claim = super::claim_from_rows(token, rows, Self::row_to_message, |r| {
@@ -866,51 +958,13 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim> {
-        let token = Uuid::now_v7();
-        // BEGIN IMMEDIATE takes the write lock up front (waiting under the busy timeout),
-        // so the claim never fails half-way as a read that cannot upgrade to a write.
-        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        // The topic pauses, under the same write lock as the claim.
-        let pauses: Vec<(String, Option<String>)> =
-            sqlx::query_as(self.inner.sql.topic_pauses.clone())
-                .fetch_all(&mut *tx)
-                .await?;
-        let mut skip: Vec<String> = req.skip_topics.iter().map(TopicPattern::regex).collect();
-        for (pattern, regex) in pauses {
-            skip.push(regex.unwrap_or_else(|| super::pause_regex(&pattern)));
+        match self.claim_once(req).await {
+            Err(Error::Database(e)) if regexp_refused(&e) => self
+                .claim_unmatchable_topics(req)
+                .await?
+                .ok_or(Error::Database(e)),
+            claimed => claimed,
         }
-        if req.ordering.is_on() {
-            let ids = Self::claim_ordered_ids(&mut tx, self.p(), req, &skip).await?;
-            let rows = if ids.is_empty() {
-                Vec::new()
-            } else {
-                sqlx::query(AssertSqlSafe(claim_ids_sql(self.p())))
-                    .bind(&req.relay_id)
-                    .bind(token.hyphenated().to_string())
-                    .bind(millis(req.lease))
-                    .bind(ids_json(&ids))
-                    .fetch_all(&mut *tx)
-                    .await?
-            };
-            tx.commit().await?;
-            return Ok(Self::claim_of(token, &rows));
-        }
-        let sql = if skip.is_empty() {
-            self.inner.sql.claim.clone()
-        } else {
-            AssertSqlSafe(claim_sql(self.p(), skip.len())).into_sql_str()
-        };
-        let mut query = sqlx::query(sql)
-            .bind(&req.relay_id)
-            .bind(token.hyphenated().to_string())
-            .bind(millis(req.lease))
-            .bind(i64::from(req.batch_size));
-        for re in skip {
-            query = query.bind(re);
-        }
-        let rows = query.fetch_all(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(Self::claim_of(token, &rows))
     }
 
     async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
@@ -1044,8 +1098,10 @@ impl Store for SqliteStore {
         let (filter, binds) = ops::dead_filter(selector, Dialect::Sqlite, 1);
         let payload = if with_payload { "payload" } else { "NULL" };
         let sql = format!(
-            "SELECT id, message_id, topic, key, attempts, occurred_at, available_at, last_error,
-                    headers, length(payload) AS payload_bytes, {payload} AS payload, replay_id,
+            "SELECT id, message_id, CAST(topic AS BLOB) AS topic, CAST(key AS BLOB) AS key,
+                    attempts, occurred_at, available_at, last_error,
+                    CAST(headers AS BLOB) AS headers, length(payload) AS payload_bytes,
+                    {payload} AS payload, replay_id,
                     (SELECT count(*) FROM {p}_messages l
                      WHERE l.topic = m.topic AND l.key = m.key AND l.status <> 2
                        AND l.status <= 1 AND l.id > m.id) AS waiting_behind
@@ -1062,13 +1118,15 @@ impl Store for SqliteStore {
                 Ok(DeadLetter {
                     id: r.try_get("id")?,
                     message_id: Uuid::parse_str(&mid).unwrap_or_default(),
-                    topic: r.try_get("topic")?,
-                    key: r.try_get("key")?,
+                    // Text as bytes: a malformed row's text may not be UTF-8, shown with
+                    // U+FFFD for what is not rather than failing the whole list.
+                    topic: super::lossy(r.try_get("topic")?),
+                    key: r.try_get::<Option<Vec<u8>>, _>("key")?.map(super::lossy),
                     attempts: r.try_get("attempts")?,
                     occurred_at: ms_to_time(r.try_get("occurred_at")?),
                     died_at: ms_to_time(r.try_get("available_at")?),
                     last_error: r.try_get("last_error")?,
-                    headers: r.try_get("headers")?,
+                    headers: super::lossy(r.try_get("headers")?),
                     payload_bytes: r.try_get("payload_bytes")?,
                     payload: r.try_get("payload")?,
                     replay_id: r.try_get("replay_id")?,
@@ -1142,15 +1200,23 @@ impl Store for SqliteStore {
                 .await?
             }
         };
-        // The keyed rows among them, whose parked followers are given back below.
-        let keyed: Vec<(i64, String, String)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT id, topic, key FROM {p}_messages
+        // The keyed rows among them, whose parked followers are given back below. A key
+        // that is not UTF-8 is left out (its followers, malformed too, come back with the
+        // relays' periodic give-back of what no dead letter holds).
+        let keyed: Vec<(i64, Vec<u8>, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT id, CAST(topic AS BLOB), CAST(key AS BLOB) FROM {p}_messages
              WHERE id IN (SELECT value FROM json_each(?1)) AND typeof(key) = 'text'
                AND typeof(topic) = 'text'"
         )))
         .bind(ids_json(&ids))
         .fetch_all(&mut *tx)
         .await?;
+        let keyed: Vec<(i64, String, String)> = keyed
+            .into_iter()
+            .filter_map(|(id, t, k)| {
+                Some((id, String::from_utf8(t).ok()?, String::from_utf8(k).ok()?))
+            })
+            .collect();
         let changed = match req.action {
             ReplayAction::Replay => {
                 let rows: Vec<serde_json::Value> = ids
@@ -1498,14 +1564,18 @@ impl Store for SqliteStore {
         .fetch_all(pool)
         .await?;
         let by_topic = async |status: i16| -> Result<Vec<(String, i64)>> {
-            Ok(sqlx::query_as(AssertSqlSafe(format!(
-                "SELECT topic, count(*) FROM {p}_messages WHERE status = ?1
+            let rows: Vec<(Vec<u8>, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT CAST(topic AS BLOB), count(*) FROM {p}_messages WHERE status = ?1
                  GROUP BY topic ORDER BY count(*) DESC, topic LIMIT ?2"
             )))
             .bind(status)
             .bind(i64::from(top_n))
             .fetch_all(pool)
-            .await?)
+            .await?;
+            Ok(rows
+                .into_iter()
+                .map(|(t, n)| (super::lossy(t), n))
+                .collect())
         };
         Ok(Overview {
             counts,
@@ -1538,9 +1608,10 @@ impl Store for SqliteStore {
     ) -> Result<Vec<super::lookup::MessageLocation>> {
         use super::lookup::MessageQuery;
         let p = self.p();
-        let cols = "id, message_id, topic, key, status, attempts, occurred_at, available_at,
-                    claimed_by, locked_until, dispatched_at, last_error,
-                    length(payload) AS payload_bytes, replay_id";
+        // Text as bytes, shown with U+FFFD for what is not UTF-8 (see `dead_letters`).
+        let cols = "id, message_id, CAST(topic AS BLOB) AS topic, CAST(key AS BLOB) AS key,
+                    status, attempts, occurred_at, available_at, claimed_by, locked_until,
+                    dispatched_at, last_error, length(payload) AS payload_bytes, replay_id";
         let rows = match query {
             MessageQuery::MessageId(id) => {
                 sqlx::query(AssertSqlSafe(format!(
@@ -1585,8 +1656,8 @@ impl Store for SqliteStore {
                 Ok(super::lookup::MessageLocation {
                     id,
                     message_id,
-                    topic: r.try_get("topic")?,
-                    key: r.try_get("key")?,
+                    topic: super::lossy(r.try_get("topic")?),
+                    key: r.try_get::<Option<Vec<u8>>, _>("key")?.map(super::lossy),
                     status: super::lookup::status_name(r.try_get("status")?),
                     attempts: r.try_get("attempts")?,
                     occurred_at: ms_to_time(r.try_get("occurred_at")?),

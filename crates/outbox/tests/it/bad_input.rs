@@ -198,14 +198,14 @@ async fn a_panicking_sink_ends_the_relay_with_the_panic_and_loses_nothing() {
     assert_eq!(seen.lock().unwrap().len(), enq.len());
 }
 
-/// The URL of a `SQL_ASCII` database on the test server (created on first use): its text
-/// columns hold any bytes, UTF-8 or not.
-async fn sql_ascii_url() -> String {
+/// The URL of a database `name` in `encoding` on the test server (created on first use,
+/// collation C).
+async fn encoded_db_url(name: &str, encoding: &str) -> String {
     let mut conn = crate::common::pg_connect().await;
-    let created = sqlx::query(
-        "CREATE DATABASE outbox_sql_ascii ENCODING 'SQL_ASCII' TEMPLATE template0
-         LC_COLLATE 'C' LC_CTYPE 'C'",
-    )
+    let created = sqlx::query(AssertSqlSafe(format!(
+        "CREATE DATABASE {name} ENCODING '{encoding}' TEMPLATE template0
+         LC_COLLATE 'C' LC_CTYPE 'C'"
+    )))
     .execute(&mut conn)
     .await;
     match created {
@@ -213,7 +213,7 @@ async fn sql_ascii_url() -> String {
         // 42P04: it exists; 23505: another test created it at the same moment.
         Err(sqlx::Error::Database(e)) if matches!(e.code().as_deref(), Some("42P04" | "23505")) => {
         }
-        Err(e) => panic!("creating the SQL_ASCII database: {e}"),
+        Err(e) => panic!("creating the {encoding} database: {e}"),
     }
     let url = crate::common::pg_url();
     let (base, query) = match url.split_once('?') {
@@ -221,7 +221,51 @@ async fn sql_ascii_url() -> String {
         None => (url.clone(), String::new()),
     };
     let server = base.rsplit_once('/').map_or(base.as_str(), |(s, _)| s);
-    format!("{server}/outbox_sql_ascii{query}")
+    format!("{server}/{name}{query}")
+}
+
+/// A schema of its own in the database at `url`, dropped (best effort) with the guard.
+struct ScratchSchema {
+    url: String,
+    name: String,
+}
+
+impl ScratchSchema {
+    fn new(url: &str, label: &str) -> Self {
+        ScratchSchema {
+            url: url.to_owned(),
+            name: format!("t_{label}_{}", crate::common::unique()),
+        }
+    }
+}
+
+impl Drop for ScratchSchema {
+    fn drop(&mut self) {
+        let (url, schema) = (self.url.clone(), self.name.clone());
+        crate::common::cleanup_blocking(async move {
+            use sqlx::Connection as _;
+            if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
+                let _ = sqlx::query(AssertSqlSafe(format!(
+                    "DROP SCHEMA IF EXISTS {schema} CASCADE"
+                )))
+                .execute(&mut c)
+                .await;
+            }
+        });
+    }
+}
+
+/// A migrated store in `schema`.
+async fn scratch_store(schema: &ScratchSchema) -> outbox::postgres::PgStore {
+    let config = outbox::StoreConfig {
+        schema: outbox::Ident::new(&schema.name).unwrap(),
+        max_message_bytes: LIMIT,
+    };
+    let store = outbox::postgres::PgStore::connect(&schema.url, config)
+        .await
+        .unwrap();
+    outbox::Store::migrate(&store).await.unwrap();
+    store
 }
 
 /// In a `SQL_ASCII` database a row's text may hold bytes that are not UTF-8, which the
@@ -231,35 +275,11 @@ async fn sql_ascii_url() -> String {
 /// unordered and the ordered claim are covered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_text_that_is_not_utf8_is_quarantined_and_the_rest_flows() {
-    use outbox::postgres::PgStore;
-    use outbox::{Ident, StoreConfig};
-    let url = sql_ascii_url().await;
-    let schema = format!("t_sqlascii_{}", crate::common::unique());
-    struct DropSchema(String, String);
-    impl Drop for DropSchema {
-        fn drop(&mut self) {
-            let (url, schema) = (self.0.clone(), self.1.clone());
-            crate::common::cleanup_blocking(async move {
-                use sqlx::Connection as _;
-                if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
-                    let _ = sqlx::query(AssertSqlSafe(format!(
-                        "DROP SCHEMA IF EXISTS {schema} CASCADE"
-                    )))
-                    .execute(&mut c)
-                    .await;
-                }
-            });
-        }
-    }
-    let _guard = DropSchema(url.clone(), schema.clone());
-    let config = StoreConfig {
-        schema: Ident::new(&schema).unwrap(),
-        max_message_bytes: LIMIT,
-    };
-    let store = PgStore::connect(&url, config).await.unwrap();
-    outbox::Store::migrate(&store).await.unwrap();
+    let url = encoded_db_url("outbox_sql_ascii", "SQL_ASCII").await;
+    let schema = ScratchSchema::new(&url, "sqlascii");
+    let store = scratch_store(&schema).await;
     let app = sqlx::PgPool::connect(&url).await.unwrap();
-    let s = &schema;
+    let s = &schema.name;
     // (topic, key, headers), each written as SQL; the bad ones hold a byte 0xff or 0xfe.
     let rows: [(&str, &str, &str, bool); 7] = [
         ("'t.ok.1'", "NULL", "'{}'", true),
@@ -407,4 +427,195 @@ async fn postgres_text_that_is_not_utf8_is_quarantined_and_the_rest_flows() {
     .await
     .unwrap();
     assert_eq!(left, [(ids[3], 0)]);
+}
+
+/// In a database whose encoding is neither UTF-8 nor `SQL_ASCII`, a character with no
+/// UTF-8 form (SQLSTATE 22P05) fails the claim, and then even the read of the claimed rows
+/// as bytes: the rows are read one by one, the one that cannot be sent is quarantined, and
+/// the others, non-ASCII text included, are published on their first attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_text_with_no_utf8_form_is_quarantined_and_the_rest_flows() {
+    let url = encoded_db_url("outbox_euc_jp", "EUC_JP").await;
+    let schema = ScratchSchema::new(&url, "eucjp");
+    let store = scratch_store(&schema).await;
+    let app = sqlx::PgPool::connect(&url).await.unwrap();
+    let s = &schema.name;
+    // 0xa4a2 is HIRAGANA A; 0xf5a1 is in EUC-JP's user-defined area, with no UTF-8 form.
+    let topics = [
+        ("'t.ok.1'", true),
+        ("'t.' || convert_from('\\xa4a2', 'EUC_JP')", true),
+        ("'t.' || convert_from('\\xf5a1', 'EUC_JP')", false),
+        ("'t.ok.2'", true),
+    ];
+    let mut ids = Vec::new();
+    for (topic, _) in topics {
+        let id: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "INSERT INTO {s}.messages (message_id, topic, payload)
+             VALUES (gen_random_uuid(), {topic}, '\\x01') RETURNING id"
+        )))
+        .fetch_one(&app)
+        .await
+        .unwrap();
+        ids.push(id);
+    }
+    let (sink, seen) = crate::common::RecordingSink::new();
+    let store: Arc<dyn outbox::Store> = Arc::new(store);
+    let handle = Relay::new(store.clone(), sink, relay_config("eucjp")).spawn();
+    wait_until("3 dispatched and 1 dead", Duration::from_secs(15), || {
+        let store = store.clone();
+        async move {
+            let c = store.counts().await.unwrap();
+            if c.dispatched == 3 && c.dead == 1 && c.pending == 0 && c.claimed == 0 {
+                Ok(())
+            } else {
+                Err(format!("{c:?}"))
+            }
+        }
+    })
+    .await;
+    handle.shutdown().await.unwrap();
+    assert_eq!(seen.lock().unwrap().len(), 3);
+    for ((_, good), id) in topics.iter().zip(&ids) {
+        let (status, attempts, error): (i16, i32, Option<String>) = sqlx::query_as(AssertSqlSafe(
+            format!("SELECT status, attempts, last_error FROM {s}.messages WHERE id = $1"),
+        ))
+        .bind(id)
+        .fetch_one(&app)
+        .await
+        .unwrap();
+        if *good {
+            assert_eq!((status, attempts), (2, 1), "row {id}: {error:?}");
+        } else {
+            assert_eq!(status, 3, "row {id}");
+            let error = error.unwrap_or_default();
+            assert!(error.contains("cannot be sent as UTF-8"), "{error}");
+        }
+    }
+}
+
+/// SQLite keeps whatever bytes a writer gives a `TEXT` column. A row whose text is not
+/// UTF-8 is quarantined as malformed while the others flow, and the operator's views (dead
+/// letters, overview, message search) show it with U+FFFD; it can be replayed and
+/// discarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_text_that_is_not_utf8_is_quarantined_and_can_be_seen_and_discarded() {
+    use outbox::store::{DeadSelector, ReplayAction, ReplayRequest};
+    let db =
+        crate::conformance_sqlite::SqliteBackend::create("sqlite", crate::conformance::DEFAULT_MAX)
+            .await;
+    let p = db.store.config().schema.clone();
+    // (topic, key, headers) as SQL; the bad ones hold a byte 0xff or 0xfe.
+    let rows: [(&str, &str, &str, bool); 5] = [
+        ("'t.ok.1'", "NULL", "'{}'", true),
+        ("CAST(x'742e6261642eff' AS TEXT)", "NULL", "'{}'", false),
+        ("'o.keyed'", "CAST(x'6bfe' AS TEXT)", "'{}'", false),
+        (
+            "'t.hdr'",
+            "NULL",
+            "CAST(x'7b2268223a202276ff227d' AS TEXT)",
+            false,
+        ),
+        ("'t.ok.2'", "'k1'", "'{}'", true),
+    ];
+    let mut ids = Vec::new();
+    for (i, (topic, key, headers, _)) in rows.iter().enumerate() {
+        let id: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "INSERT INTO {p}_messages (message_id, topic, key, payload, headers)
+             VALUES ('01900000-0000-7000-8000-00000000000{i}', {topic}, {key}, x'01', {headers})
+             RETURNING id"
+        )))
+        .fetch_one(&db.app)
+        .await
+        .unwrap();
+        ids.push(id);
+    }
+    let (sink, seen) = crate::common::RecordingSink::new();
+    let store = db.store();
+    let mut cfg = relay_config("sqlite-not-utf8");
+    cfg.ordering = crate::ordering::ordered("o.>");
+    let handle = Relay::new(store.clone(), sink, cfg).spawn();
+    wait_until("2 dispatched and 3 dead", Duration::from_secs(15), || {
+        let store = store.clone();
+        async move {
+            let c = store.counts().await.unwrap();
+            if c.dispatched == 2 && c.dead == 3 && c.pending == 0 && c.claimed == 0 {
+                Ok(())
+            } else {
+                Err(format!("{c:?}"))
+            }
+        }
+    })
+    .await;
+    handle.shutdown().await.unwrap();
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        2,
+        "only the good rows reached the sink"
+    );
+
+    let dead = store
+        .dead_letters(&Default::default(), 10, false)
+        .await
+        .unwrap();
+    for d in &dead {
+        let error = d.last_error.clone().unwrap_or_default();
+        assert!(error.contains("malformed row"), "{}: {error}", d.id);
+    }
+    let keyed_dead = dead[1].message_id;
+    let shown: Vec<(String, Option<String>, String)> = dead
+        .into_iter()
+        .map(|d| (d.topic, d.key, d.headers))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("t.bad.\u{fffd}".into(), None, "{}".into()),
+            ("o.keyed".into(), Some("k\u{fffd}".into()), "{}".into()),
+            ("t.hdr".into(), None, "{\"h\": \"v\u{fffd}\"}".into()),
+        ]
+    );
+    let mut dead_topics = store.overview(5).await.unwrap().dead_by_topic;
+    dead_topics.sort();
+    assert_eq!(
+        dead_topics,
+        [
+            ("o.keyed".into(), 1),
+            ("t.bad.\u{fffd}".into(), 1),
+            ("t.hdr".into(), 1)
+        ]
+    );
+    let found = store
+        .find_messages(
+            &outbox::store::lookup::MessageQuery::MessageId(keyed_dead),
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(found[0].key.as_deref(), Some("k\u{fffd}"));
+
+    let request = |ids: Vec<i64>, action| ReplayRequest {
+        selector: DeadSelector {
+            ids,
+            ..DeadSelector::default()
+        },
+        action,
+        limit: None,
+        by: "alice".into(),
+        reason: "not UTF-8".into(),
+        rate_per_s: None,
+        dry_run: false,
+        append_to: None,
+    };
+    let replayed = store
+        .replay(&request(vec![ids[2]], ReplayAction::Replay))
+        .await
+        .unwrap();
+    assert_eq!(replayed.count, 1);
+    let discarded = store
+        .replay(&request(vec![ids[1], ids[3]], ReplayAction::Discard))
+        .await
+        .unwrap();
+    assert_eq!(discarded.count, 2);
+    let c = store.counts().await.unwrap();
+    assert_eq!((c.pending, c.dead, c.dispatched), (1, 0, 2));
 }
