@@ -330,8 +330,8 @@ fn claim_update_ids(s: &str) -> String {
 /// (`topic`, `md5(key)`) ordered as the index is: the index scan starts at the key's first
 /// entry and stops after its last. (A row comparison `(topic, md5(key), id) >= …` as the
 /// only condition also started there, but nothing stopped it: PostgreSQL checks every
-/// later entry of the index page, and a claim of 1,000 rows over 1,000 keys spent about a
-/// third more on its head reads. With `key = …` and `ORDER BY id` instead, the planner,
+/// later entry of the index page; the head reads of a claim of 1,000 rows over 1,000 keys
+/// took about 25 ms that way, 18 ms this way. With `key = …` and `ORDER BY id` instead, the planner,
 /// seeing one hot key hold most rows, walked the primary key from the first id and passed
 /// every dispatched row of the key on each probe, a claim quadratic in the key's history:
 /// 20,000 rows of one key took 139 s instead of 7 s.) A head found is the key's when its
