@@ -215,7 +215,6 @@ fn claim_fence_sql(p: &str, skip_dead: bool) -> String {
     )
 }
 
-/// The ordered claim's last step: claims the rows of `?4` (a JSON array of ids).
 /// Whether `e` is sqlx's `REGEXP` function refusing its input
 /// (`SQLITE_CONSTRAINT_FUNCTION`): text that is not UTF-8 (the patterns themselves are
 /// checked before they are bound).
@@ -223,6 +222,7 @@ fn regexp_refused(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("1043"))
 }
 
+/// The ordered claim's last step: claims the rows of `?4` (a JSON array of ids).
 fn claim_ids_sql(p: &str) -> String {
     let n = NOW_MS;
     format!(
@@ -766,12 +766,20 @@ impl SqliteStore {
     /// the whole statement, and would fail every claim that reads that row: the ordered
     /// claim and topic pauses match topics against patterns). The due rows whose topic is
     /// not UTF-8 are claimed (up to the batch size), to come back malformed and be
-    /// quarantined; the next claim takes the rest. `None` when no due row has such a topic
-    /// (the error was something else).
+    /// quarantined; the next claim takes the rest. Nothing while the pause switch is on.
+    /// `None` when no due row has such a topic (the error was something else).
     async fn claim_unmatchable_topics(&self, req: &ClaimRequest) -> Result<Option<Claim>> {
         let token = Uuid::now_v7();
         let p = self.p();
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let paused: bool = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT EXISTS (SELECT 1 FROM {p}_control WHERE id = 1 AND paused)"
+        )))
+        .fetch_one(&mut *tx)
+        .await?;
+        if paused {
+            return Ok(Some(Self::claim_of(token, &[])));
+        }
         let due: Vec<(i64, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT id, CAST(topic AS BLOB) FROM {p}_messages
              WHERE status <= 1 AND available_at <= {NOW_MS} ORDER BY available_at, id"

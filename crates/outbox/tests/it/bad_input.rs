@@ -529,8 +529,23 @@ async fn sqlite_text_that_is_not_utf8_is_quarantined_and_can_be_seen_and_discard
         .unwrap();
         ids.push(id);
     }
-    let (sink, seen) = crate::common::RecordingSink::new();
     let store = db.store();
+    // Paused, the ordered claim takes nothing, these rows included.
+    store.set_pause(Some("maintenance")).await.unwrap();
+    let paused = store
+        .claim(&outbox::store::ClaimRequest {
+            relay_id: "by-hand".into(),
+            batch_size: 10,
+            lease: Duration::from_secs(30),
+            skip_topics: Vec::new(),
+            ordering: crate::ordering::ordered("o.>"),
+        })
+        .await
+        .unwrap();
+    assert!(paused.messages.is_empty() && paused.malformed.is_empty());
+    assert_eq!(store.counts().await.unwrap().pending, 5);
+    store.set_pause(None).await.unwrap();
+    let (sink, seen) = crate::common::RecordingSink::new();
     let mut cfg = relay_config("sqlite-not-utf8");
     cfg.ordering = crate::ordering::ordered("o.>");
     let handle = Relay::new(store.clone(), sink, cfg).spawn();
