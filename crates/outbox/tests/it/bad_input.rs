@@ -9,7 +9,7 @@
 
 use crate::common::{
     RecordingWrapper, Seen, TestStream, nats_connect, nats_url, pg_store_unmigrated, relay_config,
-    sqlite_store_unmigrated, wait_until,
+    replay_ids, sqlite_store_unmigrated, wait_settled,
 };
 use crate::conformance::Backend as _;
 use outbox::sink::SinkError;
@@ -114,17 +114,13 @@ async fn nats_subject_without_stream_is_quarantined_at_once() {
     cfg.max_attempts = 5;
     let handle = Relay::new(db.store(), sink, cfg).spawn();
     let store = db.store();
-    wait_until("2 dispatched and 3 dead", Duration::from_secs(15), || {
-        let store = store.clone();
-        async move {
-            let c = store.counts().await.unwrap();
-            if c.dispatched == 2 && c.dead == 3 && c.pending == 0 && c.claimed == 0 {
-                Ok(())
-            } else {
-                Err(format!("{c:?}"))
-            }
-        }
-    })
+    wait_settled(
+        "2 dispatched and 3 dead",
+        &store,
+        2,
+        3,
+        Duration::from_secs(15),
+    )
     .await;
     handle.shutdown().await.unwrap();
 
@@ -268,6 +264,66 @@ async fn scratch_store(schema: &ScratchSchema) -> outbox::postgres::PgStore {
     store
 }
 
+/// What an operator sees of three dead letters, `bad`: a topic, a key and headers that
+/// are not UTF-8 (`t.bad.\xff`, `o.keyed` keyed `k\xfe`, `t.hdr` with `{"h": "v\xff"}`),
+/// each quarantined as malformed. The dead letters, the overview and the message search
+/// show them with U+FFFD; the keyed one is replayed (its parked followers are looked up by
+/// its key) and the other two are discarded.
+async fn operators_see_replay_and_discard(store: &Arc<dyn outbox::Store>, bad: [i64; 3]) {
+    use outbox::store::ReplayAction;
+    let dead = store
+        .dead_letters(&Default::default(), 10, false)
+        .await
+        .unwrap();
+    assert_eq!(dead.iter().map(|d| d.id).collect::<Vec<_>>(), bad);
+    for d in &dead {
+        let error = d.last_error.clone().unwrap_or_default();
+        assert!(error.contains("malformed row"), "{}: {error}", d.id);
+    }
+    let keyed_dead = dead[1].message_id;
+    let shown: Vec<(String, Option<String>, String)> = dead
+        .into_iter()
+        .map(|d| (d.topic, d.key, d.headers))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("t.bad.\u{fffd}".into(), None, "{}".into()),
+            ("o.keyed".into(), Some("k\u{fffd}".into()), "{}".into()),
+            ("t.hdr".into(), None, "{\"h\": \"v\u{fffd}\"}".into()),
+        ]
+    );
+    let mut dead_topics = store.overview(5).await.unwrap().dead_by_topic;
+    dead_topics.sort();
+    assert_eq!(
+        dead_topics,
+        [
+            ("o.keyed".into(), 1),
+            ("t.bad.\u{fffd}".into(), 1),
+            ("t.hdr".into(), 1)
+        ]
+    );
+    let found = store
+        .find_messages(
+            &outbox::store::lookup::MessageQuery::MessageId(keyed_dead),
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].key.as_deref(), Some("k\u{fffd}"));
+    let replayed = store
+        .replay(&replay_ids(vec![bad[1]], ReplayAction::Replay))
+        .await
+        .unwrap();
+    assert_eq!(replayed.count, 1);
+    let discarded = store
+        .replay(&replay_ids(vec![bad[0], bad[2]], ReplayAction::Discard))
+        .await
+        .unwrap();
+    assert_eq!(discarded.count, 2);
+}
+
 /// In a `SQL_ASCII` database a row's text may hold bytes that are not UTF-8, which the
 /// server refuses to send to a UTF-8 client (SQLSTATE 22021), failing the whole claim
 /// statement that returns it. Such a row is quarantined as malformed, naming its column,
@@ -317,17 +373,13 @@ async fn postgres_text_that_is_not_utf8_is_quarantined_and_the_rest_flows() {
         }
         let store: Arc<dyn outbox::Store> = Arc::new(store.clone());
         let handle = Relay::new(store.clone(), sink.clone(), cfg).spawn();
-        wait_until("4 dispatched and 3 dead", Duration::from_secs(15), || {
-            let store = store.clone();
-            async move {
-                let c = store.counts().await.unwrap();
-                if c.dispatched == 4 && c.dead == 3 && c.pending == 0 && c.claimed == 0 {
-                    Ok(())
-                } else {
-                    Err(format!("{c:?}"))
-                }
-            }
-        })
+        wait_settled(
+            "4 dispatched and 3 dead",
+            &store,
+            4,
+            3,
+            Duration::from_secs(15),
+        )
         .await;
         handle.shutdown().await.unwrap();
         for ((_, _, _, good), id) in rows.iter().zip(&ids) {
@@ -355,71 +407,8 @@ async fn postgres_text_that_is_not_utf8_is_quarantined_and_the_rest_flows() {
         4,
         "only the good rows reached the sink"
     );
-    // The operator's list shows them, what is not UTF-8 as U+FFFD.
-    let dead = outbox::Store::dead_letters(&store, &Default::default(), 10, false)
-        .await
-        .unwrap();
-    let keyed_dead = dead[1].message_id;
-    let shown: Vec<(String, Option<String>, String)> = dead
-        .into_iter()
-        .map(|d| (d.topic, d.key, d.headers))
-        .collect();
-    assert_eq!(
-        shown,
-        [
-            ("t.bad.\u{fffd}".into(), None, "{}".into()),
-            ("o.keyed".into(), Some("k\u{fffd}".into()), "{}".into()),
-            ("t.hdr".into(), None, "{\"h\": \"v\u{fffd}\"}".into()),
-        ]
-    );
-    // So do the overview and the message search.
-    let overview = outbox::Store::overview(&store, 5).await.unwrap();
-    let mut dead_topics = overview.dead_by_topic;
-    dead_topics.sort();
-    assert_eq!(
-        dead_topics,
-        [
-            ("o.keyed".into(), 1),
-            ("t.bad.\u{fffd}".into(), 1),
-            ("t.hdr".into(), 1)
-        ]
-    );
-    let found = outbox::Store::find_messages(
-        &store,
-        &outbox::store::lookup::MessageQuery::MessageId(keyed_dead),
-        10,
-    )
-    .await
-    .unwrap();
-    assert_eq!(found.len(), 1);
-    assert_eq!(found[0].key.as_deref(), Some("k\u{fffd}"));
-    // And can replay (the keyed one: its parked followers are looked up by its key) and
-    // discard them.
-    use outbox::store::{DeadSelector, ReplayAction, ReplayRequest};
-    let request = |ids: Vec<i64>, action| ReplayRequest {
-        selector: DeadSelector {
-            ids,
-            ..DeadSelector::default()
-        },
-        action,
-        limit: None,
-        by: "alice".into(),
-        reason: "not UTF-8".into(),
-        rate_per_s: None,
-        dry_run: false,
-        append_to: None,
-    };
-    let replayed = outbox::Store::replay(&store, &request(vec![ids[3]], ReplayAction::Replay))
-        .await
-        .unwrap();
-    assert_eq!(replayed.count, 1);
-    let discarded = outbox::Store::replay(
-        &store,
-        &request(vec![ids[1], ids[5]], ReplayAction::Discard),
-    )
-    .await
-    .unwrap();
-    assert_eq!(discarded.count, 2);
+    let store: Arc<dyn outbox::Store> = Arc::new(store);
+    operators_see_replay_and_discard(&store, [ids[1], ids[3], ids[5]]).await;
     let left: Vec<(i64, i16)> = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT id, status FROM {s}.messages WHERE status <> 2 ORDER BY id"
     )))
@@ -461,17 +450,13 @@ async fn postgres_text_with_no_utf8_form_is_quarantined_and_the_rest_flows() {
     let (sink, seen) = crate::common::RecordingSink::new();
     let store: Arc<dyn outbox::Store> = Arc::new(store);
     let handle = Relay::new(store.clone(), sink, relay_config("eucjp")).spawn();
-    wait_until("3 dispatched and 1 dead", Duration::from_secs(15), || {
-        let store = store.clone();
-        async move {
-            let c = store.counts().await.unwrap();
-            if c.dispatched == 3 && c.dead == 1 && c.pending == 0 && c.claimed == 0 {
-                Ok(())
-            } else {
-                Err(format!("{c:?}"))
-            }
-        }
-    })
+    wait_settled(
+        "3 dispatched and 1 dead",
+        &store,
+        3,
+        1,
+        Duration::from_secs(15),
+    )
     .await;
     handle.shutdown().await.unwrap();
     assert_eq!(seen.lock().unwrap().len(), 3);
@@ -499,7 +484,6 @@ async fn postgres_text_with_no_utf8_form_is_quarantined_and_the_rest_flows() {
 /// discarded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_text_that_is_not_utf8_is_quarantined_and_can_be_seen_and_discarded() {
-    use outbox::store::{DeadSelector, ReplayAction, ReplayRequest};
     let db =
         crate::conformance_sqlite::SqliteBackend::create("sqlite", crate::conformance::DEFAULT_MAX)
             .await;
@@ -549,17 +533,13 @@ async fn sqlite_text_that_is_not_utf8_is_quarantined_and_can_be_seen_and_discard
     let mut cfg = relay_config("sqlite-not-utf8");
     cfg.ordering = crate::ordering::ordered("o.>");
     let handle = Relay::new(store.clone(), sink, cfg).spawn();
-    wait_until("2 dispatched and 3 dead", Duration::from_secs(15), || {
-        let store = store.clone();
-        async move {
-            let c = store.counts().await.unwrap();
-            if c.dispatched == 2 && c.dead == 3 && c.pending == 0 && c.claimed == 0 {
-                Ok(())
-            } else {
-                Err(format!("{c:?}"))
-            }
-        }
-    })
+    wait_settled(
+        "2 dispatched and 3 dead",
+        &store,
+        2,
+        3,
+        Duration::from_secs(15),
+    )
     .await;
     handle.shutdown().await.unwrap();
     assert_eq!(
@@ -568,69 +548,7 @@ async fn sqlite_text_that_is_not_utf8_is_quarantined_and_can_be_seen_and_discard
         "only the good rows reached the sink"
     );
 
-    let dead = store
-        .dead_letters(&Default::default(), 10, false)
-        .await
-        .unwrap();
-    for d in &dead {
-        let error = d.last_error.clone().unwrap_or_default();
-        assert!(error.contains("malformed row"), "{}: {error}", d.id);
-    }
-    let keyed_dead = dead[1].message_id;
-    let shown: Vec<(String, Option<String>, String)> = dead
-        .into_iter()
-        .map(|d| (d.topic, d.key, d.headers))
-        .collect();
-    assert_eq!(
-        shown,
-        [
-            ("t.bad.\u{fffd}".into(), None, "{}".into()),
-            ("o.keyed".into(), Some("k\u{fffd}".into()), "{}".into()),
-            ("t.hdr".into(), None, "{\"h\": \"v\u{fffd}\"}".into()),
-        ]
-    );
-    let mut dead_topics = store.overview(5).await.unwrap().dead_by_topic;
-    dead_topics.sort();
-    assert_eq!(
-        dead_topics,
-        [
-            ("o.keyed".into(), 1),
-            ("t.bad.\u{fffd}".into(), 1),
-            ("t.hdr".into(), 1)
-        ]
-    );
-    let found = store
-        .find_messages(
-            &outbox::store::lookup::MessageQuery::MessageId(keyed_dead),
-            10,
-        )
-        .await
-        .unwrap();
-    assert_eq!(found[0].key.as_deref(), Some("k\u{fffd}"));
-
-    let request = |ids: Vec<i64>, action| ReplayRequest {
-        selector: DeadSelector {
-            ids,
-            ..DeadSelector::default()
-        },
-        action,
-        limit: None,
-        by: "alice".into(),
-        reason: "not UTF-8".into(),
-        rate_per_s: None,
-        dry_run: false,
-        append_to: None,
-    };
-    let replayed = store
-        .replay(&request(vec![ids[2]], ReplayAction::Replay))
-        .await
-        .unwrap();
-    assert_eq!(replayed.count, 1);
-    let discarded = store
-        .replay(&request(vec![ids[1], ids[3]], ReplayAction::Discard))
-        .await
-        .unwrap();
-    assert_eq!(discarded.count, 2);
+    operators_see_replay_and_discard(&store, [ids[1], ids[2], ids[3]]).await;
     let c = store.counts().await.unwrap();
     assert_eq!((c.pending, c.dead, c.dispatched), (1, 0, 2));
 }

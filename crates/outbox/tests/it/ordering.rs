@@ -11,7 +11,7 @@ use crate::conformance_postgres::PgBackend;
 use crate::sink_http::{Reply, TestServer, webhook};
 use outbox::sink::nats::{NatsOptions, NatsSink};
 use outbox::sink::router::TopicPattern;
-use outbox::store::{ClaimRequest, DeadSelector, KeyOrdering, ReplayAction, ReplayRequest};
+use outbox::store::{ClaimRequest, KeyOrdering, ReplayAction};
 use outbox::{Message, Relay, RelayConfig};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -385,19 +385,7 @@ async fn a_dead_letter_blocks_its_key_until_replayed_or_discarded() {
 
     // The consumer is fixed: replay k0's dead letter (k0:2 is ids[6]), discard k1's (ids[7]).
     fixed.store(true, Ordering::SeqCst);
-    let request = |id: i64, action| ReplayRequest {
-        selector: DeadSelector {
-            ids: vec![id],
-            ..DeadSelector::default()
-        },
-        action,
-        limit: None,
-        by: "alice".into(),
-        reason: "consumer fixed".into(),
-        rate_per_s: None,
-        dry_run: false,
-        append_to: None,
-    };
+    let request = |id: i64, action| crate::common::replay_ids(vec![id], action);
     let replayed = store
         .replay(&request(ids[6], ReplayAction::Replay))
         .await

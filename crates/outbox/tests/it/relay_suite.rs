@@ -4,7 +4,7 @@
 //! on every store (`conformance::pause`, `conformance::lifecycle`); these run once.
 
 use crate::common::wait_dispatched;
-use crate::common::{RecordingSink, Seen, messages, record, relay_config, total, wait_until};
+use crate::common::{RecordingSink, Seen, messages, record, relay_config, total};
 use crate::conformance::{Backend, DEFAULT_MAX, claim};
 use crate::conformance_sqlite::SqliteBackend as B;
 use async_trait::async_trait;
@@ -229,21 +229,12 @@ async fn poison_is_bounded_and_later_rows_flow() {
     let handle = Relay::new(store.clone(), sink, cfg).spawn();
     // Rows enqueued while the poison is being retried flow too.
     let late = b.enqueue_all(&messages("t.poison.v1", 5)).await;
-    let s = store.clone();
-    wait_until(
+    crate::common::wait_settled(
         "healthy rows dispatched, 2 dead",
+        &store,
+        25,
+        2,
         Duration::from_secs(15),
-        || {
-            let s = s.clone();
-            async move {
-                let c = s.counts().await.unwrap();
-                if c.dispatched == 25 && c.dead == 2 && c.pending == 0 && c.claimed == 0 {
-                    Ok(())
-                } else {
-                    Err(format!("{c:?}"))
-                }
-            }
-        },
     )
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -85,6 +85,49 @@ pub(crate) async fn wait_dispatched(
     .await;
 }
 
+/// Waits until `store` counts `dispatched` dispatched and `dead` dead rows, and none
+/// pending or claimed.
+pub(crate) async fn wait_settled(
+    what: &str,
+    store: &Arc<dyn Store>,
+    dispatched: i64,
+    dead: i64,
+    timeout: Duration,
+) {
+    wait_until(what, timeout, || {
+        let s = store.clone();
+        async move {
+            let c = s.counts().await.unwrap();
+            if c.dispatched == dispatched && c.dead == dead && c.pending == 0 && c.claimed == 0 {
+                Ok(())
+            } else {
+                Err(format!("{c:?}"))
+            }
+        }
+    })
+    .await;
+}
+
+/// An operator's replay or discard (`action`) of the dead letters `ids`, by "alice".
+pub(crate) fn replay_ids(
+    ids: Vec<i64>,
+    action: outbox::store::ReplayAction,
+) -> outbox::store::ReplayRequest {
+    outbox::store::ReplayRequest {
+        selector: outbox::store::DeadSelector {
+            ids,
+            ..outbox::store::DeadSelector::default()
+        },
+        action,
+        limit: None,
+        by: "alice".into(),
+        reason: "fixed the consumer".into(),
+        rate_per_s: None,
+        dry_run: false,
+        append_to: None,
+    }
+}
+
 /// A port nothing listens on right now (for a private broker).
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

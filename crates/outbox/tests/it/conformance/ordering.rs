@@ -2,7 +2,7 @@
 
 use super::*;
 use outbox::sink::router::TopicPattern;
-use outbox::store::{DeadSelector, HeldKeys, KeyOrdering, ReplayAction, ReplayRequest, Settlement};
+use outbox::store::{HeldKeys, KeyOrdering, ReplayAction, Settlement};
 
 fn ordering(skip_dead: bool) -> KeyOrdering {
     KeyOrdering {
@@ -29,22 +29,6 @@ fn keyed(topic: &str, key: Option<&str>) -> Message {
     match key {
         Some(k) => m.key(k),
         None => m,
-    }
-}
-
-fn replay(ids: Vec<i64>, action: ReplayAction) -> ReplayRequest {
-    ReplayRequest {
-        selector: DeadSelector {
-            ids,
-            ..DeadSelector::default()
-        },
-        action,
-        limit: None,
-        by: "alice".into(),
-        reason: "fixed the consumer".into(),
-        rate_per_s: None,
-        dry_run: false,
-        append_to: None,
     }
 }
 
@@ -175,7 +159,7 @@ pub(crate) async fn ordered_claims_follow_each_key<B: Backend>() {
     );
     store.release(skip.token, &[d[1]]).await.unwrap();
     let out = store
-        .replay(&replay(vec![d[0]], ReplayAction::Replay))
+        .replay(&crate::common::replay_ids(vec![d[0]], ReplayAction::Replay))
         .await
         .unwrap();
     assert_eq!(out.count, 1);
@@ -202,7 +186,10 @@ pub(crate) async fn ordered_claims_follow_each_key<B: Backend>() {
             .is_empty()
     );
     let out = store
-        .replay(&replay(vec![e[0]], ReplayAction::Discard))
+        .replay(&crate::common::replay_ids(
+            vec![e[0]],
+            ReplayAction::Discard,
+        ))
         .await
         .unwrap();
     assert_eq!(out.count, 1);
@@ -427,7 +414,7 @@ pub(crate) async fn parked_rows_wait_behind_dead_letters_until_released<B: Backe
 
     // Replayed: k1 first, then the rest of k in id order.
     let out = store
-        .replay(&replay(vec![k[0]], ReplayAction::Replay))
+        .replay(&crate::common::replay_ids(vec![k[0]], ReplayAction::Replay))
         .await
         .unwrap();
     assert_eq!(out.count, 1);
@@ -441,7 +428,10 @@ pub(crate) async fn parked_rows_wait_behind_dead_letters_until_released<B: Backe
     let e = first_of_two_dead(&b, "e").await;
     assert_eq!(store.park_held(&strict).await.unwrap(), 1);
     store
-        .replay(&replay(vec![e[0]], ReplayAction::Discard))
+        .replay(&crate::common::replay_ids(
+            vec![e[0]],
+            ReplayAction::Discard,
+        ))
         .await
         .unwrap();
     assert_eq!(drain(&store, &strict).await, vec![e[1]]);
@@ -461,7 +451,7 @@ pub(crate) async fn parked_rows_wait_behind_dead_letters_until_released<B: Backe
     store.release(c.token, &[g[1], g[3]]).await.unwrap();
     assert_eq!(store.park_held(&strict).await.unwrap(), 2, "g2 and g4");
     store
-        .replay(&replay(vec![g[0]], ReplayAction::Replay))
+        .replay(&crate::common::replay_ids(vec![g[0]], ReplayAction::Replay))
         .await
         .unwrap();
     assert_eq!(drain(&store, &strict).await, vec![g[0], g[1]]);
@@ -470,7 +460,7 @@ pub(crate) async fn parked_rows_wait_behind_dead_letters_until_released<B: Backe
         "g4 stays parked behind g3"
     );
     store
-        .replay(&replay(vec![g[2]], ReplayAction::Replay))
+        .replay(&crate::common::replay_ids(vec![g[2]], ReplayAction::Replay))
         .await
         .unwrap();
     assert_eq!(drain(&store, &strict).await, vec![g[2], g[3]]);
