@@ -733,13 +733,7 @@ impl SqliteStore {
             let rows = if ids.is_empty() {
                 Vec::new()
             } else {
-                sqlx::query(AssertSqlSafe(claim_ids_sql(self.p())))
-                    .bind(&req.relay_id)
-                    .bind(token.hyphenated().to_string())
-                    .bind(millis(req.lease))
-                    .bind(ids_json(&ids))
-                    .fetch_all(&mut *tx)
-                    .await?
+                Self::claim_ids(&mut tx, self.p(), req, token, &ids).await?
             };
             tx.commit().await?;
             return Ok(Self::claim_of(token, &rows));
@@ -795,15 +789,26 @@ impl SqliteStore {
         if ids.is_empty() {
             return Ok(None);
         }
-        let rows = sqlx::query(AssertSqlSafe(claim_ids_sql(p)))
+        let rows = Self::claim_ids(&mut tx, p, req, token, &ids).await?;
+        tx.commit().await?;
+        Ok(Some(Self::claim_of(token, &rows)))
+    }
+
+    /// Claims the rows `ids` for `req` under `token` ([`claim_ids_sql`]), returning them.
+    async fn claim_ids(
+        tx: &mut Transaction<'static, Sqlite>,
+        p: &str,
+        req: &ClaimRequest,
+        token: Uuid,
+        ids: &[i64],
+    ) -> Result<Vec<SqliteRow>> {
+        Ok(sqlx::query(AssertSqlSafe(claim_ids_sql(p)))
             .bind(&req.relay_id)
             .bind(token.hyphenated().to_string())
             .bind(millis(req.lease))
-            .bind(ids_json(&ids))
-            .fetch_all(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(Some(Self::claim_of(token, &rows)))
+            .bind(ids_json(ids))
+            .fetch_all(&mut **tx)
+            .await?)
     }
 
     /// The claim of the rows the claim statement returned.
