@@ -1026,7 +1026,8 @@ impl Relay {
     /// Waits while idle: for the store's wake-up or the poll interval when this worker is
     /// the relay's listener (one idle worker at a time is), for a full batch found by
     /// another worker, or for shutdown. One claim follows per wake-up, not one per worker.
-    async fn idle(&self, cancel: &CancellationToken) {
+    /// Returns true when the poll interval alone ended the wait.
+    async fn idle(&self, cancel: &CancellationToken) -> bool {
         tokio::select! {
             mut slot = self.listener.lock() => {
                 let wake = slot.get_or_insert_with(|| self.store.wakeups());
@@ -1037,14 +1038,15 @@ impl Relay {
                             *slot = None;
                             sleep_or_cancel(self.config.poll_interval, cancel).await;
                         }
+                        false
                     }
-                    () = tokio::time::sleep(self.config.poll_interval) => {}
-                    () = self.more.notified() => {}
-                    () = cancel.cancelled() => {}
+                    () = tokio::time::sleep(self.config.poll_interval) => true,
+                    () = self.more.notified() => false,
+                    () = cancel.cancelled() => false,
                 }
             }
-            () = self.more.notified() => {}
-            () = cancel.cancelled() => {}
+            () = self.more.notified() => false,
+            () = cancel.cancelled() => false,
         }
     }
 
@@ -1136,7 +1138,11 @@ impl Relay {
                         }
                     }
                 }
-                self.idle(cancel).await;
+                // A poll the store knows would find nothing (MySQL's probe) is skipped:
+                // the loop still turns, for the health check.
+                while self.idle(cancel).await && self.store.nothing_due() {
+                    self.health.turned();
+                }
                 continue;
             }
             if n >= size as usize && !(ordered && self.futile.load(Ordering::Relaxed)) {

@@ -635,6 +635,16 @@ pub trait Store: Send + Sync + 'static {
     /// A broken wake-up channel never fails the relay: it degrades to polling.
     fn wakeups(&self) -> tokio::sync::watch::Receiver<u64>;
 
+    /// True only when the store knows, without running a statement, that no row is
+    /// claimable now, paused or not: the wake-up watcher's last look found none due, and
+    /// it moves [`Store::wakeups`] when that changes. A relay woken by its poll interval
+    /// alone skips the claim then. False when not known (the default; PostgreSQL and
+    /// SQLite, whose claim is one cheap statement). MySQL's probe answers it: an idle
+    /// relay there runs the probe and no claim.
+    fn nothing_due(&self) -> bool {
+        false
+    }
+
     // The admin dashboard: where a message is, and what was delivered and died per minute.
 
     /// The rows `query` names, wherever they are in their life (pending, claimed,
@@ -825,6 +835,9 @@ impl Store for AnyStore {
     }
     fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
         self.inner().wakeups()
+    }
+    fn nothing_due(&self) -> bool {
+        self.inner().nothing_due()
     }
     async fn find_messages(
         &self,

@@ -53,10 +53,17 @@ const NOW: &str = "UTC_TIMESTAMP(6)";
 /// [`super::PARKED_AT`] as a `DATETIME(6)` literal.
 const PARKED: &str = "9999-01-01 00:00:00";
 
-/// The wake-up probe's interval: 5 ms right after new rows, growing by half each quiet
-/// probe up to 200 ms (one primary-key `MAX(id)` read each).
+/// The wake-up probe's interval (one statement each: `MAX(id)` from the primary key and
+/// `MIN(live_at)` from the live index, both single index reads): 5 ms right after a change,
+/// growing by half each quiet probe up to 200 ms, and up to [`PROBE_IDLE`] once nothing
+/// has changed for [`PROBE_QUIET`]. MySQL has no notification, so this bounds how soon a
+/// commit wakes an idle relay: ≤ 200 ms in the first 10 s after a change, ≤ 1 s after.
 const PROBE_MIN: Duration = Duration::from_millis(5);
 const PROBE_MAX: Duration = Duration::from_millis(200);
+/// The probe's interval after [`PROBE_QUIET`] without a change: the relay's default poll
+/// interval, so a long-idle relay runs one statement per second to find new rows.
+const PROBE_IDLE: Duration = Duration::from_secs(1);
+const PROBE_QUIET: Duration = Duration::from_secs(10);
 
 /// Most ids one replay or discard statement names (a replay runs as many as it needs, in
 /// one transaction): a large selection never makes a statement over `max_allowed_packet`,
@@ -72,7 +79,7 @@ struct Sql {
     set_pause: SqlStr,
     counts: SqlStr,
     purge: SqlStr,
-    max_id: SqlStr,
+    probe: SqlStr,
     leases: SqlStr,
     inbox_accept: SqlStr,
     inbox_purge: SqlStr,
@@ -127,7 +134,14 @@ impl Sql {
                  WHERE status = 2 AND dispatched_at < TIMESTAMPADD(MICROSECOND, -? * 1000, {n})
                  ORDER BY id LIMIT ?"
             )),
-            max_id: q(format!("SELECT CAST(COALESCE(MAX(id), 0) AS SIGNED) FROM {p}_messages")),
+            // The newest id and how long until the first live row is claimable (µs; ≤ 0:
+            // due now; NULL: no live row). Both aggregates are read off an index end
+            // ("Select tables optimized away").
+            probe: q(format!(
+                "SELECT CAST(COALESCE(MAX(id), 0) AS SIGNED),
+                        CAST(TIMESTAMPDIFF(MICROSECOND, {n}, MIN(live_at)) AS SIGNED)
+                 FROM {p}_messages"
+            )),
             // live_at is the lease end on claimed rows (and reads the live index).
             leases: q(format!(
                 "SELECT CAST(COUNT(*) AS SIGNED), MAX(live_at),
@@ -597,6 +611,46 @@ struct Inner {
     sql: Sql,
     max_packet: usize,
     wakeup: super::Wakeup,
+    quiet: Arc<Quiet>,
+}
+
+/// What the wake-up probe last saw, for [`Store::nothing_due`].
+#[derive(Default)]
+struct Quiet {
+    /// Writes through this store that can make rows due (settle, replay, give-back),
+    /// counted as each ends: a probe that began before one ended may not have seen it.
+    writes: std::sync::atomic::AtomicU64,
+    /// `writes` when the last successful probe began, and the instant before which it
+    /// found no row claimable.
+    seen: std::sync::Mutex<Option<(u64, std::time::Instant)>>,
+}
+
+impl Quiet {
+    fn seen(&self) -> std::sync::MutexGuard<'_, Option<(u64, std::time::Instant)>> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn nothing_due(&self) -> bool {
+        let writes = self.writes.load(std::sync::atomic::Ordering::SeqCst);
+        self.seen()
+            .is_some_and(|(w, until)| w == writes && std::time::Instant::now() < until)
+    }
+
+    /// Counts a write when the returned guard drops (declare it first, so it drops after
+    /// the write's transaction).
+    fn writing(&self) -> WriteEnd<'_> {
+        WriteEnd(self)
+    }
+}
+
+struct WriteEnd<'a>(&'a Quiet);
+
+impl Drop for WriteEnd<'_> {
+    fn drop(&mut self) {
+        self.0
+            .writes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// The MySQL / MariaDB store. Cheap to clone.
@@ -714,6 +768,7 @@ impl MySqlStore {
                 sql,
                 max_packet: usize::try_from(max_packet).unwrap_or(usize::MAX),
                 wakeup: super::Wakeup::new(),
+                quiet: Arc::default(),
             }),
         })
     }
@@ -862,28 +917,58 @@ impl MySqlStore {
         })
     }
 
+    /// The wake-up probe (see [`PROBE_MIN`]). It moves the counter when the newest id
+    /// changes (a commit of new rows) and when rows become due after a probe that found
+    /// none (a retry's backoff or a lease ran out, a replay, a release), and records in
+    /// `quiet` until when nothing is claimable, so an idle relay's poll costs no claim.
     fn start_watcher(&self) {
         let pool = self.inner.pool.clone();
-        let sql = self.inner.sql.max_id.clone();
+        let sql = self.inner.sql.probe.clone();
+        let quiet = self.inner.quiet.clone();
         self.inner.wakeup.start_once(|wake| async move {
             let mut last: Option<i64> = None;
+            let mut was_due = false;
             let mut interval = PROBE_MIN;
+            let mut changed = std::time::Instant::now();
             loop {
                 tokio::time::sleep(interval).await;
-                match sqlx::query_scalar::<_, i64>(sql.clone())
+                let writes = quiet.writes.load(std::sync::atomic::Ordering::SeqCst);
+                let at = std::time::Instant::now();
+                let seen = sqlx::query_as::<_, (i64, Option<i64>)>(sql.clone())
                     .fetch_one(&pool)
-                    .await
-                {
-                    Ok(max) if last != Some(max) => {
-                        if last.is_some() {
-                            wake.bump();
-                        }
-                        last = Some(max);
-                        interval = PROBE_MIN;
+                    .await;
+                let Ok((max, next_us)) = seen else {
+                    *quiet.seen() = None;
+                    interval = Duration::from_secs(1);
+                    continue;
+                };
+                let due = next_us.is_some_and(|us| us <= 0);
+                // Measured from the probe's start: never later than the database's view.
+                let until = match next_us {
+                    None => Some(at + Duration::from_secs(3600)),
+                    Some(us) if us > 0 => Some(at + Duration::from_micros(us.unsigned_abs())),
+                    Some(_) => None,
+                };
+                *quiet.seen() = until.map(|u| (writes, u));
+                let new_rows = last.is_some_and(|l| l != max);
+                if new_rows || (due && !was_due) {
+                    if last.is_some() {
+                        wake.bump();
                     }
-                    Ok(_) => interval = (interval * 3 / 2).min(PROBE_MAX),
-                    Err(_) => interval = Duration::from_secs(1),
+                    changed = at;
+                    interval = PROBE_MIN;
+                } else if last.is_none() {
+                    interval = PROBE_MIN;
+                } else {
+                    let cap = if changed.elapsed() < PROBE_QUIET {
+                        PROBE_MAX
+                    } else {
+                        PROBE_IDLE
+                    };
+                    interval = (interval * 3 / 2).min(cap);
                 }
+                last = Some(max);
+                was_due = due;
             }
         });
     }
@@ -1464,6 +1549,7 @@ impl Store for MySqlStore {
     }
 
     async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
+        let _wrote = self.inner.quiet.writing();
         if settlement.delete_dispatched && !settlement.dispatched.is_empty() {
             return super::settle_deleting(self, token, settlement).await;
         }
@@ -1645,6 +1731,7 @@ impl Store for MySqlStore {
     }
 
     async fn replay(&self, req: &ReplayRequest) -> Result<ReplayOutcome> {
+        let _wrote = self.inner.quiet.writing();
         ops::validate(req)?;
         let p = &self.inner.config.schema;
         let mut tx = self.inner.pool.begin().await?;
@@ -2007,6 +2094,7 @@ impl Store for MySqlStore {
     }
 
     async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
+        let _wrote = self.inner.quiet.writing();
         let p = self.inner.config.schema.clone();
         let strict = ordering.holds_dead();
         let regexes = ordering.regexes();
@@ -2094,6 +2182,10 @@ impl Store for MySqlStore {
     fn wakeups(&self) -> watch::Receiver<u64> {
         self.start_watcher();
         self.inner.wakeup.subscribe()
+    }
+
+    fn nothing_due(&self) -> bool {
+        self.inner.quiet.nothing_due()
     }
 
     async fn find_messages(

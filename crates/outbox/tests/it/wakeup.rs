@@ -1,6 +1,7 @@
 //! The relay loop wakes on the store's signal (PostgreSQL `NOTIFY`, SQLite's watcher of
-//! the database and WAL files, MySQL's `MAX(id)` probe), not only on its poll: with a poll interval far longer than the test, a
-//! commit still gets delivered at once.
+//! the database and WAL files, MySQL's probe of the newest id and the first due row), not
+//! only on its poll: with a poll interval far longer than the test, a commit still gets
+//! delivered at once.
 
 #![allow(clippy::unwrap_used)]
 
@@ -180,6 +181,9 @@ impl outbox::Store for Counting {
     fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
         self.inner.wakeups()
     }
+    fn nothing_due(&self) -> bool {
+        self.inner.nothing_due()
+    }
     async fn find_messages(
         &self,
         query: &outbox::store::lookup::MessageQuery,
@@ -231,4 +235,89 @@ async fn an_idle_relay_claims_once_per_poll_interval() {
     // 12 poll intervals (one claim per worker would be 48); the pause switch once a second.
     assert!(claims <= 14, "{claims} claims");
     assert!(pauses <= 4, "{pauses} pause reads");
+}
+
+/// On MySQL, which has no notification, an idle relay's poll is answered by the store's
+/// wake-up probe (one statement): no claim transaction runs while the probe finds no row
+/// claimable, and a commit still wakes the relay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_mysql_relay_claims_only_when_its_probe_finds_rows() {
+    let db = MySqlBackend::create("idle_probe", DEFAULT_MAX).await;
+    let store = std::sync::Arc::new(Counting {
+        inner: db.store(),
+        claims: Default::default(),
+        pause_reads: Default::default(),
+    });
+    let (sink, _seen) = RecordingSink::new();
+    let mut cfg = relay_config("relay-idle-probe");
+    cfg.poll_interval = Duration::from_millis(250);
+    cfg.in_flight_batches = 4;
+    let handle = Relay::new(store.clone(), sink, cfg).spawn();
+    // Past the start (the first claims, the probe's first looks).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let load = |a: &std::sync::atomic::AtomicU32| a.load(std::sync::atomic::Ordering::SeqCst);
+    let claims0 = load(&store.claims);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let claims = load(&store.claims) - claims0;
+    eprintln!("idle for 3 s at a 250 ms poll with 4 workers: {claims} claims");
+    // Twelve polls, none of which the probe saw a claimable row for.
+    assert!(claims <= 1, "{claims} claims");
+
+    let s: std::sync::Arc<dyn outbox::Store> = store.clone();
+    db.enqueue_all(&messages("t.probe.v1", 1)).await;
+    crate::common::wait_dispatched("a commit after the quiet", &s, 1, Duration::from_secs(5)).await;
+    let stats = handle.shutdown().await.unwrap();
+    assert_eq!(stats.dispatched, 1);
+}
+
+/// Rows that fall due without a new commit (a lease that ran out, a delayed message) wake
+/// an idle MySQL relay through its probe: its poll interval here is longer than the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_rows_falling_due_wake_an_idle_relay() {
+    let db = MySqlBackend::create("due_wake", DEFAULT_MAX).await;
+    let store = db.store();
+    // A crashed relay's claim, whose lease runs out 2 s from now.
+    db.enqueue_all(&messages("t.due.v1", 1)).await;
+    let crashed = store
+        .claim(&outbox::store::ClaimRequest {
+            relay_id: "crashed".into(),
+            batch_size: 10,
+            lease: Duration::from_secs(2),
+            skip_topics: Vec::new(),
+            ordering: outbox::store::KeyOrdering::default(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(crashed.messages.len(), 1);
+    let (sink, _seen) = RecordingSink::new();
+    let mut cfg = relay_config("relay-due");
+    cfg.poll_interval = Duration::from_secs(60);
+    let handle = Relay::new(store.clone(), sink, cfg).spawn();
+    let start = Instant::now();
+    crate::common::wait_dispatched(
+        "the row whose lease ran out",
+        &store,
+        1,
+        Duration::from_secs(10),
+    )
+    .await;
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(1_500),
+        "claimed under a live lease: {took:?}"
+    );
+
+    db.enqueue_all(&[
+        outbox::Message::new("t.due.v1", b"later".to_vec()).delay(Duration::from_millis(1_500))
+    ])
+    .await;
+    let start = Instant::now();
+    crate::common::wait_dispatched("the delayed message", &store, 2, Duration::from_secs(10)).await;
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(1_400),
+        "published early: {took:?}"
+    );
+    let stats = handle.shutdown().await.unwrap();
+    assert_eq!(stats.dispatched, 2);
 }
