@@ -614,7 +614,8 @@ async fn enqueue_costs(topic: &str) {
 
 /// Counts the statements sqlx runs (its `sqlx::query` log events, one per statement),
 /// with every other event disabled.
-struct CountStatements(Arc<AtomicU64>);
+/// Counts the statements sqlx runs, and each statement's summary (its first words).
+struct CountStatements(Arc<AtomicU64>, Arc<std::sync::Mutex<HashMap<String, u64>>>);
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountStatements {
     fn enabled(
@@ -625,8 +626,26 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountStatements {
         m.target() == "sqlx::query"
     }
     fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Summary(String);
+        impl tracing::field::Visit for Summary {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "summary" {
+                    self.0 = format!("{v:?}");
+                }
+            }
+            fn record_str(&mut self, f: &tracing::field::Field, v: &str) {
+                if f.name() == "summary" {
+                    v.clone_into(&mut self.0);
+                }
+            }
+        }
         if e.metadata().target() == "sqlx::query" {
             self.0.fetch_add(1, Ordering::Relaxed);
+            let mut summary = Summary(String::new());
+            e.record(&mut summary);
+            if let Ok(mut m) = self.1.lock() {
+                *m.entry(summary.0).or_default() += 1;
+            }
         }
     }
 }
@@ -706,27 +725,46 @@ async fn idle_costs() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(60);
     let count = Arc::new(AtomicU64::new(0));
+    let kinds = Arc::new(std::sync::Mutex::new(HashMap::new()));
     {
         use tracing_subscriber::layer::SubscriberExt;
-        let subscriber = tracing_subscriber::registry().with(CountStatements(count.clone()));
+        let subscriber =
+            tracing_subscriber::registry().with(CountStatements(count.clone(), kinds.clone()));
         tracing::subscriber::set_global_default(subscriber).unwrap();
     }
+    // BENCH_IDLE_STORES: a comma-separated subset (postgresql,mariadb,sqlite).
+    let only = std::env::var("BENCH_IDLE_STORES")
+        .unwrap_or_default()
+        .to_lowercase();
     let dir = tempfile::tempdir().unwrap();
     for kind in ["PostgreSQL", "MariaDB", "SQLite"] {
+        if !only.is_empty() && !only.split(',').any(|k| k.trim() == kind.to_lowercase()) {
+            continue;
+        }
         let (store, prefix) = any_store(kind, dir.path()).await;
         let store = Arc::new(store);
         let handle = Relay::new(store.clone(), Arc::new(NullSink), RelayConfig::default()).spawn();
         // Past the start (first heartbeat and sample).
         tokio::time::sleep(Duration::from_secs(2)).await;
+        kinds.lock().unwrap().clear();
         let (n0, cpu0, t0) = (count.load(Ordering::Relaxed), cpu_time(), Instant::now());
         tokio::time::sleep(Duration::from_secs(secs)).await;
         let (n1, cpu1, el) = (count.load(Ordering::Relaxed), cpu_time(), t0.elapsed());
+        let mut seen: Vec<(String, u64)> = kinds.lock().unwrap().drain().collect();
         handle.shutdown().await.unwrap();
         println!(
             "idle      {kind:<10} one relay at defaults, nothing due, {secs} s: {:>6.2} statements/s, CPU {:>5.2} ms/s",
             (n1 - n0) as f64 / el.as_secs_f64(),
             (cpu1.saturating_sub(cpu0)).as_secs_f64() * 1e3 / el.as_secs_f64()
         );
+        seen.sort_by_key(|k| std::cmp::Reverse(k.1));
+        for (summary, n) in seen {
+            println!(
+                "idle      {kind:<10}   {:>6.2}/s  {}",
+                n as f64 / el.as_secs_f64(),
+                summary.chars().take(70).collect::<String>()
+            );
+        }
         drop_any(&store, &prefix).await;
     }
 }
@@ -825,6 +863,14 @@ where
     Fut: std::future::Future<Output = Uuid> + Send,
 {
     const PRODUCERS: u32 = 4;
+    // Warm-up, not counted: 20 messages through every connection the run will open.
+    let warm: Vec<_> = (0..20).map(|_| enqueue()).collect();
+    futures::future::join_all(warm).await;
+    let wait = Instant::now();
+    while wait.elapsed() < Duration::from_secs(5) && confirmed.lock().unwrap().len() < 20 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    confirmed.lock().unwrap().clear();
     let per = rate / PRODUCERS;
     let each = per as u64 * secs;
     let mut tasks = Vec::new();
@@ -893,7 +939,14 @@ async fn latencies(topic: &str) {
         .unwrap_or(5);
     let dir = tempfile::tempdir().unwrap();
     for rate in [100u32, 1000] {
-        // PostgreSQL → JetStream.
+        // This machine's floor for the same path, then PostgreSQL → JetStream.
+        let lat = bare_latency(topic, rate, secs).await;
+        print_latency(
+            "PostgreSQL -> JetStream, bare loop (floor)",
+            rate,
+            lat,
+            rate as u64 * secs,
+        );
         let store = fresh_store("lat").await;
         let lat = relay_latency(Arc::new(store.clone()), store.clone(), topic, rate, secs).await;
         print_latency(
@@ -936,6 +989,99 @@ async fn latencies(topic: &str) {
             print_latency(what, rate, lat, rate as u64 * secs);
         }
     }
+}
+
+/// The floor of the PostgreSQL → JetStream path on this machine, measured beside the
+/// relay: the same producers and, instead of the relay, one bare loop that `LISTEN`s on the
+/// outbox's channel and, on each notification, claims by one `UPDATE … RETURNING` (`SKIP
+/// LOCKED`; no lease token, pause filter, headers or envelope), publishes the rows to
+/// JetStream with their PubAcks pipelined and claims again until a claim finds nothing;
+/// the marks run beside it, not in its way. Returns the commit → PubAck latencies.
+async fn bare_latency(topic: &str, rate: u32, secs: u64) -> Vec<(Duration, Duration)> {
+    let store = fresh_store("bare").await;
+    let s = store.config().schema.clone();
+    let confirmed: Times = Arc::default();
+    let js = async_nats::jetstream::new(async_nats::connect(NATS).await.unwrap());
+    let mut listener = sqlx::postgres::PgListener::connect(PG).await.unwrap();
+    listener.listen(&format!("{s}_messages")).await.unwrap();
+    let claim = format!(
+        "UPDATE {s}.messages SET status = 1, attempts = attempts + 1,
+                available_at = now() + interval '30 s', locked_until = now() + interval '30 s'
+         WHERE id IN (SELECT id FROM {s}.messages WHERE status <= 1 AND available_at <= now()
+                      ORDER BY available_at, id LIMIT 1000 FOR UPDATE SKIP LOCKED)
+         RETURNING id, message_id, payload"
+    );
+    let mark = format!(
+        "UPDATE {s}.messages SET status = 2, dispatched_at = now(), locked_until = NULL
+         WHERE id = ANY($1)"
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (pool, times, subject, halt) = (
+        store.pool().clone(),
+        confirmed.clone(),
+        topic.to_owned(),
+        stop.clone(),
+    );
+    let bare = tokio::spawn(async move {
+        while !halt.load(Ordering::Relaxed) {
+            let _ = tokio::time::timeout(Duration::from_millis(100), listener.recv()).await;
+            loop {
+                let rows: Vec<(i64, Uuid, Vec<u8>)> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(claim.clone()))
+                        .fetch_all(&pool)
+                        .await
+                        .unwrap();
+                if rows.is_empty() {
+                    break;
+                }
+                let handed = Instant::now();
+                let mut acks = Vec::with_capacity(rows.len());
+                for (_, _, payload) in &rows {
+                    acks.push(
+                        js.publish(subject.clone(), payload.clone().into())
+                            .await
+                            .unwrap(),
+                    );
+                }
+                for ack in acks {
+                    ack.await.unwrap();
+                }
+                let now = Instant::now();
+                {
+                    let mut c = times.lock().unwrap();
+                    for (_, id, _) in &rows {
+                        c.insert(*id, (handed, now));
+                    }
+                }
+                let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+                let (pool, mark) = (pool.clone(), mark.clone());
+                tokio::spawn(async move {
+                    sqlx::query(sqlx::AssertSqlSafe(mark))
+                        .bind(ids)
+                        .execute(&pool)
+                        .await
+                        .unwrap();
+                });
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (producer, topic) = (store.clone(), topic.to_owned());
+    let enqueue = move || {
+        let (p, topic) = (producer.clone(), topic.clone());
+        async move {
+            let m = Message::new(topic, vec![b'x'; 300]);
+            outbox::events::Enqueue::enqueue_alone(&p, &m)
+                .await
+                .unwrap();
+            m.id()
+        }
+    };
+    let lat = offered_load(rate, secs, &confirmed, enqueue).await;
+    stop.store(true, Ordering::Relaxed);
+    bare.await.unwrap();
+    drop_store(&store).await;
+    lat
 }
 
 /// One relay at `RelayConfig::default()` over `store`, publishing to JetStream, while
