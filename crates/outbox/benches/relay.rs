@@ -613,8 +613,7 @@ async fn enqueue_costs(topic: &str) {
 }
 
 /// Counts the statements sqlx runs (its `sqlx::query` log events, one per statement),
-/// with every other event disabled.
-/// Counts the statements sqlx runs, and each statement's summary (its first words).
+/// with every other event disabled, and each statement's summary (its first words).
 struct CountStatements(Arc<AtomicU64>, Arc<std::sync::Mutex<HashMap<String, u64>>>);
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountStatements {
