@@ -1140,7 +1140,7 @@ impl Relay {
                 }
                 // A poll the store knows would find nothing (MySQL's probe) is skipped:
                 // the loop still turns, for the health check.
-                while self.idle(cancel).await && self.store.nothing_due() {
+                while self.idle(cancel).await && self.store.nothing_due(cfg.poll_interval) {
                     self.health.turned();
                 }
                 continue;

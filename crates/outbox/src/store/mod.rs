@@ -638,10 +638,13 @@ pub trait Store: Send + Sync + 'static {
     /// True only when the store knows, without running a statement, that no row is
     /// claimable now, paused or not: the wake-up watcher's last look found none due, and
     /// it moves [`Store::wakeups`] when that changes. A relay woken by its poll interval
-    /// alone skips the claim then. False when not known (the default; PostgreSQL and
-    /// SQLite, whose claim is one cheap statement). MySQL's probe answers it: an idle
-    /// relay there runs the probe and no claim.
-    fn nothing_due(&self) -> bool {
+    /// alone skips the claim then. `poll_interval` is how often the caller asks: a watcher
+    /// that answers keeps looking at least that often, so a commit waits no longer than
+    /// with a claim per poll. False when not known (the default; PostgreSQL and SQLite,
+    /// whose claim is one cheap statement). MySQL's probe answers it: an idle relay there
+    /// runs the probe and no claim.
+    fn nothing_due(&self, poll_interval: std::time::Duration) -> bool {
+        let _ = poll_interval;
         false
     }
 
@@ -836,8 +839,8 @@ impl Store for AnyStore {
     fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
         self.inner().wakeups()
     }
-    fn nothing_due(&self) -> bool {
-        self.inner().nothing_due()
+    fn nothing_due(&self, poll_interval: std::time::Duration) -> bool {
+        self.inner().nothing_due(poll_interval)
     }
     async fn find_messages(
         &self,

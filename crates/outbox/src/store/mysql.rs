@@ -61,7 +61,9 @@ const PARKED: &str = "9999-01-01 00:00:00";
 const PROBE_MIN: Duration = Duration::from_millis(5);
 const PROBE_MAX: Duration = Duration::from_millis(200);
 /// The probe's interval after [`PROBE_QUIET`] without a change: the relay's default poll
-/// interval, so a long-idle relay runs one statement per second to find new rows.
+/// interval, so a long-idle relay runs one statement per second to find new rows. A relay
+/// polling more often lowers every cap to its poll interval (see [`Store::nothing_due`]),
+/// so a commit waits no longer than with a claim per poll.
 const PROBE_IDLE: Duration = Duration::from_secs(1);
 const PROBE_QUIET: Duration = Duration::from_secs(10);
 
@@ -615,7 +617,6 @@ struct Inner {
 }
 
 /// What the wake-up probe last saw, for [`Store::nothing_due`].
-#[derive(Default)]
 struct Quiet {
     /// Writes through this store that can make rows due (settle, replay, give-back),
     /// counted as each ends: a probe that began before one ended may not have seen it.
@@ -623,6 +624,19 @@ struct Quiet {
     /// `writes` when the last successful probe began, and the instant before which it
     /// found no row claimable.
     seen: std::sync::Mutex<Option<(u64, std::time::Instant)>>,
+    /// The shortest poll interval a relay skipping claims on the probe's word asked with
+    /// (ms; `u64::MAX` until one asks): the probe never waits longer than that.
+    poll_ms: std::sync::atomic::AtomicU64,
+}
+
+impl Default for Quiet {
+    fn default() -> Self {
+        Quiet {
+            writes: Default::default(),
+            seen: Default::default(),
+            poll_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
+        }
+    }
 }
 
 impl Quiet {
@@ -630,7 +644,13 @@ impl Quiet {
         self.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn nothing_due(&self) -> bool {
+    /// See [`Store::nothing_due`]; `poll_interval` caps the probe's quiet interval.
+    fn nothing_due(&self, poll_interval: Duration) -> bool {
+        let ms = u64::try_from(poll_interval.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        self.poll_ms
+            .fetch_min(ms, std::sync::atomic::Ordering::Relaxed);
         let writes = self.writes.load(std::sync::atomic::Ordering::SeqCst);
         self.seen()
             .is_some_and(|(w, until)| w == writes && std::time::Instant::now() < until)
@@ -960,11 +980,15 @@ impl MySqlStore {
                 } else if last.is_none() {
                     interval = PROBE_MIN;
                 } else {
+                    let poll = Duration::from_millis(
+                        quiet.poll_ms.load(std::sync::atomic::Ordering::Relaxed),
+                    );
                     let cap = if changed.elapsed() < PROBE_QUIET {
                         PROBE_MAX
                     } else {
                         PROBE_IDLE
-                    };
+                    }
+                    .min(poll);
                     interval = (interval * 3 / 2).min(cap);
                 }
                 last = Some(max);
@@ -2184,8 +2208,8 @@ impl Store for MySqlStore {
         self.inner.wakeup.subscribe()
     }
 
-    fn nothing_due(&self) -> bool {
-        self.inner.quiet.nothing_due()
+    fn nothing_due(&self, poll_interval: Duration) -> bool {
+        self.inner.quiet.nothing_due(poll_interval)
     }
 
     async fn find_messages(

@@ -181,8 +181,8 @@ impl outbox::Store for Counting {
     fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
         self.inner.wakeups()
     }
-    fn nothing_due(&self) -> bool {
-        self.inner.nothing_due()
+    fn nothing_due(&self, poll_interval: Duration) -> bool {
+        self.inner.nothing_due(poll_interval)
     }
     async fn find_messages(
         &self,
