@@ -663,6 +663,22 @@ impl Quiet {
     }
 }
 
+/// Until when a probe that began at `at` and found the first live row `next_us` µs away
+/// (≤ 0: due now; `None`: no live row) says nothing is claimable: measured from the
+/// probe's start, so never later than the database's view, and never more than
+/// [`QUIET_VALID`] past it, so an answer from a probe that hangs (a connection that went
+/// silent) lapses and the relay claims on its poll again.
+fn quiet_until(at: std::time::Instant, next_us: Option<i64>) -> Option<std::time::Instant> {
+    match next_us {
+        None => Some(at + QUIET_VALID),
+        Some(us) if us > 0 => Some(at + Duration::from_micros(us.unsigned_abs()).min(QUIET_VALID)),
+        Some(_) => None,
+    }
+}
+
+/// How long one probe's "nothing claimable" holds: twice its longest interval.
+const QUIET_VALID: Duration = Duration::from_secs(2);
+
 struct WriteEnd<'a>(&'a Quiet);
 
 impl Drop for WriteEnd<'_> {
@@ -963,13 +979,7 @@ impl MySqlStore {
                     continue;
                 };
                 let due = next_us.is_some_and(|us| us <= 0);
-                // Measured from the probe's start: never later than the database's view.
-                let until = match next_us {
-                    None => Some(at + Duration::from_secs(3600)),
-                    Some(us) if us > 0 => Some(at + Duration::from_micros(us.unsigned_abs())),
-                    Some(_) => None,
-                };
-                *quiet.seen() = until.map(|u| (writes, u));
+                *quiet.seen() = quiet_until(at, next_us).map(|u| (writes, u));
                 let new_rows = last.is_some_and(|l| l != max);
                 if new_rows || (due && !was_due) {
                     if last.is_some() {
@@ -2317,5 +2327,25 @@ impl Store for MySqlStore {
             .execute(&self.inner.pool)
             .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod quiet_tests {
+    use super::{QUIET_VALID, quiet_until};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_probe_answer_lapses_even_when_nothing_is_live_or_due_for_long() {
+        let at = Instant::now();
+        assert_eq!(quiet_until(at, None), Some(at + QUIET_VALID));
+        // A parked row (due in 8,000 years) or a far retry: still at most QUIET_VALID.
+        assert_eq!(quiet_until(at, Some(i64::MAX)), Some(at + QUIET_VALID));
+        assert_eq!(
+            quiet_until(at, Some(300_000)),
+            Some(at + Duration::from_millis(300))
+        );
+        assert_eq!(quiet_until(at, Some(0)), None);
+        assert_eq!(quiet_until(at, Some(-5)), None);
     }
 }
