@@ -936,57 +936,74 @@ async fn latencies(topic: &str) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
+    // BENCH_LATENCY_STORES: a comma-separated subset (postgresql,sqlite).
+    let only = std::env::var("BENCH_LATENCY_STORES").unwrap_or_default();
+    let runs = |store: &str| only.is_empty() || only.split(',').any(|s| s.trim() == store);
     let dir = tempfile::tempdir().unwrap();
     for rate in [100u32, 1000] {
-        // This machine's floor for the same path, then PostgreSQL → JetStream.
-        let lat = bare_latency(topic, rate, secs).await;
-        print_latency(
-            "PostgreSQL -> JetStream, bare loop (floor)",
-            rate,
-            lat,
-            rate as u64 * secs,
-        );
-        let store = fresh_store("lat").await;
-        let lat = relay_latency(Arc::new(store.clone()), store.clone(), topic, rate, secs).await;
-        print_latency(
-            "PostgreSQL -> JetStream, commit -> PubAck",
-            rate,
-            lat,
-            rate as u64 * secs,
-        );
-        drop_store(&store).await;
-        // SQLite → JetStream, the producer in the relay's process and on another pool.
-        for own_pool in [false, true] {
-            let path = dir.path().join(format!("lat-{rate}-{own_pool}.db"));
-            let url = format!("sqlite://{}", path.display());
-            let store = outbox::sqlite::SqliteStore::connect(&url, StoreConfig::default())
+        if runs("postgresql") {
+            pg_latency(topic, rate, secs).await;
+        }
+        if runs("sqlite") {
+            sqlite_latency(dir.path(), topic, rate, secs).await;
+        }
+    }
+}
+
+/// [`latencies`] on PostgreSQL at `rate`: the bare loop (this machine's floor), then the relay.
+async fn pg_latency(topic: &str, rate: u32, secs: u64) {
+    // This machine's floor for the same path, then PostgreSQL → JetStream.
+    let lat = bare_latency(topic, rate, secs).await;
+    print_latency(
+        "PostgreSQL -> JetStream, bare loop (floor)",
+        rate,
+        lat,
+        rate as u64 * secs,
+    );
+    let store = fresh_store("lat").await;
+    let lat = relay_latency(Arc::new(store.clone()), store.clone(), topic, rate, secs).await;
+    print_latency(
+        "PostgreSQL -> JetStream, commit -> PubAck",
+        rate,
+        lat,
+        rate as u64 * secs,
+    );
+    drop_store(&store).await;
+}
+
+/// [`latencies`] on SQLite at `rate`: the producer in the relay's process, then on a pool
+/// of its own (as another process would be), files under `dir`.
+async fn sqlite_latency(dir: &std::path::Path, topic: &str, rate: u32, secs: u64) {
+    for own_pool in [false, true] {
+        let path = dir.join(format!("lat-{rate}-{own_pool}.db"));
+        let url = format!("sqlite://{}", path.display());
+        let store = outbox::sqlite::SqliteStore::connect(&url, StoreConfig::default())
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        let producer = if own_pool {
+            let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(4)
+                .connect_with(
+                    options
+                        .clone()
+                        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                        .busy_timeout(Duration::from_secs(5)),
+                )
                 .await
                 .unwrap();
-            store.migrate().await.unwrap();
-            let producer = if own_pool {
-                let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
-                let pool = sqlx::sqlite::SqlitePoolOptions::new()
-                    .max_connections(4)
-                    .connect_with(
-                        options
-                            .clone()
-                            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-                            .busy_timeout(Duration::from_secs(5)),
-                    )
-                    .await
-                    .unwrap();
-                outbox::sqlite::SqliteStore::from_pool(pool, options, StoreConfig::default())
-            } else {
-                store.clone()
-            };
-            let lat = relay_latency(Arc::new(store), producer, topic, rate, secs).await;
-            let what = if own_pool {
-                "SQLite -> JetStream, producer's own pool"
-            } else {
-                "SQLite -> JetStream, relay in the producer"
-            };
-            print_latency(what, rate, lat, rate as u64 * secs);
-        }
+            outbox::sqlite::SqliteStore::from_pool(pool, options, StoreConfig::default())
+        } else {
+            store.clone()
+        };
+        let lat = relay_latency(Arc::new(store), producer, topic, rate, secs).await;
+        let what = if own_pool {
+            "SQLite -> JetStream, producer's own pool"
+        } else {
+            "SQLite -> JetStream, relay in the producer"
+        };
+        print_latency(what, rate, lat, rate as u64 * secs);
     }
 }
 
