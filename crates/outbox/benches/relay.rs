@@ -1132,7 +1132,11 @@ where
     let handle = Relay::new(store, Arc::new(sink), RelayConfig::default()).spawn();
     tokio::time::sleep(Duration::from_millis(300)).await; // the wake-up source is up
     let lat = offered_load(rate, secs, &confirmed, enqueue).await;
-    handle.shutdown().await.unwrap();
+    let stats = handle.shutdown().await.unwrap();
+    println!(
+        "latency   (the relay: {} claims, {} of them finding rows, for {} messages)",
+        stats.claims, stats.batches, stats.dispatched
+    );
     lat
 }
 

@@ -345,6 +345,10 @@ pub struct Relay {
     listener: tokio::sync::Mutex<Option<tokio::sync::watch::Receiver<u64>>>,
     /// Wakes the idle workers that are not listening when a claim came back full.
     more: tokio::sync::Notify,
+    /// Workers not waiting in [`Relay::idle`]: claiming, publishing or settling.
+    working: std::sync::atomic::AtomicU32,
+    /// Told when a worker begins a claim or starts to wait (see [`Relay::covered`]).
+    turn: tokio::sync::Notify,
     /// Rows the next claim asks for, between the configured bounds (see
     /// [`RelayConfig::batch_size`]); shared by the workers.
     claim_size: std::sync::atomic::AtomicU32,
@@ -460,6 +464,26 @@ impl Policy {
 
 /// Delay for an unavailable destination that named none (the router names one whenever
 /// a breaker is open).
+/// How long a worker woken while others are busy waits for one of them to begin a claim
+/// before it claims itself (see [`Relay::covered`]).
+const JOIN_AFTER: Duration = Duration::from_millis(5);
+
+/// Counts a worker in [`Relay::working`] while it lives.
+struct Working<'a>(&'a std::sync::atomic::AtomicU32);
+
+impl<'a> Working<'a> {
+    fn start(n: &'a std::sync::atomic::AtomicU32) -> Self {
+        n.fetch_add(1, Ordering::Relaxed);
+        Working(n)
+    }
+}
+
+impl Drop for Working<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 const UNAVAILABLE_RETRY: Duration = Duration::from_millis(500);
 
 /// Splits a claim's messages into those to publish and those already past
@@ -630,6 +654,8 @@ impl Relay {
             pause: tokio::sync::Mutex::new(PauseCache::default()),
             listener: tokio::sync::Mutex::new(None),
             more: tokio::sync::Notify::new(),
+            working: std::sync::atomic::AtomicU32::new(0),
+            turn: tokio::sync::Notify::new(),
             claim_size: std::sync::atomic::AtomicU32::new(config.claim_bounds().0),
             failing: std::sync::Mutex::new(Failing::default()),
             health: Arc::new(RelayHealth::new(config.poll_interval)),
@@ -1025,29 +1051,77 @@ impl Relay {
 
     /// Waits while idle: for the store's wake-up or the poll interval when this worker is
     /// the relay's listener (one idle worker at a time is), for a full batch found by
-    /// another worker, or for shutdown. One claim follows per wake-up, not one per worker.
+    /// another worker, or for shutdown. One claim follows per wake-up, not one per worker,
+    /// and none when a busy worker's next claim covers it ([`Relay::covered`]).
     /// Returns true when the poll interval alone ended the wait.
     async fn idle(&self, cancel: &CancellationToken) -> bool {
         tokio::select! {
             mut slot = self.listener.lock() => {
                 let wake = slot.get_or_insert_with(|| self.store.wakeups());
-                tokio::select! {
-                    r = wake.changed() => {
-                        if r.is_err() {
-                            // The store's counter is gone: poll instead.
-                            *slot = None;
-                            sleep_or_cancel(self.config.poll_interval, cancel).await;
+                loop {
+                    tokio::select! {
+                        r = wake.changed() => {
+                            if r.is_err() {
+                                // The store's counter is gone: poll instead.
+                                *slot = None;
+                                sleep_or_cancel(self.config.poll_interval, cancel).await;
+                                return false;
+                            }
+                            if !self.covered(cancel).await {
+                                return false;
+                            }
                         }
-                        false
+                        () = tokio::time::sleep(self.config.poll_interval) => return true,
+                        () = self.more.notified() => return false,
+                        () = cancel.cancelled() => return false,
                     }
-                    () = tokio::time::sleep(self.config.poll_interval) => true,
-                    () = self.more.notified() => false,
-                    () = cancel.cancelled() => false,
                 }
             }
             () = self.more.notified() => false,
             () = cancel.cancelled() => false,
         }
+    }
+
+    /// After a wake-up, while other workers are busy (and the store is not
+    /// [`Store::one_writer`]): true when one of them began a claim
+    /// since (a claim that begins after the commit's wake-up sees the commit), so this
+    /// worker need not claim too; false, and this worker claims, when none is busy, a
+    /// claim came back full, or none began within [`JOIN_AFTER`] (a slow publish does not
+    /// hold new rows back for longer). So a trickle of commits is claimed by the worker
+    /// that comes round next, in fewer, larger claims, rather than by every idle worker in
+    /// turn, and the workers in flight follow the backlog.
+    async fn covered(&self, cancel: &CancellationToken) -> bool {
+        if self.store.one_writer() {
+            return false;
+        }
+        let seen = self.counters.claims.load(Ordering::Relaxed);
+        let deadline = tokio::time::Instant::now() + JOIN_AFTER;
+        loop {
+            let turned = self.turn.notified();
+            tokio::pin!(turned);
+            turned.as_mut().enable();
+            if self.counters.claims.load(Ordering::Relaxed) != seen {
+                return true;
+            }
+            if self.working.load(Ordering::Relaxed) == 0 {
+                return false;
+            }
+            tokio::select! {
+                () = turned => {}
+                () = tokio::time::sleep_until(deadline) => return false,
+                () = self.more.notified() => return false,
+                () = cancel.cancelled() => return false,
+            }
+        }
+    }
+
+    /// [`Relay::idle`] for a worker that was working.
+    async fn rest(&self, cancel: &CancellationToken) -> bool {
+        self.working.fetch_sub(1, Ordering::Relaxed);
+        self.turn.notify_waiters();
+        let polled = self.idle(cancel).await;
+        self.working.fetch_add(1, Ordering::Relaxed);
+        polled
     }
 
     /// One claim → publish → settle loop (worker `index`). While idle, one worker at a
@@ -1058,8 +1132,9 @@ impl Relay {
         // One worker claims first; the others join when a claim comes back full (or a
         // wake-up comes), as while idle, so a small backlog is one batch, not one split
         // between every worker. A drain starts them all (each ends on an empty claim).
+        let _working = Working::start(&self.working);
         if index > 0 && !cfg.drain {
-            self.idle(cancel).await;
+            self.rest(cancel).await;
         }
         let mut request = ClaimRequest {
             relay_id: cfg.relay_id.clone(),
@@ -1090,6 +1165,7 @@ impl Relay {
             let beside_others = self.health.in_flight.load(Ordering::Relaxed) > 0;
             let began = Instant::now();
             add(&self.counters.claims, 1);
+            self.turn.notify_waiters();
             let claim = match self.store.claim(&request).await {
                 Ok(c) => {
                     crate::metrics::seconds(crate::metrics::CLAIM_DURATION, began.elapsed());
@@ -1140,7 +1216,7 @@ impl Relay {
                 }
                 // A poll the store knows would find nothing (MySQL's probe) is skipped:
                 // the loop still turns, for the health check.
-                while self.idle(cancel).await && self.store.nothing_due(cfg.poll_interval) {
+                while self.rest(cancel).await && self.store.nothing_due(cfg.poll_interval) {
                     self.health.turned();
                 }
                 continue;

@@ -1761,6 +1761,10 @@ impl Store for SqliteStore {
         self.inner.wakeup.subscribe()
     }
 
+    fn one_writer(&self) -> bool {
+        true
+    }
+
     async fn find_messages(
         &self,
         query: &super::lookup::MessageQuery,

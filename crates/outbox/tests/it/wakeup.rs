@@ -184,6 +184,9 @@ impl outbox::Store for Counting {
     fn nothing_due(&self, poll_interval: Duration) -> bool {
         self.inner.nothing_due(poll_interval)
     }
+    fn one_writer(&self) -> bool {
+        self.inner.one_writer()
+    }
     async fn find_messages(
         &self,
         query: &outbox::store::lookup::MessageQuery,
@@ -318,6 +321,87 @@ async fn mysql_rows_falling_due_wake_an_idle_relay() {
         took >= Duration::from_millis(1_400),
         "published early: {took:?}"
     );
+    let stats = handle.shutdown().await.unwrap();
+    assert_eq!(stats.dispatched, 2);
+}
+
+/// Holds its first batch until released; records every message it is handed.
+struct HoldFirst {
+    seen: crate::common::Seen,
+    release: tokio::sync::Semaphore,
+    first: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl outbox::sink::Sink for HoldFirst {
+    async fn publish(
+        &self,
+        batch: &[outbox::OutgoingMessage],
+        confirm: &outbox::sink::Confirmations,
+    ) {
+        crate::common::record(&self.seen, batch);
+        if self.first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            let _ = self.release.acquire().await.unwrap();
+        }
+        for i in 0..batch.len() {
+            confirm.set(i, Ok(()));
+        }
+    }
+
+    fn describe(&self) -> String {
+        "hold-first".into()
+    }
+}
+
+/// A worker woken while another's batch is in flight leaves the rows to that worker's
+/// next claim only for a few milliseconds: a publish that hangs does not hold back what
+/// is committed after it (the idle worker claims it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hanging_publish_does_not_hold_back_rows_committed_after_it() {
+    let db = PgBackend::create("hold_first", DEFAULT_MAX).await;
+    let store = db.store();
+    let sink = std::sync::Arc::new(HoldFirst {
+        seen: Default::default(),
+        release: tokio::sync::Semaphore::new(0),
+        first: std::sync::atomic::AtomicBool::new(true),
+    });
+    let mut cfg = relay_config("relay-hold-first");
+    cfg.poll_interval = Duration::from_secs(60);
+    cfg.in_flight_batches = 2;
+    let handle = Relay::new(store.clone(), sink.clone(), cfg).spawn();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let first = db.enqueue_all(&messages("t.hold.v1", 1)).await;
+    let seen = |id: uuid::Uuid| sink.seen.lock().unwrap().contains_key(&id);
+    crate::common::wait_until("the first batch is held", Duration::from_secs(5), || {
+        let held = seen(first[0].message_id);
+        async move {
+            if held {
+                Ok(())
+            } else {
+                Err("not yet".to_owned())
+            }
+        }
+    })
+    .await;
+    let second = db.enqueue_all(&messages("t.hold.v1", 1)).await;
+    crate::common::wait_until(
+        "the row committed after the held batch is published",
+        Duration::from_secs(5),
+        || {
+            let published = seen(second[0].message_id);
+            async move {
+                if published {
+                    Ok(())
+                } else {
+                    Err("not yet".to_owned())
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(handle.stats().dispatched, 1, "the held batch was settled");
+    sink.release.add_permits(1);
+    crate::common::wait_dispatched("both", &store, 2, Duration::from_secs(5)).await;
     let stats = handle.shutdown().await.unwrap();
     assert_eq!(stats.dispatched, 2);
 }
