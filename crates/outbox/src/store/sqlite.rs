@@ -585,6 +585,13 @@ impl SqliteStore {
 ///   default does, passively once the WAL holds [`AUTOCHECKPOINT_PAGES`].
 /// - Without a WAL (an in-memory database) the commit hook moves it, just before the
 ///   commit ends.
+///
+/// SQLite runs the WAL hook when a statement's step completes the commit, not when a
+/// reset does: an autocommit write whose rows are read only in part (`INSERT …
+/// RETURNING` through sqlx's `fetch_one` or `fetch_optional`, which reset the statement
+/// after one row) moves no counter here. The store's own writes run to completion; for
+/// such a write on [`SqliteStore::pool`] the file watch, which runs for every relay of the
+/// store, wakes the relays (as for another process's commit).
 async fn wake_on_commit(conn: &mut sqlx::SqliteConnection, p: &str, bump: super::Bump) {
     let wal = sqlx::query_scalar::<_, String>("PRAGMA journal_mode")
         .fetch_one(&mut *conn)

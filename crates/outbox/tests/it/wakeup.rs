@@ -399,7 +399,18 @@ async fn a_hanging_publish_does_not_hold_back_rows_committed_after_it() {
         },
     )
     .await;
-    assert_eq!(handle.stats().dispatched, 1, "the held batch was settled");
+    // The later row settles while the first batch still hangs.
+    crate::common::wait_until("the later row settled", Duration::from_secs(5), || {
+        let dispatched = handle.stats().dispatched;
+        async move {
+            if dispatched == 1 {
+                Ok(())
+            } else {
+                Err(format!("{dispatched} dispatched"))
+            }
+        }
+    })
+    .await;
     sink.release.add_permits(1);
     crate::common::wait_dispatched("both", &store, 2, Duration::from_secs(5)).await;
     let stats = handle.shutdown().await.unwrap();
