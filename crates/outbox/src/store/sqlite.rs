@@ -1,6 +1,7 @@
-//! SQLite store, the embedded default: WAL, a busy timeout and pragmas on every
-//! connection, claims by one `UPDATE … RETURNING`, wake-up by watching the database and
-//! WAL files (every commit, from any process, changes one of them).
+//! SQLite store, the embedded default: WAL, a busy handler and pragmas on every
+//! connection, claims by one `UPDATE … RETURNING`, wake-up by the WAL hook of the store's
+//! own connections (this process's commits) and by watching the database and WAL files
+//! (every commit, from any process, changes one of them).
 //!
 //! Tables are named `{prefix}_messages`, `{prefix}_control`, `{prefix}_schema_migrations`,
 //! `{prefix}_inbox` (the consumer inbox), … (SQLite has no schemas). Times are integer milliseconds since the Unix epoch, UTC,
