@@ -462,8 +462,6 @@ impl Policy {
     }
 }
 
-/// Delay for an unavailable destination that named none (the router names one whenever
-/// a breaker is open).
 /// How long a worker woken while others are busy waits for one of them to begin a claim
 /// before it claims itself (see [`Relay::covered`]).
 const JOIN_AFTER: Duration = Duration::from_millis(5);
@@ -484,6 +482,8 @@ impl Drop for Working<'_> {
     }
 }
 
+/// Delay for an unavailable destination that named none (the router names one whenever
+/// a breaker is open).
 const UNAVAILABLE_RETRY: Duration = Duration::from_millis(500);
 
 /// Splits a claim's messages into those to publish and those already past

@@ -371,32 +371,25 @@ async fn a_hanging_publish_does_not_hold_back_rows_committed_after_it() {
     let handle = Relay::new(store.clone(), sink.clone(), cfg).spawn();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let first = db.enqueue_all(&messages("t.hold.v1", 1)).await;
-    let seen = |id: uuid::Uuid| sink.seen.lock().unwrap().contains_key(&id);
-    crate::common::wait_until("the first batch is held", Duration::from_secs(5), || {
-        let held = seen(first[0].message_id);
-        async move {
-            if held {
-                Ok(())
-            } else {
-                Err("not yet".to_owned())
-            }
-        }
-    })
-    .await;
-    let second = db.enqueue_all(&messages("t.hold.v1", 1)).await;
-    crate::common::wait_until(
-        "the row committed after the held batch is published",
-        Duration::from_secs(5),
-        || {
-            let published = seen(second[0].message_id);
+    // Waits until the sink was handed `id`.
+    let seen = &sink.seen;
+    let handed = |what: &'static str, id: uuid::Uuid| {
+        crate::common::wait_until(what, Duration::from_secs(5), move || {
+            let handed = seen.lock().unwrap().contains_key(&id);
             async move {
-                if published {
+                if handed {
                     Ok(())
                 } else {
-                    Err("not yet".to_owned())
+                    Err("not handed yet".to_owned())
                 }
             }
-        },
+        })
+    };
+    handed("the first batch is held", first[0].message_id).await;
+    let second = db.enqueue_all(&messages("t.hold.v1", 1)).await;
+    handed(
+        "the row committed after the held batch is published",
+        second[0].message_id,
     )
     .await;
     // The later row settles while the first batch still hangs.
