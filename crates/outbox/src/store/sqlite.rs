@@ -226,6 +226,38 @@ fn regexp_refused(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("1043"))
 }
 
+/// A row's topic is one of `?1` (a JSON array of topics, from [`ordered_dead_topics`]).
+/// Read as text, as `REGEXP` reads it, so a topic written by hand as a BLOB compares by
+/// its bytes.
+const ORDERED_TOPIC: &str = "CAST(topic AS TEXT) IN (SELECT value FROM json_each(?1))";
+
+/// The topics of keyed dead letters that `ordering` covers, as a JSON array for
+/// [`ORDERED_TOPIC`]. Matched here rather than by `REGEXP` in the statements over dead
+/// letters: a dead letter quarantined as malformed keeps its topic, and a topic that is
+/// not UTF-8 would fail the whole statement ([`regexp_refused`]) for as long as it stays;
+/// such a topic matches no pattern and holds nothing back.
+async fn ordered_dead_topics(
+    tx: &mut Transaction<'static, Sqlite>,
+    p: &str,
+    ordering: &KeyOrdering,
+) -> Result<String> {
+    if !ordering.is_on() {
+        return Ok("[]".to_owned());
+    }
+    let topics: Vec<Vec<u8>> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT DISTINCT CAST(topic AS BLOB) FROM {p}_messages
+         WHERE status = 3 AND key IS NOT NULL"
+    )))
+    .fetch_all(&mut **tx)
+    .await?;
+    let covered: Vec<String> = topics
+        .into_iter()
+        .filter_map(|t| String::from_utf8(t).ok())
+        .filter(|t| ordering.covers(t))
+        .collect();
+    Ok(serde_json::Value::from(covered).to_string())
+}
+
 /// The ordered claim's last step: claims the rows of `?4` (a JSON array of ids).
 fn claim_ids_sql(p: &str) -> String {
     let n = NOW_MS;
@@ -1614,23 +1646,24 @@ impl Store for SqliteStore {
         }
         let p = self.p();
         let n = NOW_MS;
-        let regexes = ordering.regexes();
-        let ord = regexp_any("topic", 1, regexes.len());
-        let mut query = sqlx::query_as::<_, (i64, i64, Option<i64>)>(AssertSqlSafe(format!(
-            "WITH blocked AS (
-               SELECT topic, key, min(id) AS id FROM {p}_messages
-               WHERE status = 3 AND key IS NOT NULL AND ({ord}) GROUP BY topic, key),
-             held AS (
-               SELECT m.occurred_at FROM blocked b JOIN {p}_messages m
-                 ON m.topic = b.topic AND m.key = b.key AND m.status <> 2
-                AND m.status <= 1 AND m.id > b.id)
-             SELECT (SELECT count(*) FROM blocked), (SELECT count(*) FROM held),
-                    (SELECT ({n} - min(occurred_at)) / 1000 FROM held)"
-        )));
-        for re in &regexes {
-            query = query.bind(re.as_str());
-        }
-        let (blocked_keys, held, oldest) = query.fetch_one(&self.inner.pool).await?;
+        let mut tx = self.inner.pool.begin().await?;
+        let topics = ordered_dead_topics(&mut tx, p, ordering).await?;
+        let (blocked_keys, held, oldest) =
+            sqlx::query_as::<_, (i64, i64, Option<i64>)>(AssertSqlSafe(format!(
+                "WITH blocked AS (
+                   SELECT topic, key, min(id) AS id FROM {p}_messages
+                   WHERE status = 3 AND key IS NOT NULL AND {ORDERED_TOPIC} GROUP BY topic, key),
+                 held AS (
+                   SELECT m.occurred_at FROM blocked b JOIN {p}_messages m
+                     ON m.topic = b.topic AND m.key = b.key AND m.status <> 2
+                    AND m.status <= 1 AND m.id > b.id)
+                 SELECT (SELECT count(*) FROM blocked), (SELECT count(*) FROM held),
+                        (SELECT ({n} - min(occurred_at)) / 1000 FROM held)"
+            )))
+            .bind(topics)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
         Ok(HeldKeys {
             blocked_keys,
             held,
@@ -1644,24 +1677,20 @@ impl Store for SqliteStore {
         }
         let p = self.p();
         let n = NOW_MS;
-        let regexes = ordering.regexes();
-        let ord = regexp_any("topic", 1, regexes.len());
         // Under the write lock: a replay or discard runs wholly before or after.
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let mut query = sqlx::query(AssertSqlSafe(format!(
+        let topics = ordered_dead_topics(&mut tx, p, ordering).await?;
+        let query = sqlx::query(AssertSqlSafe(format!(
             "WITH blocked AS (
                SELECT topic, key, min(id) AS id FROM {p}_messages
-               WHERE status = 3 AND key IS NOT NULL AND ({ord}) GROUP BY topic, key)
+               WHERE status = 3 AND key IS NOT NULL AND {ORDERED_TOPIC} GROUP BY topic, key)
              UPDATE {p}_messages SET available_at = {PARKED_AT_MS}
              WHERE id IN (SELECT m.id FROM blocked b JOIN {p}_messages m
                           ON m.topic = b.topic AND m.key = b.key AND m.key IS NOT NULL
                          AND m.status <> 2 AND m.id > b.id
                           WHERE m.status = 0 AND m.available_at <= {n})"
         )));
-        for re in &regexes {
-            query = query.bind(re.as_str());
-        }
-        let parked = query.execute(&mut *tx).await?.rows_affected();
+        let parked = query.bind(topics).execute(&mut *tx).await?.rows_affected();
         tx.commit().await?;
         Ok(parked)
     }
@@ -1669,26 +1698,22 @@ impl Store for SqliteStore {
     async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
         let p = self.p();
         let n = NOW_MS;
-        let strict = ordering.holds_dead();
-        let regexes = if strict {
-            ordering.regexes()
-        } else {
-            Vec::new()
-        };
-        // Not ordered (or nothing held): every parked row is free.
-        let held = if strict {
-            format!(
-                "pk.key IS NOT NULL AND ({}) AND EXISTS (
-                   SELECT 1 FROM {p}_messages d
-                   WHERE d.topic = pk.topic AND d.key = pk.key AND d.key IS NOT NULL
-                     AND d.status <> 2 AND d.status = 3 AND d.id < pk.id)",
-                regexp_any("pk.topic", 1, regexes.len())
-            )
-        } else {
-            "0".to_owned()
-        };
+        // Not ordered (or nothing held): every parked row is free (no ordered topic has a
+        // dead letter).
+        let held = format!(
+            "pk.key IS NOT NULL AND {} AND EXISTS (
+               SELECT 1 FROM {p}_messages d
+               WHERE d.topic = pk.topic AND d.key = pk.key AND d.key IS NOT NULL
+                 AND d.status <> 2 AND d.status = 3 AND d.id < pk.id)",
+            ORDERED_TOPIC.replace("topic", "pk.topic")
+        );
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let mut query = sqlx::query(AssertSqlSafe(format!(
+        let topics = if ordering.holds_dead() {
+            ordered_dead_topics(&mut tx, p, ordering).await?
+        } else {
+            "[]".to_owned()
+        };
+        let query = sqlx::query(AssertSqlSafe(format!(
             "WITH pk AS (
                SELECT topic, key, min(id) AS id FROM {p}_messages
                WHERE status <= 1 AND status = 0 AND available_at = {PARKED_AT_MS}
@@ -1699,10 +1724,7 @@ impl Store for SqliteStore {
                AND EXISTS (SELECT 1 FROM free f WHERE f.topic = {p}_messages.topic
                            AND f.key IS {p}_messages.key)"
         )));
-        for re in &regexes {
-            query = query.bind(re.as_str());
-        }
-        let given = query.execute(&mut *tx).await?.rows_affected();
+        let given = query.bind(topics).execute(&mut *tx).await?.rows_affected();
         tx.commit().await?;
         Ok(given)
     }

@@ -535,6 +535,50 @@ async fn sqlite_rows_with_blob_keys_do_not_stop_the_ordered_claim() {
     assert_eq!(claim.malformed.len(), 3, "{:?}", claim.malformed);
 }
 
+/// A dead letter whose topic is not UTF-8 (quarantined as malformed, its key kept) matches
+/// no ordered topic: the background's statements over dead letters (what strict ordering
+/// holds, parking and giving back) read it without failing, and it holds nothing back.
+#[tokio::test]
+async fn sqlite_dead_letters_with_non_utf8_topics_do_not_fail_the_background() {
+    use crate::conformance_sqlite::SqliteBackend;
+    let db = SqliteBackend::create("deadblob", crate::conformance::DEFAULT_MAX).await;
+    // Dead: `o.\xff` keyed `k` and `o.a` keyed `k1`; pending behind each, one of each key.
+    sqlx::raw_sql(
+        "INSERT INTO outbox_messages (message_id, topic, key, payload, status) VALUES
+           ('00000000-0000-7000-8000-000000000001', CAST(X'6F2EFF' AS TEXT), 'k', X'00', 3),
+           ('00000000-0000-7000-8000-000000000002', 'o.a', 'k1', X'00', 3),
+           ('00000000-0000-7000-8000-000000000003', CAST(X'6F2EFF' AS TEXT), 'k', X'00', 0),
+           ('00000000-0000-7000-8000-000000000004', 'o.a', 'k1', X'00', 0)",
+    )
+    .execute(db.app())
+    .await
+    .unwrap();
+    let store = db.store();
+    let strict = ordered("o.>");
+    let held = store.held_keys(&strict).await.unwrap();
+    assert_eq!((held.blocked_keys, held.held), (1, 1), "{held:?}");
+    assert_eq!(
+        store.park_held(&strict).await.unwrap(),
+        1,
+        "only o.a's k1 is held"
+    );
+    assert_eq!(
+        store.unpark_released(&strict).await.unwrap(),
+        0,
+        "k1 is still held"
+    );
+    // Once the dead letter of `k1` goes, its follower is given back.
+    sqlx::raw_sql(
+        "DELETE FROM outbox_messages WHERE message_id = '00000000-0000-7000-8000-000000000002'",
+    )
+    .execute(db.app())
+    .await
+    .unwrap();
+    assert_eq!(store.unpark_released(&strict).await.unwrap(), 1);
+    let held = store.held_keys(&strict).await.unwrap();
+    assert_eq!((held.blocked_keys, held.held), (0, 0), "{held:?}");
+}
+
 /// PostgreSQL indexes a key by its hash: a key longer than a btree entry may be (2,704
 /// bytes) is enqueued and claimed in order like any other.
 #[tokio::test]
