@@ -881,8 +881,21 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let pending = store.counts().await?.pending;
             if pending > 0 {
                 eprintln!(
-                    "drain finished, with {pending} rows still pending: not due yet (delayed messages, retries scheduled earlier, rows parked behind dead letters), or written after the drain's last claim; `outbox status` shows them"
+                    "drain finished, with {pending} rows still pending: not due yet (delayed messages, retries scheduled earlier, rows parked behind dead letters), of a paused topic, or written after the drain's last claim; `outbox status` shows them"
                 );
+                let paused: Vec<String> = store
+                    .pause_state()
+                    .await?
+                    .topics
+                    .into_iter()
+                    .map(|t| t.pattern)
+                    .collect();
+                if !paused.is_empty() {
+                    eprintln!(
+                        "topics paused (their rows stay pending until `outbox resume --topic PATTERN`): {}",
+                        paused.join(", ")
+                    );
+                }
             }
             if config.ordering.holds_dead() {
                 let held = store.held_keys(&config.ordering).await?;

@@ -735,6 +735,25 @@ fn pause_by_topic_holds_only_its_topics() {
         "{text}"
     );
     let held: BTreeSet<String> = db.enqueue("billing.invoice.v1", 3).into_iter().collect();
+    // A drain leaves the paused topic's rows pending, and names the pause as the reason.
+    let drain = db
+        .cmd()
+        .args([
+            "relay",
+            "--sink",
+            &format!("file:{}", out.display()),
+            "--drain",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&drain.stderr);
+    assert!(drain.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("with 3 rows still pending")
+            && stderr.contains("topics paused (their rows stay pending until `outbox resume --topic PATTERN`): billing.>"),
+        "{stderr}"
+    );
+    assert!(file_ids(&out).is_empty());
     let flows: BTreeSet<String> = db.enqueue("orders.placed.v1", 3).into_iter().collect();
     let mut relay = db
         .cmd()
