@@ -216,7 +216,7 @@ pub(crate) struct ChangeArgs {
 /// `outbox replays …`
 #[derive(Subcommand, Debug)]
 pub(crate) enum ReplaysCommand {
-    /// The audit of replays, discards and dead-row purges, newest first.
+    /// The audit of replays, discards, dead-row purges, pauses and resumes, newest first.
     List {
         /// Most rows.
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
@@ -557,7 +557,12 @@ pub(crate) async fn change_dead(
             past(action),
             sample_text(&preview)
         ));
-        return Ok(ExitCode::SUCCESS);
+        // The exit code the run itself would have: 1 when named rows are refused.
+        return Ok(if preview.refused.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
     }
     if preview.count == 0 {
         eprintln!("nothing to {}: no dead row matches", action.as_str());

@@ -290,7 +290,7 @@ enum Command {
         #[arg(long, value_parser = parse_rate)]
         rate: Option<f64>,
     },
-    /// The audit of replays, discards and dead-row purges.
+    /// The audit of replays, discards, dead-row purges, pauses and resumes.
     #[command(subcommand)]
     Replays(admin::ReplaysCommand),
     /// Delete dispatched rows older than the retention, in bounded batches (pending,

@@ -299,6 +299,26 @@ fn replay_refuses_broad_or_bad_selections() {
         "--yes",
     ]));
     assert!(rest.starts_with("discarded 991 dead rows"), "{rest}");
+    // A named row that is not dead is refused, and a dry run exits as the run would.
+    db.sqlite_exec(&format!(
+        "INSERT INTO outbox_messages (id, message_id, topic, payload) VALUES (5000, '{}', 'live.v1', x'00');",
+        uuid::Uuid::new_v4()
+    ));
+    for dry in [true, false] {
+        let mut args = vec!["dead", "discard", "5000", "--reason", "x", "--by", "ci"];
+        if dry {
+            args.push("--dry-run");
+        }
+        let refused = run(db.cmd().args(&args));
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(1), "dry run {dry}: {err}");
+        assert!(err.contains("pending, not dead"), "dry run {dry}: {err}");
+    }
+    assert_eq!(
+        db.status()["pending"],
+        11,
+        "the ten replayed and this one: nothing changed"
+    );
 
     for (args, needle) in [
         (
