@@ -500,7 +500,7 @@ async fn pause(
         outbox::sink::router::TopicPattern::parse(t).map_err(ApiError::bad)?;
     }
     let message = admin::pause(a.store.as_ref(), topic, &body.reason, &caller.name).await?;
-    tracing::info!(by = %caller.name, topic = ?topic, "admin API: paused");
+    tracing::info!(by = %caller.name, topics = topic.unwrap_or("all"), "admin API: paused");
     Ok(Json(serde_json::json!({ "message": message })))
 }
 
@@ -515,7 +515,7 @@ async fn resume(
     let message = admin::resume(a.store.as_ref(), topic, &body.reason, &caller.name)
         .await
         .map_err(|e| ApiError(StatusCode::NOT_FOUND, format!("{e:#}")))?;
-    tracing::info!(by = %caller.name, topic = ?topic, "admin API: resumed");
+    tracing::info!(by = %caller.name, topics = topic.unwrap_or("all"), "admin API: resumed");
     Ok(Json(serde_json::json!({ "message": message })))
 }
 
