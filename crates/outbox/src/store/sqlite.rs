@@ -258,6 +258,39 @@ async fn ordered_dead_topics(
     Ok(serde_json::Value::from(covered).to_string())
 }
 
+/// [`ops::dead_filter`] for SQLite: the topic pattern is matched here against the dead
+/// rows' distinct topics, which are then bound as a JSON array, rather than by `REGEXP`,
+/// which fails the whole statement on a topic that is not UTF-8 ([`regexp_refused`]): a
+/// row quarantined as malformed keeps such a topic, and would otherwise break every
+/// selection by topic for as long as it stays. Such a topic matches no pattern.
+async fn dead_filter(
+    conn: &mut sqlx::SqliteConnection,
+    p: &str,
+    sel: &DeadSelector,
+) -> Result<(String, Vec<String>)> {
+    let Some(pattern) = &sel.topic else {
+        return Ok(ops::dead_filter(sel, Dialect::Sqlite, 1));
+    };
+    let rest = DeadSelector {
+        topic: None,
+        ..sel.clone()
+    };
+    let (mut filter, mut binds) = ops::dead_filter(&rest, Dialect::Sqlite, 1);
+    let topics: Vec<Vec<u8>> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT DISTINCT CAST(topic AS BLOB) FROM {p}_messages WHERE status = 3"
+    )))
+    .fetch_all(&mut *conn)
+    .await?;
+    let matching: Vec<String> = topics
+        .into_iter()
+        .filter_map(|t| String::from_utf8(t).ok())
+        .filter(|t| pattern.matches(t))
+        .collect();
+    filter.push_str(" AND CAST(topic AS TEXT) IN (SELECT value FROM json_each(?))");
+    binds.push(serde_json::Value::from(matching).to_string());
+    Ok((filter, binds))
+}
+
 /// The ordered claim's last step: claims the rows of `?4` (a JSON array of ids).
 fn claim_ids_sql(p: &str) -> String {
     let n = NOW_MS;
@@ -1295,7 +1328,8 @@ impl Store for SqliteStore {
         with_payload: bool,
     ) -> Result<Vec<DeadLetter>> {
         let p = self.p();
-        let (filter, binds) = ops::dead_filter(selector, Dialect::Sqlite, 1);
+        let mut conn = self.inner.pool.acquire().await?;
+        let (filter, binds) = dead_filter(&mut conn, p, selector).await?;
         let payload = if with_payload { "payload" } else { "NULL" };
         let sql = format!(
             "SELECT id, message_id, CAST(topic AS BLOB) AS topic, CAST(key AS BLOB) AS key,
@@ -1311,7 +1345,7 @@ impl Store for SqliteStore {
         for b in binds {
             query = query.bind(b);
         }
-        let rows = query.fetch_all(&self.inner.pool).await?;
+        let rows = query.fetch_all(&mut *conn).await?;
         rows.iter()
             .map(|r| {
                 let mid: String = r.try_get("message_id")?;
@@ -1338,13 +1372,14 @@ impl Store for SqliteStore {
 
     async fn count_dead(&self, selector: &DeadSelector) -> Result<u64> {
         let p = self.p();
-        let (filter, binds) = ops::dead_filter(selector, Dialect::Sqlite, 1);
+        let mut conn = self.inner.pool.acquire().await?;
+        let (filter, binds) = dead_filter(&mut conn, p, selector).await?;
         let sql = format!("SELECT count(*) FROM {p}_messages WHERE {filter}");
         let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql));
         for b in binds {
             query = query.bind(b);
         }
-        Ok(u64::try_from(query.fetch_one(&self.inner.pool).await?).unwrap_or(0))
+        Ok(u64::try_from(query.fetch_one(&mut *conn).await?).unwrap_or(0))
     }
 
     async fn replay(&self, req: &ReplayRequest) -> Result<ReplayOutcome> {
@@ -1366,7 +1401,7 @@ impl Store for SqliteStore {
         } else {
             Vec::new()
         };
-        let (filter, binds) = ops::dead_filter(&req.selector, Dialect::Sqlite, 1);
+        let (filter, binds) = dead_filter(&mut tx, p, &req.selector).await?;
         let limit = req.limit.map_or(i64::MAX, i64::from);
         let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
             "SELECT id FROM {p}_messages WHERE {filter} ORDER BY id LIMIT {limit}"

@@ -552,3 +552,54 @@ async fn sqlite_text_that_is_not_utf8_is_quarantined_and_can_be_seen_and_discard
     let c = store.counts().await.unwrap();
     assert_eq!((c.pending, c.dead, c.dispatched), (1, 0, 2));
 }
+
+/// SQLite: a dead letter whose topic is not UTF-8 (quarantined as malformed, its topic
+/// kept) does not break selecting dead letters by topic: the list, the count and a replay
+/// by topic see the others, and the pattern never matches it.
+#[tokio::test]
+async fn sqlite_dead_letters_select_by_topic_beside_a_topic_not_utf8() {
+    use crate::conformance_sqlite::SqliteBackend;
+    use outbox::sink::router::TopicPattern;
+    use outbox::store::{DeadSelector, ReplayAction};
+    let db = SqliteBackend::create("deadtopic", crate::conformance::DEFAULT_MAX).await;
+    sqlx::raw_sql(
+        "INSERT INTO outbox_messages (id, message_id, topic, payload, status) VALUES
+           (1, '00000000-0000-7000-8000-000000000001', CAST(X'6F2EFF' AS TEXT), X'00', 3),
+           (2, '00000000-0000-7000-8000-000000000002', 'o.a', X'00', 3),
+           (3, '00000000-0000-7000-8000-000000000003', 'p.a', X'00', 3)",
+    )
+    .execute(db.app())
+    .await
+    .unwrap();
+    let store = db.store();
+    for (pattern, expected) in [("o.>", vec![2]), ("p.a", vec![3]), ("x.>", vec![])] {
+        let selector = DeadSelector {
+            topic: Some(TopicPattern::parse(pattern).unwrap()),
+            ..DeadSelector::default()
+        };
+        let listed: Vec<i64> = store
+            .dead_letters(&selector, 10, false)
+            .await
+            .unwrap()
+            .iter()
+            .map(|d| d.id)
+            .collect();
+        assert_eq!(listed, expected, "{pattern}");
+        assert_eq!(
+            store.count_dead(&selector).await.unwrap(),
+            expected.len() as u64,
+            "{pattern}"
+        );
+        let mut req = replay_ids(Vec::new(), ReplayAction::Replay);
+        req.selector = selector;
+        req.dry_run = true;
+        let preview = store.replay(&req).await.unwrap();
+        assert_eq!(preview.sample, expected, "{pattern}");
+    }
+    // Without a topic, every dead letter is listed, the malformed one too.
+    let all = store
+        .dead_letters(&DeadSelector::default(), 10, false)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 3);
+}
