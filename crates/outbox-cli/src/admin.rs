@@ -795,6 +795,17 @@ async fn audit(
         .with_context(|| format!("the {action} was made, but writing its audit row failed"))
 }
 
+/// The patterns of the topic pauses in force, in byte order.
+pub(crate) async fn paused_topics(store: &dyn Store) -> anyhow::Result<Vec<String>> {
+    Ok(store
+        .pause_state()
+        .await?
+        .topics
+        .into_iter()
+        .map(|p| p.pattern)
+        .collect())
+}
+
 /// Lifts the pause switch (`topic` None) or the topic pause of exactly `topic`, recorded
 /// in the audit as by `by` because of `reason` (may be empty); what happened, in one line
 /// for people. An unknown topic pause is an error naming those in force.
@@ -807,13 +818,7 @@ pub(crate) async fn resume(
     match topic {
         Some(t) => {
             if !store.resume_topic(t).await? {
-                let paused: Vec<String> = store
-                    .pause_state()
-                    .await?
-                    .topics
-                    .into_iter()
-                    .map(|p| p.pattern)
-                    .collect();
+                let paused = paused_topics(store).await?;
                 anyhow::bail!(
                     "no topic pause {t:?} (paused: {}); resume takes the pattern exactly as paused",
                     if paused.is_empty() {

@@ -883,13 +883,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 eprintln!(
                     "drain finished, with {pending} rows still pending: not due yet (delayed messages, retries scheduled earlier, rows parked behind dead letters), of a paused topic, or written after the drain's last claim; `outbox status` shows them"
                 );
-                let paused: Vec<String> = store
-                    .pause_state()
-                    .await?
-                    .topics
-                    .into_iter()
-                    .map(|t| t.pattern)
-                    .collect();
+                let paused = admin::paused_topics(store.as_ref()).await?;
                 if !paused.is_empty() {
                     eprintln!(
                         "topics paused (their rows stay pending until `outbox resume --topic PATTERN`): {}",
