@@ -226,43 +226,37 @@ fn regexp_refused(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("1043"))
 }
 
-/// A row's topic is one of `?1` (a JSON array of topics, from [`ordered_dead_topics`]).
+/// `column`, a topic, is one of the JSON array bound at `param` (from [`dead_topics`]).
 /// Read as text, as `REGEXP` reads it, so a topic written by hand as a BLOB compares by
 /// its bytes.
-const ORDERED_TOPIC: &str = "CAST(topic AS TEXT) IN (SELECT value FROM json_each(?1))";
-
-/// The topics of keyed dead letters that `ordering` covers, as a JSON array for
-/// [`ORDERED_TOPIC`]. Matched here rather than by `REGEXP` in the statements over dead
-/// letters: a dead letter quarantined as malformed keeps its topic, and a topic that is
-/// not UTF-8 would fail the whole statement ([`regexp_refused`]) for as long as it stays;
-/// such a topic matches no pattern and holds nothing back.
-async fn ordered_dead_topics(
-    tx: &mut Transaction<'static, Sqlite>,
-    p: &str,
-    ordering: &KeyOrdering,
-) -> Result<String> {
-    if !ordering.is_on() {
-        return Ok("[]".to_owned());
-    }
-    let topics: Vec<Vec<u8>> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT DISTINCT CAST(topic AS BLOB) FROM {p}_messages
-         WHERE status = 3 AND key IS NOT NULL"
-    )))
-    .fetch_all(&mut **tx)
-    .await?;
-    let covered: Vec<String> = topics
-        .into_iter()
-        .filter_map(|t| String::from_utf8(t).ok())
-        .filter(|t| ordering.covers(t))
-        .collect();
-    Ok(serde_json::Value::from(covered).to_string())
+fn topic_in(column: &str, param: &str) -> String {
+    format!("CAST({column} AS TEXT) IN (SELECT value FROM json_each({param}))")
 }
 
-/// [`ops::dead_filter`] for SQLite: the topic pattern is matched here against the dead
-/// rows' distinct topics, which are then bound as a JSON array, rather than by `REGEXP`,
-/// which fails the whole statement on a topic that is not UTF-8 ([`regexp_refused`]): a
-/// row quarantined as malformed keeps such a topic, and would otherwise break every
-/// selection by topic for as long as it stays. Such a topic matches no pattern.
+/// The distinct topics of dead rows that `matches` accepts, as a JSON array for
+/// [`topic_in`]. The statements over dead letters (strict ordering's, selections by
+/// topic) match topics here rather than by `REGEXP`: a row quarantined as malformed keeps
+/// its topic, and one that is not UTF-8 would fail the whole statement
+/// ([`regexp_refused`]) for as long as it stays. Such a topic matches no pattern.
+async fn dead_topics(
+    conn: &mut sqlx::SqliteConnection,
+    p: &str,
+    matches: impl Fn(&str) -> bool,
+) -> Result<String> {
+    let topics: Vec<Vec<u8>> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT DISTINCT CAST(topic AS BLOB) FROM {p}_messages WHERE status = 3"
+    )))
+    .fetch_all(&mut *conn)
+    .await?;
+    let matching: Vec<String> = topics
+        .into_iter()
+        .filter_map(|t| String::from_utf8(t).ok())
+        .filter(|t| matches(t))
+        .collect();
+    Ok(serde_json::Value::from(matching).to_string())
+}
+
+/// [`ops::dead_filter`] for SQLite, with the topic pattern matched by [`dead_topics`].
 async fn dead_filter(
     conn: &mut sqlx::SqliteConnection,
     p: &str,
@@ -276,18 +270,8 @@ async fn dead_filter(
         ..sel.clone()
     };
     let (mut filter, mut binds) = ops::dead_filter(&rest, Dialect::Sqlite, 1);
-    let topics: Vec<Vec<u8>> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT DISTINCT CAST(topic AS BLOB) FROM {p}_messages WHERE status = 3"
-    )))
-    .fetch_all(&mut *conn)
-    .await?;
-    let matching: Vec<String> = topics
-        .into_iter()
-        .filter_map(|t| String::from_utf8(t).ok())
-        .filter(|t| pattern.matches(t))
-        .collect();
-    filter.push_str(" AND CAST(topic AS TEXT) IN (SELECT value FROM json_each(?))");
-    binds.push(serde_json::Value::from(matching).to_string());
+    filter.push_str(&format!(" AND {}", topic_in("topic", "?")));
+    binds.push(dead_topics(conn, p, |t| pattern.matches(t)).await?);
     Ok((filter, binds))
 }
 
@@ -1682,12 +1666,13 @@ impl Store for SqliteStore {
         let p = self.p();
         let n = NOW_MS;
         let mut tx = self.inner.pool.begin().await?;
-        let topics = ordered_dead_topics(&mut tx, p, ordering).await?;
+        let topics = dead_topics(&mut tx, p, |t| ordering.covers(t)).await?;
+        let ordered = topic_in("topic", "?1");
         let (blocked_keys, held, oldest) =
             sqlx::query_as::<_, (i64, i64, Option<i64>)>(AssertSqlSafe(format!(
                 "WITH blocked AS (
                    SELECT topic, key, min(id) AS id FROM {p}_messages
-                   WHERE status = 3 AND key IS NOT NULL AND {ORDERED_TOPIC} GROUP BY topic, key),
+                   WHERE status = 3 AND key IS NOT NULL AND {ordered} GROUP BY topic, key),
                  held AS (
                    SELECT m.occurred_at FROM blocked b JOIN {p}_messages m
                      ON m.topic = b.topic AND m.key = b.key AND m.status <> 2
@@ -1714,11 +1699,12 @@ impl Store for SqliteStore {
         let n = NOW_MS;
         // Under the write lock: a replay or discard runs wholly before or after.
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let topics = ordered_dead_topics(&mut tx, p, ordering).await?;
+        let topics = dead_topics(&mut tx, p, |t| ordering.covers(t)).await?;
+        let ordered = topic_in("topic", "?1");
         let query = sqlx::query(AssertSqlSafe(format!(
             "WITH blocked AS (
                SELECT topic, key, min(id) AS id FROM {p}_messages
-               WHERE status = 3 AND key IS NOT NULL AND {ORDERED_TOPIC} GROUP BY topic, key)
+               WHERE status = 3 AND key IS NOT NULL AND {ordered} GROUP BY topic, key)
              UPDATE {p}_messages SET available_at = {PARKED_AT_MS}
              WHERE id IN (SELECT m.id FROM blocked b JOIN {p}_messages m
                           ON m.topic = b.topic AND m.key = b.key AND m.key IS NOT NULL
@@ -1740,11 +1726,11 @@ impl Store for SqliteStore {
                SELECT 1 FROM {p}_messages d
                WHERE d.topic = pk.topic AND d.key = pk.key AND d.key IS NOT NULL
                  AND d.status <> 2 AND d.status = 3 AND d.id < pk.id)",
-            ORDERED_TOPIC.replace("topic", "pk.topic")
+            topic_in("pk.topic", "?1")
         );
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
         let topics = if ordering.holds_dead() {
-            ordered_dead_topics(&mut tx, p, ordering).await?
+            dead_topics(&mut tx, p, |t| ordering.covers(t)).await?
         } else {
             "[]".to_owned()
         };
