@@ -882,21 +882,26 @@ impl Default for Limits {
 /// Decides the verdict from the overview, the live relays, the pause switch and what
 /// per-key ordering holds behind dead letters (`held`; zero without `--ordered`), in the
 /// order an operator acts on: stuck (nothing moves), paused, blocked (ordered keys behind
-/// dead letters), behind, dead letters.
+/// dead letters), behind, dead letters. `due_held`, when counted
+/// ([`Store::due_held_by_order`]), is how many due rows per-key ordering holds back (behind
+/// dead letters, or behind a first row of their key that is not due yet); without it, the
+/// rows held behind dead letters that are not parked.
 pub(crate) fn verdict(
     o: &Overview,
     relays: &[RelayRecord],
     pause: &PauseState,
     held: &outbox::store::HeldKeys,
+    due_held: Option<i64>,
     limits: &Limits,
 ) -> Verdict {
     let stuck_s = limits.stuck_after.as_secs() as i64;
     let claiming = relays
         .iter()
         .any(|r| last_claim_ago_s(r).is_some_and(|s| s <= stuck_s as f64));
-    // Rows held behind dead letters wait by design: they are not stuck. The parked ones
-    // are not due at all; the others (written since the last park) are.
-    let held_due = (held.held - o.parked).max(0);
+    // Rows held by per-key ordering wait by design: they are not stuck. Of those behind
+    // dead letters, the parked ones are not due at all; the others (written since the
+    // last park) are.
+    let held_due = due_held.unwrap_or((held.held - o.parked).max(0));
     let due_free = o.due - held_due;
     if let Some(due_s) = o.oldest_due_s
         && due_free > 0
@@ -1058,7 +1063,14 @@ impl StatusReport {
         } else {
             outbox::store::HeldKeys::default()
         };
-        let verdict = verdict(&overview, &relays, &pause, &held, limits);
+        let mut verdict = verdict(&overview, &relays, &pause, &held, None, limits);
+        if verdict.state == "STUCK" && ordering.is_on() {
+            // Due rows may be held behind their keys' first rows (a delayed message, a
+            // retry's backoff), not stuck: count them, only when it matters (a statement
+            // over every due row of ordered keys).
+            let due_held = store.due_held_by_order(ordering).await?;
+            verdict = self::verdict(&overview, &relays, &pause, &held, Some(due_held), limits);
+        }
         Ok(StatusReport {
             overview,
             pause,
@@ -1290,7 +1302,7 @@ mod tests {
         // Parked rows seen without --ordered: BLOCKED, not OK or DEAD.
         let mut o = overview(0, None, Some(30), 1);
         o.parked = 7;
-        let v = verdict(&o, &[], &p, &NONE_HELD, &LIMITS);
+        let v = verdict(&o, &[], &p, &NONE_HELD, None, &LIMITS);
         assert_eq!(v.state, "BLOCKED", "{v:?}");
         assert!(v.text.starts_with("7 messages are parked"), "{v:?}");
         // With --ordered, 7 held of which 5 parked: 2 held rows are due; 3 more due rows
@@ -1302,7 +1314,7 @@ mod tests {
             held: 7,
             oldest_held_age_seconds: Some(95),
         };
-        let v = verdict(&o, &[], &p, &held, &LIMITS);
+        let v = verdict(&o, &[], &p, &held, None, &LIMITS);
         assert_eq!(
             (v.state, v.text.as_str()),
             ("STUCK", "3 messages due for 95 s and no relay is alive")
@@ -1318,6 +1330,7 @@ mod tests {
             &[],
             &p,
             &NONE_HELD,
+            None,
             &LIMITS,
         );
         assert_eq!(v.state, "STUCK");
@@ -1328,6 +1341,7 @@ mod tests {
             &[relay(Some(2), now)],
             &p,
             &NONE_HELD,
+            None,
             &LIMITS,
         );
         assert_eq!(
@@ -1343,6 +1357,7 @@ mod tests {
             &[relay(Some(300), now)],
             &p,
             &NONE_HELD,
+            None,
             &LIMITS,
         );
         assert_eq!(v.state, "STUCK");
@@ -1360,6 +1375,7 @@ mod tests {
             &[relay(None, now)],
             &topic_paused,
             &NONE_HELD,
+            None,
             &LIMITS,
         );
         assert_eq!(v.state, "PAUSED", "{v:?}");
@@ -1372,12 +1388,27 @@ mod tests {
             &[],
             &topic_paused,
             &NONE_HELD,
+            None,
             &LIMITS,
         );
         assert_eq!(v.state, "STUCK", "no relay alive at all: {v:?}");
-        let v = verdict(&overview(0, None, None, 10), &[], &p, &NONE_HELD, &LIMITS);
+        let v = verdict(
+            &overview(0, None, None, 10),
+            &[],
+            &p,
+            &NONE_HELD,
+            None,
+            &LIMITS,
+        );
         assert_eq!(v.state, "DEAD");
-        let v = verdict(&overview(0, None, None, 0), &[], &p, &NONE_HELD, &LIMITS);
+        let v = verdict(
+            &overview(0, None, None, 0),
+            &[],
+            &p,
+            &NONE_HELD,
+            None,
+            &LIMITS,
+        );
         assert_eq!(v.state, "OK");
         let paused = PauseState {
             paused: true,
@@ -1389,6 +1420,7 @@ mod tests {
             &[],
             &paused,
             &NONE_HELD,
+            None,
             &LIMITS,
         );
         assert_eq!(v.state, "PAUSED");
@@ -1410,6 +1442,7 @@ mod tests {
             &[],
             &unpaused(),
             &held,
+            None,
             &LIMITS,
         );
         assert_eq!(v.state, "BLOCKED", "{v:?}");
@@ -1425,6 +1458,7 @@ mod tests {
             &[],
             &unpaused(),
             &held,
+            None,
             &LIMITS,
         );
         assert_eq!(
@@ -1437,9 +1471,25 @@ mod tests {
             &[relay(Some(2), now)],
             &unpaused(),
             &held,
+            None,
             &LIMITS,
         );
         assert_eq!(v.state, "BLOCKED");
+    }
+
+    /// Due rows counted as held by per-key ordering (behind a key's first row that is not
+    /// due yet) are not stuck; the others still are.
+    #[test]
+    fn due_rows_held_by_ordering_are_not_stuck() {
+        let p = unpaused();
+        let o = overview(3, Some(95), Some(95), 0);
+        let v = verdict(&o, &[], &p, &NONE_HELD, Some(3), &LIMITS);
+        assert_ne!(v.state, "STUCK", "{v:?}");
+        let v = verdict(&o, &[], &p, &NONE_HELD, Some(1), &LIMITS);
+        assert_eq!(
+            (v.state, v.text.as_str()),
+            ("STUCK", "2 messages due for 95 s and no relay is alive")
+        );
     }
 
     #[test]

@@ -933,6 +933,59 @@ fn an_ordered_relay_holds_a_key_behind_its_dead_letter() {
     assert!(audit.contains("never valid"), "{audit}");
 }
 
+/// `status --ordered`: rows that are due but wait behind their key's first row, which is
+/// not due yet (a delayed message, a retry's backoff), are held by per-key ordering, not
+/// stuck: with no relay alive, the verdict is not STUCK while every due row is held, and is
+/// STUCK, counting only the others, once a row that nothing holds is due.
+#[test]
+fn rows_behind_a_key_head_not_due_are_not_stuck() {
+    let db = Db::sqlite();
+    run_ok(db.cmd().arg("migrate"));
+    let enqueue = |key: &str| {
+        run_ok(
+            db.cmd()
+                .args(["enqueue", "--topic", "o.t", "--key", key, "--payload", "x"]),
+        );
+    };
+    enqueue("k1");
+    enqueue("k1");
+    enqueue("k1");
+    // k1's first row waits an hour (as a retry's backoff would).
+    db.sqlite_exec(
+        "UPDATE outbox_messages SET available_at = available_at + 3600000
+         WHERE id = (SELECT min(id) FROM outbox_messages);",
+    );
+    let status = |args: &[&str]| -> (Option<i32>, serde_json::Value) {
+        let out = run(db
+            .cmd()
+            .args(["status", "--json", "--check", "--stuck-after", "0s"])
+            .args(args));
+        let v = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+        (out.status.code(), v)
+    };
+    let (code, st) = status(&["--ordered", "o.>"]);
+    assert_eq!(st["due"], 2, "{st}");
+    assert_ne!(st["verdict"]["state"], "STUCK", "{st}");
+    assert_eq!(code, Some(0), "{st}");
+    // Without --ordered, status cannot know they are held: unordered relays would take
+    // them, so they are stuck.
+    let (code, st) = status(&[]);
+    assert_eq!(st["verdict"]["state"], "STUCK", "{st}");
+    assert_eq!(code, Some(1));
+    // A due row of another key: stuck, and only it is counted.
+    enqueue("k2");
+    let (code, st) = status(&["--ordered", "o.>"]);
+    assert_eq!(st["verdict"]["state"], "STUCK", "{st}");
+    assert!(
+        st["verdict"]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("1 messages due for "),
+        "{st}"
+    );
+    assert_eq!(code, Some(1));
+}
+
 /// Passwords from files (`OUTBOX_DATABASE_PASSWORD_FILE`, `OUTBOX_SINK_PASSWORD_FILE`)
 /// never show: not in the relay's log (at debug, with the summary line every second), not
 /// in `status` (text and JSON, which carry the relay registry's sink summary), not in the

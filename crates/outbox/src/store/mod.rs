@@ -605,6 +605,15 @@ pub trait Store: Send + Sync + 'static {
     /// (database clock). One statement; meant for the sampled gauges.
     async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys>;
 
+    /// How many due rows per-key ordering holds back now: rows due (pending, or claimed
+    /// under an expired lease) of `ordering`'s keys whose key's first row not dispatched
+    /// (nor dead, with `skip_dead`) is another row that is dead, or not due yet (a delayed
+    /// message, a retry waiting out its backoff, a claim under a live lease). They wait by
+    /// design, so an operator's verdict does not count them as stuck. Zero when no topic
+    /// is ordered. One statement over the due rows of ordered keys: for `outbox status`,
+    /// not for sampling.
+    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<i64>;
+
     /// Parks the messages that strict per-key ordering holds behind dead letters: every
     /// pending, due row of an ordered topic (`ordering`) whose key has a dead letter with a
     /// smaller `id` gets `available_at` = [`PARKED_AT`], so it leaves the claim's due range
@@ -839,6 +848,9 @@ impl Store for AnyStore {
     }
     async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
         self.inner().held_keys(ordering).await
+    }
+    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<i64> {
+        self.inner().due_held_by_order(ordering).await
     }
     async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
         self.inner().park_held(ordering).await

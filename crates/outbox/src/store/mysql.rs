@@ -2083,6 +2083,34 @@ impl Store for MySqlStore {
         })
     }
 
+    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<i64> {
+        if !ordering.is_on() {
+            return Ok(0);
+        }
+        let p = &self.inner.config.schema;
+        let regexes = ordering.regexes();
+        let ord = regexp_any("m.topic", regexes.len());
+        let dead_h = if ordering.skip_dead {
+            " AND h.status <> 3"
+        } else {
+            ""
+        };
+        // The key's head is read as the ordered claim reads it (see `ordered_select`).
+        let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
+            "SELECT CAST(COUNT(*) AS SIGNED) FROM {p}_messages m
+             WHERE m.status <= 1 AND m.available_at <= {NOW} AND m.order_key IS NOT NULL
+               AND ({ord})
+               AND COALESCE(
+                 (SELECT h.id <> m.id AND (h.status = 3 OR h.available_at > {NOW})
+                  FROM {p}_messages h FORCE INDEX ({p}_messages_key)
+                  WHERE h.order_key = m.order_key{dead_h} ORDER BY h.id LIMIT 1), 0) = 1"
+        )));
+        for re in &regexes {
+            query = query.bind(re.as_str());
+        }
+        Ok(query.fetch_one(&self.inner.pool).await?)
+    }
+
     async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
         if !ordering.holds_dead() {
             return Ok(0);

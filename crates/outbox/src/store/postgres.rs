@@ -1923,6 +1923,33 @@ impl Store for PgStore {
         })
     }
 
+    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<i64> {
+        if !ordering.is_on() {
+            return Ok(0);
+        }
+        let s = self.s();
+        let not_dead = if ordering.skip_dead {
+            " AND h.status <> 3"
+        } else {
+            ""
+        };
+        // The key's head is read as the ordered claim reads it (see `claim_ordered_sql`).
+        Ok(sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {s}.messages m
+             CROSS JOIN LATERAL (
+               SELECT h.id, h.status, h.available_at FROM {s}.messages h
+               WHERE h.topic = m.topic AND md5(h.key) = md5(m.key)
+                 AND h.key IS NOT NULL AND h.status <> 2{not_dead}
+               ORDER BY h.topic, md5(h.key), h.id LIMIT 1) head
+             WHERE m.status <= 1 AND m.available_at <= now() AND m.key IS NOT NULL
+               AND m.topic ~ ANY($1::text[])
+               AND head.id <> m.id AND (head.status = 3 OR head.available_at > now())"
+        )))
+        .bind(ordering.regexes())
+        .fetch_one(&self.inner.pool)
+        .await?)
+    }
+
     async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
         if !ordering.holds_dead() {
             return Ok(0);

@@ -243,8 +243,18 @@ async fn dead_topics(
     p: &str,
     matches: impl Fn(&str) -> bool,
 ) -> Result<String> {
+    topics_where(conn, p, "status = 3", matches).await
+}
+
+/// As [`dead_topics`], over the rows of `condition`.
+async fn topics_where(
+    conn: &mut sqlx::SqliteConnection,
+    p: &str,
+    condition: &str,
+    matches: impl Fn(&str) -> bool,
+) -> Result<String> {
     let topics: Vec<Vec<u8>> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT DISTINCT CAST(topic AS BLOB) FROM {p}_messages WHERE status = 3"
+        "SELECT DISTINCT CAST(topic AS BLOB) FROM {p}_messages WHERE {condition}"
     )))
     .fetch_all(&mut *conn)
     .await?;
@@ -1689,6 +1699,40 @@ impl Store for SqliteStore {
             held,
             oldest_held_age_seconds: oldest,
         })
+    }
+
+    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<i64> {
+        if !ordering.is_on() {
+            return Ok(0);
+        }
+        let p = self.p();
+        let n = NOW_MS;
+        let dead_h = if ordering.skip_dead {
+            " AND h.status <> 3"
+        } else {
+            ""
+        };
+        let ordered = topic_in("m.topic", "?1");
+        let mut tx = self.inner.pool.begin().await?;
+        let topics = topics_where(&mut tx, p, "status <= 1 AND key IS NOT NULL", |t| {
+            ordering.covers(t)
+        })
+        .await?;
+        // The key's head is read as the ordered claim reads it (see `claim_ordered_select`).
+        let held = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {p}_messages m
+             WHERE m.status <= 1 AND m.available_at <= {n} AND m.key IS NOT NULL AND {ordered}
+               AND coalesce(
+                 (SELECT h.id <> m.id AND (h.status = 3 OR h.available_at > {n})
+                  FROM {p}_messages h
+                  WHERE h.topic = m.topic AND h.key = m.key AND h.status <> 2{dead_h}
+                  ORDER BY h.id LIMIT 1), 0) = 1"
+        )))
+        .bind(topics)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(held)
     }
 
     async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {

@@ -172,6 +172,12 @@ impl outbox::Store for Counting {
     ) -> outbox::Result<outbox::store::HeldKeys> {
         self.inner.held_keys(ordering).await
     }
+    async fn due_held_by_order(
+        &self,
+        ordering: &outbox::store::KeyOrdering,
+    ) -> outbox::Result<i64> {
+        self.inner.due_held_by_order(ordering).await
+    }
     async fn park_held(&self, ordering: &outbox::store::KeyOrdering) -> outbox::Result<u64> {
         self.inner.park_held(ordering).await
     }

@@ -131,6 +131,19 @@ pub(crate) async fn ordered_claims_follow_each_key<B: Backend>() {
             .await,
         2
     );
+    // Due, but held behind their key's first row (waiting out its retry): counted as held.
+    assert_eq!(
+        store.due_held_by_order(&strict).await.unwrap(),
+        2,
+        "a3 and a4 wait behind a2's retry"
+    );
+    assert_eq!(
+        store
+            .due_held_by_order(&KeyOrdering::default())
+            .await
+            .unwrap(),
+        0
+    );
 
     // Strict: a dead letter blocks its key; replayed, it goes first again.
     let d = first_of_two_dead(&b, "d").await;
@@ -150,6 +163,16 @@ pub(crate) async fn ordered_claims_follow_each_key<B: Backend>() {
     assert_eq!(
         store.held_keys(&KeyOrdering::default()).await.unwrap(),
         HeldKeys::default()
+    );
+    assert_eq!(
+        store.due_held_by_order(&strict).await.unwrap(),
+        3,
+        "d2 behind its dead letter, a3 and a4 behind a2's retry"
+    );
+    assert_eq!(
+        store.due_held_by_order(&ordering(true)).await.unwrap(),
+        2,
+        "skip_dead: only the retry holds"
     );
     let skip = claim_ordered(&store, 100, &ordering(true)).await;
     assert_eq!(
