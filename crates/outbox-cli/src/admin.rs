@@ -278,7 +278,10 @@ pub(crate) async fn dead(store: &dyn Store, cmd: &DeadCommand) -> anyhow::Result
                     .map(|r| r.waiting_behind)
                     .sum();
                 eprintln!(
-                    "{blocking} dead letters block their key ({held} later messages wait): `outbox replay` delivers one first, then the rest of its key; `outbox dead discard` releases the rest"
+                    "{} {} their key ({} wait): `outbox replay` delivers one first, then the rest of its key; `outbox dead discard` releases the rest",
+                    counted(blocking as i64, "dead letter"),
+                    if blocking == 1 { "blocks" } else { "block" },
+                    counted(held, "later message"),
                 );
             }
             let total = store.count_dead(&sel).await?;
@@ -552,8 +555,8 @@ pub(crate) async fn change_dead(
     report_refused(&preview);
     if change.dry_run {
         out(&format!(
-            "dry run: {} dead rows would be {}{}",
-            preview.count,
+            "dry run: {} would be {}{}",
+            counted(preview.count as i64, "dead row"),
             past(action),
             sample_text(&preview)
         ));
@@ -574,14 +577,14 @@ pub(crate) async fn change_dead(
     }
     if preview.count > CONFIRM_ABOVE && change.limit.is_none() && !change.yes {
         let ask = format!(
-            "{} dead rows match; {} them all? [y/N] ",
-            preview.count,
+            "{} match; {} them all? [y/N] ",
+            counted(preview.count as i64, "dead row"),
             action.as_str()
         );
         if !confirm(&ask)? {
             anyhow::bail!(
-                "{} dead rows match and neither --limit nor --yes was given: refusing to {} them all (run with --dry-run to see a sample)",
-                preview.count,
+                "{} match and neither --limit nor --yes was given: refusing to {} them all (run with --dry-run to see a sample)",
+                counted(preview.count as i64, "dead row"),
                 action.as_str()
             );
         }
@@ -596,9 +599,9 @@ pub(crate) async fn change_dead(
         return Ok(ExitCode::FAILURE);
     }
     out(&format!(
-        "{} {} dead rows (audit id {}){}",
+        "{} {} (audit id {}){}",
         past(action),
-        done.count,
+        counted(done.count as i64, "dead row"),
         done.replay_id.map_or("-".into(), |i| i.to_string()),
         match (action, rate_per_s) {
             (ReplayAction::Replay, Some(r)) =>
@@ -918,7 +921,10 @@ pub(crate) fn verdict(
         };
         return Verdict {
             state: "STUCK",
-            text: format!("{} messages due for {due_s} s and {who}", group(due_free)),
+            text: format!(
+                "{} due for {due_s} s and {who}",
+                counted(due_free, "message")
+            ),
         };
     }
     if let Some(due_s) = o.oldest_due_s
@@ -931,8 +937,8 @@ pub(crate) fn verdict(
         return Verdict {
             state: "PAUSED",
             text: format!(
-                "{} messages due for {due_s} s while topic pauses are in force ({}): the paused topics' rows wait; `outbox resume --topic PATTERN` lifts one",
-                group(o.due),
+                "{} due for {due_s} s while topic pauses are in force ({}): the paused topics' rows wait; `outbox resume --topic PATTERN` lifts one",
+                counted(o.due, "message"),
                 list.join(", ")
             ),
         };
@@ -951,8 +957,12 @@ pub(crate) fn verdict(
         return Verdict {
             state: "BLOCKED",
             text: format!(
-                "{} messages are parked behind dead letters of their keys (per-key ordering): `outbox dead list --ordered PATTERN` marks the blocking ones; `outbox replay` delivers one first, `outbox dead discard` releases the rest",
-                group(o.parked)
+                "{} parked behind dead letters of their keys (per-key ordering): `outbox dead list --ordered PATTERN` marks the blocking ones; `outbox replay` delivers one first, `outbox dead discard` releases the rest",
+                if o.parked == 1 {
+                    "1 message is".to_owned()
+                } else {
+                    format!("{} messages are", group(o.parked))
+                }
             ),
         };
     }
@@ -960,9 +970,9 @@ pub(crate) fn verdict(
         return Verdict {
             state: "BLOCKED",
             text: format!(
-                "{} messages of {} ordered keys wait behind dead letters (oldest {}): `outbox dead list --ordered …` marks them BLOCKS; `outbox replay` delivers one first, `outbox dead discard` releases the rest",
-                group(held.held),
-                group(held.blocked_keys),
+                "{} of {} wait behind dead letters (oldest {}): `outbox dead list --ordered …` marks them BLOCKS; `outbox replay` delivers one first, `outbox dead discard` releases the rest",
+                counted(held.held, "message"),
+                counted(held.blocked_keys, "ordered key"),
                 human(held.oldest_held_age_seconds.unwrap_or(0))
             ),
         };
@@ -983,8 +993,8 @@ pub(crate) fn verdict(
         return Verdict {
             state: "DEAD",
             text: format!(
-                "{} dead letters (limit {}): `outbox dead list` shows them, `outbox replay` puts them back",
-                group(o.counts.dead),
+                "{} (limit {}): `outbox dead list` shows them, `outbox replay` puts them back",
+                counted(o.counts.dead, "dead letter"),
                 limits.max_dead
             ),
         };
@@ -1010,6 +1020,12 @@ fn last_claim_ago_s(r: &RelayRecord) -> Option<f64> {
 }
 
 /// 1204 → "1,204".
+/// `n` (grouped, as [`group`]) and `noun`, plural unless `n` is 1: "1 message",
+/// "1,204 messages".
+pub(crate) fn counted(n: i64, noun: &str) -> String {
+    format!("{} {noun}{}", group(n), if n == 1 { "" } else { "s" })
+}
+
 fn group(n: i64) -> String {
     let s = n.abs().to_string();
     let mut out = String::new();
@@ -1448,7 +1464,7 @@ mod tests {
         assert_eq!(v.state, "BLOCKED", "{v:?}");
         assert!(
             v.text.starts_with(
-                "5 messages of 1 ordered keys wait behind dead letters (oldest 14 min)"
+                "5 messages of 1 ordered key wait behind dead letters (oldest 14 min)"
             ),
             "{v:?}"
         );

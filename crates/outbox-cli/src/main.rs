@@ -895,8 +895,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let held = store.held_keys(&config.ordering).await?;
                 if held.held > 0 {
                     eprintln!(
-                        "{} of them wait behind the dead letters of {} ordered keys: `outbox dead list --ordered …` marks them BLOCKS; `outbox replay` or `outbox dead discard` releases each key",
-                        held.held, held.blocked_keys
+                        "{} of them wait behind the dead letters of {}: `outbox dead list --ordered …` marks them BLOCKS; `outbox replay` or `outbox dead discard` releases each key",
+                        held.held,
+                        admin::counted(held.blocked_keys, "ordered key")
                     );
                 }
             }

@@ -259,7 +259,7 @@ fn replay_refuses_broad_or_bad_selections() {
     assert!(!many.status.success());
     let err = String::from_utf8_lossy(&many.stderr);
     assert!(
-        err.contains("1001 dead rows match and neither --limit nor --yes"),
+        err.contains("1,001 dead rows match and neither --limit nor --yes"),
         "{err}"
     );
     assert_eq!(db.status()["dead"], 1_001, "nothing changed");
@@ -854,7 +854,7 @@ fn an_ordered_relay_holds_a_key_behind_its_dead_letter() {
     assert!(drained.status.success());
     let said = String::from_utf8_lossy(&drained.stderr);
     assert!(
-        said.contains("2 of them wait behind the dead letters of 1 ordered keys"),
+        said.contains("2 of them wait behind the dead letters of 1 ordered key:"),
         "{said}"
     );
     let payloads = || -> Vec<String> {
@@ -980,7 +980,7 @@ fn rows_behind_a_key_head_not_due_are_not_stuck() {
         st["verdict"]["text"]
             .as_str()
             .unwrap()
-            .starts_with("1 messages due for "),
+            .starts_with("1 message due for "),
         "{st}"
     );
     assert_eq!(code, Some(1));
