@@ -153,10 +153,10 @@ enum Command {
         /// backlog: doubling after a full claim, halving after one less than half full.
         #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 1000)]
         batch_size: u32,
-        /// The fewest rows a claim asks for (the size while little is due; at most
-        /// --batch-size).
-        #[arg(long, env = "OUTBOX_MIN_BATCH_SIZE", default_value_t = 100)]
-        min_batch_size: u32,
+        /// The fewest rows a claim asks for (the size while little is due): 1 to
+        /// --batch-size [default: 100, or --batch-size when that is smaller]
+        #[arg(long, env = "OUTBOX_MIN_BATCH_SIZE")]
+        min_batch_size: Option<u32>,
         /// Claim lease, in ms.
         #[arg(long, env = "OUTBOX_LEASE_MS", default_value_t = 30_000)]
         lease_ms: u64,
@@ -368,6 +368,9 @@ fn parse_inbox_age(s: &str) -> Result<Duration, String> {
 }
 
 /// Why `relay` refuses to start without a destination, and how to give it one.
+/// `--min-batch-size` when not given (or `--batch-size`, when that is smaller).
+const DEFAULT_MIN_BATCH_SIZE: u32 = 100;
+
 const NO_SINK: &str = "the relay has no sink: nothing says where messages go, so it refuses \
 to start (it would mark them dispatched without delivering them anywhere). Choose one with \
 --sink URL (e.g. --sink nats://127.0.0.1:4222), the OUTBOX_SINK environment variable, \
@@ -732,6 +735,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 eprintln!("error: {NO_SINK}");
                 return Ok(ExitCode::from(2));
             }
+            let min_batch_size = match *min_batch_size {
+                Some(min) if min == 0 || min > *batch_size => {
+                    eprintln!(
+                        "error: --min-batch-size ({min}) must be from 1 to --batch-size ({batch_size})"
+                    );
+                    return Ok(ExitCode::from(2));
+                }
+                Some(min) => min,
+                None => DEFAULT_MIN_BATCH_SIZE.min(*batch_size),
+            };
             let store = Arc::new(connect(&cli, false).await?);
             outbox::sink::tls::set_default_ca(tls_ca_file.clone());
             let sink = match (sink, sink_password_file) {
@@ -741,7 +754,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let open = || open_sink(sink.as_deref(), routes);
             let mut config = RelayConfig {
                 batch_size: *batch_size,
-                min_batch_size: *min_batch_size,
+                min_batch_size,
                 lease: Duration::from_millis(*lease_ms),
                 max_attempts: *max_attempts,
                 poll_interval: Duration::from_millis(*poll_interval_ms),

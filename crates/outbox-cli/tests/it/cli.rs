@@ -549,6 +549,58 @@ async fn a_purge_that_finds_another_purger_exits_0() {
 /// Without a sink (no --sink, OUTBOX_SINK, `sink` key or route) the relay refuses to start
 /// with exit 2 and says how to choose one; nothing is dispatched. The same outbox drains
 /// once a sink is given, by flag, environment variable or outbox.toml.
+/// `--min-batch-size` outside 1..=`--batch-size` is refused before anything is claimed;
+/// a `--batch-size` below the default minimum alone is fine (the minimum follows it).
+#[test]
+fn relay_refuses_a_min_batch_size_above_the_batch_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("s.db").display());
+    run_ok(outbox().args(["--database-url", &db, "migrate"]));
+    run_ok(outbox().args([
+        "--database-url",
+        &db,
+        "enqueue",
+        "--topic",
+        "t.v1",
+        "--payload",
+        "x",
+    ]));
+    let relay = |extra: &[&str]| {
+        outbox()
+            .args([
+                "--database-url",
+                &db,
+                "relay",
+                "--drain",
+                "--sink",
+                "stdout",
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    for bad in [
+        ["--batch-size", "50", "--min-batch-size", "60"],
+        ["--batch-size", "50", "--min-batch-size", "0"],
+    ] {
+        let out = relay(&bad);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {stderr}");
+        assert!(
+            stderr.contains("must be from 1 to --batch-size (50)"),
+            "{stderr}"
+        );
+        assert!(out.stdout.is_empty(), "nothing published");
+    }
+    let out = relay(&["--batch-size", "50"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+}
+
 #[test]
 fn relay_without_a_sink_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
