@@ -112,7 +112,7 @@ impl Sql {
             counts: q(format!(
                 "SELECT coalesce(sum(status = 0), 0), coalesce(sum(status = 1), 0),
                         coalesce(sum(status = 2), 0), coalesce(sum(status = 3), 0),
-                        ({n} - min(CASE WHEN status = 0 THEN occurred_at END)) / 1000
+                        CAST(({n} - min(CASE WHEN status = 0 THEN occurred_at END)) / 1000 AS INTEGER)
                  FROM {p}_messages"
             )),
             purge: q(format!(
@@ -1688,7 +1688,7 @@ impl Store for SqliteStore {
                      ON m.topic = b.topic AND m.key = b.key AND m.status <> 2
                     AND m.status <= 1 AND m.id > b.id)
                  SELECT (SELECT count(*) FROM blocked), (SELECT count(*) FROM held),
-                        (SELECT ({n} - min(occurred_at)) / 1000 FROM held)"
+                        (SELECT CAST(({n} - min(occurred_at)) / 1000 AS INTEGER) FROM held)"
             )))
             .bind(topics)
             .fetch_one(&mut *tx)
@@ -1801,7 +1801,7 @@ impl Store for SqliteStore {
         let counts = self.counts().await?;
         let (due, oldest_due_ms, expired): (i64, Option<i64>, i64) =
             sqlx::query_as(AssertSqlSafe(format!(
-                "SELECT count(*), {n} - min(available_at), coalesce(sum(status = 1), 0)
+                "SELECT count(*), CAST({n} - min(available_at) AS INTEGER), coalesce(sum(status = 1), 0)
                  FROM {p}_messages WHERE status <= 1 AND available_at <= {n}"
             )))
             .fetch_one(pool)

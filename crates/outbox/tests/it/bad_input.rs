@@ -603,3 +603,35 @@ async fn sqlite_dead_letters_select_by_topic_beside_a_topic_not_utf8() {
         .unwrap();
     assert_eq!(all.len(), 3);
 }
+
+/// SQLite: times written by hand at the far ends of the integer range (an `occurred_at`
+/// or `available_at` of i64::MIN) do not break the counts or the overview: the ages
+/// overflow SQLite's integers into reals, which are read back as the largest age.
+#[tokio::test]
+async fn sqlite_times_at_the_integer_limits_do_not_break_status() {
+    use crate::conformance_sqlite::SqliteBackend;
+    let db = SqliteBackend::create("minint", crate::conformance::DEFAULT_MAX).await;
+    sqlx::raw_sql(
+        "INSERT INTO outbox_messages (id, message_id, topic, payload, status, occurred_at, available_at)
+         VALUES (1, '00000000-0000-7000-8000-000000000001', 'o.a', X'00', 0,
+                 -9223372036854775808, -9223372036854775808)",
+    )
+    .execute(db.app())
+    .await
+    .unwrap();
+    let store = db.store();
+    let counts = store.counts().await.unwrap();
+    assert_eq!(counts.pending, 1);
+    assert!(
+        counts
+            .oldest_pending_age_seconds
+            .is_some_and(|a| a > 1_000_000_000_000),
+        "{counts:?}"
+    );
+    let overview = store.overview(10).await.unwrap();
+    assert_eq!(overview.due, 1);
+    assert!(
+        overview.oldest_due_s.is_some_and(|a| a > 1_000_000_000_000),
+        "{overview:?}"
+    );
+}
