@@ -103,7 +103,8 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 /// The verdict's limits, as `status` and `serve` take them.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct LimitsArgs {
-    /// BEHIND when the oldest pending message is older than this (60s, 15m, 2h).
+    /// BEHIND when a message has been due this long without being delivered (60s, 15m,
+    /// 2h); a delayed message or a retry counts from when it became due.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     max_age: Duration,
     /// DEAD when there are more dead letters than this.
@@ -854,7 +855,7 @@ pub(crate) async fn resume(
 /// The verdict `status` prints and `status --check` exits on.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub(crate) struct Verdict {
-    /// `OK`, `STUCK`, `BLOCKED`, `BEHIND`, `DEAD`, `PAUSED`.
+    /// In the order they are checked: `STUCK`, `PAUSED`, `BLOCKED`, `BEHIND`, `DEAD`, `OK`.
     pub(crate) state: &'static str,
     /// One line for people.
     pub(crate) text: String,
@@ -863,7 +864,7 @@ pub(crate) struct Verdict {
 /// Thresholds of the verdict.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Limits {
-    /// Oldest pending age above this is BEHIND.
+    /// A row due for longer than this is BEHIND.
     pub(crate) max_age: Duration,
     /// More dead rows than this is DEAD.
     pub(crate) max_dead: i64,
@@ -885,16 +886,17 @@ impl Default for Limits {
 /// Decides the verdict from the overview, the live relays, the pause switch and what
 /// per-key ordering holds behind dead letters (`held`; zero without `--ordered`), in the
 /// order an operator acts on: stuck (nothing moves), paused, blocked (ordered keys behind
-/// dead letters), behind, dead letters. `due_held`, when counted
-/// ([`Store::due_held_by_order`]), is how many due rows per-key ordering holds back (behind
-/// dead letters, or behind a first row of their key that is not due yet); without it, the
-/// rows held behind dead letters that are not parked.
+/// dead letters), behind, dead letters. `due_held`, when read
+/// ([`Store::due_held_by_order`]), says which due rows per-key ordering holds back (behind
+/// dead letters, or behind a first row of their key that is not due yet): only the others
+/// count as stuck or behind. Without it, the rows held behind dead letters that are not
+/// parked are left out of the stuck ones.
 pub(crate) fn verdict(
     o: &Overview,
     relays: &[RelayRecord],
     pause: &PauseState,
     held: &outbox::store::HeldKeys,
-    due_held: Option<i64>,
+    due_held: Option<&outbox::store::DueHeld>,
     limits: &Limits,
 ) -> Verdict {
     let stuck_s = limits.stuck_after.as_secs() as i64;
@@ -904,9 +906,11 @@ pub(crate) fn verdict(
     // Rows held by per-key ordering wait by design: they are not stuck. Of those behind
     // dead letters, the parked ones are not due at all; the others (written since the
     // last park) are.
-    let held_due = due_held.unwrap_or((held.held - o.parked).max(0));
+    let held_due = due_held.map_or((held.held - o.parked).max(0), |d| d.held);
     let due_free = o.due - held_due;
-    if let Some(due_s) = o.oldest_due_s
+    // How long the oldest due row that nothing holds has been due.
+    let free_due_s = due_held.map_or(o.oldest_due_s, |d| d.oldest_free_due_s);
+    if let Some(due_s) = free_due_s
         && due_free > 0
         && due_s >= stuck_s
         && !claiming
@@ -916,6 +920,8 @@ pub(crate) fn verdict(
     {
         let who = if relays.is_empty() {
             "no relay is alive".to_owned()
+        } else if relays.len() == 1 {
+            "the only live relay has not claimed".to_owned()
         } else {
             format!("none of the {} live relays has claimed", relays.len())
         };
@@ -977,13 +983,15 @@ pub(crate) fn verdict(
             ),
         };
     }
-    if let Some(age) = o.counts.oldest_pending_age_seconds
+    // Behind: a row due and not taken for longer than the limit. Rows not due yet (a
+    // delayed message, a retry's backoff) are not late, however old.
+    if let Some(age) = free_due_s
         && age > limits.max_age.as_secs() as i64
     {
         return Verdict {
             state: "BEHIND",
             text: format!(
-                "oldest pending message is {} old (limit {})",
+                "the oldest due message has waited {} (limit {})",
                 human(age),
                 human(limits.max_age.as_secs() as i64)
             ),
@@ -1058,6 +1066,9 @@ pub(crate) struct StatusReport {
     pub(crate) relays: Vec<RelayRecord>,
     /// What per-key ordering holds behind dead letters.
     pub(crate) held: outbox::store::HeldKeys,
+    /// What per-key ordering holds back of the due rows; read with `--ordered` when rows
+    /// are due.
+    pub(crate) due_held: Option<outbox::store::DueHeld>,
     /// The verdict.
     pub(crate) verdict: Verdict,
 }
@@ -1079,19 +1090,20 @@ impl StatusReport {
         } else {
             outbox::store::HeldKeys::default()
         };
-        let mut verdict = verdict(&overview, &relays, &pause, &held, None, limits);
-        if verdict.state == "STUCK" && ordering.is_on() {
-            // Due rows may be held behind their keys' first rows (a delayed message, a
-            // retry's backoff), not stuck: count them, only when it matters (a statement
-            // over every due row of ordered keys).
-            let due_held = store.due_held_by_order(ordering).await?;
-            verdict = self::verdict(&overview, &relays, &pause, &held, Some(due_held), limits);
-        }
+        // Due rows may be held behind their keys' first rows (a delayed message, a retry's
+        // backoff), neither stuck nor late.
+        let due_held = if ordering.is_on() && overview.due > 0 {
+            Some(store.due_held_by_order(ordering).await?)
+        } else {
+            None
+        };
+        let verdict = verdict(&overview, &relays, &pause, &held, due_held.as_ref(), limits);
         Ok(StatusReport {
             overview,
             pause,
             relays,
             held,
+            due_held,
             verdict,
         })
     }
@@ -1129,6 +1141,7 @@ impl StatusReport {
             "topic_pauses": pause.topics,
             "ordered_blocked_keys": held.blocked_keys,
             "ordered_held": held.held,
+            "ordered_due_held": self.due_held.as_ref().map(|d| d.held),
             "verdict": self.verdict,
         });
         if by_topic {
@@ -1175,6 +1188,12 @@ pub(crate) async fn status(
                 .map_or(String::new(), |s| format!(" (oldest due for {s} s)")),
             o.expired_claims
         );
+        if let Some(d) = report.due_held.as_ref().filter(|d| d.held > 0) {
+            t.push_str(&format!(
+                "\nheld by order       {} of the due rows wait behind an earlier row of their key (dead, or not due yet)",
+                d.held
+            ));
+        }
         t.push_str(&format!("\nrelays      {} alive", relays.len()));
         for r in relays {
             let claim = last_claim_ago_s(r).map_or("never claimed".to_owned(), |s| {
@@ -1193,9 +1212,9 @@ pub(crate) async fn status(
         }
         for c in &orphaned {
             t.push_str(&format!(
-                "\nclaimed by {} (not alive): {} rows, {} with an ended lease (any relay claims those again)",
+                "\nclaimed by {} (not alive): {}, {} with an ended lease (any relay claims those again)",
                 safe(&c.relay_id),
-                c.claimed,
+                counted(c.claimed, "row"),
                 c.expired
             ));
         }
@@ -1353,7 +1372,7 @@ mod tests {
         assert_eq!(v.text, "1,204 messages due for 95 s and no relay is alive");
         // A relay claimed a moment ago: not stuck, but behind.
         let v = verdict(
-            &overview(1204, Some(95), Some(840), 0),
+            &overview(1204, Some(840), Some(840), 0),
             &[relay(Some(2), now)],
             &p,
             &NONE_HELD,
@@ -1364,9 +1383,19 @@ mod tests {
             (v.state, v.text.as_str()),
             (
                 "BEHIND",
-                "oldest pending message is 14 min old (limit 60 s)"
+                "the oldest due message has waited 14 min (limit 60 s)"
             )
         );
+        // A message written long ago but not due yet (delayed): not late.
+        let v = verdict(
+            &overview(0, None, Some(3_600), 0),
+            &[relay(Some(2), now)],
+            &p,
+            &NONE_HELD,
+            None,
+            &LIMITS,
+        );
+        assert_eq!(v.state, "OK", "{v:?}");
         // A live relay that has not claimed for long: stuck.
         let v = verdict(
             &overview(5, Some(40), Some(40), 0),
@@ -1499,13 +1528,44 @@ mod tests {
     fn due_rows_held_by_ordering_are_not_stuck() {
         let p = unpaused();
         let o = overview(3, Some(95), Some(95), 0);
-        let v = verdict(&o, &[], &p, &NONE_HELD, Some(3), &LIMITS);
-        assert_ne!(v.state, "STUCK", "{v:?}");
-        let v = verdict(&o, &[], &p, &NONE_HELD, Some(1), &LIMITS);
+        let all_held = outbox::store::DueHeld {
+            held: 3,
+            oldest_free_due_s: None,
+        };
+        let v = verdict(&o, &[], &p, &NONE_HELD, Some(&all_held), &LIMITS);
+        assert_eq!(v.state, "OK", "{v:?}");
+        // One held, two free due for 12 s (the held one for 95 s): the free ones' age.
+        let one_held = outbox::store::DueHeld {
+            held: 1,
+            oldest_free_due_s: Some(12),
+        };
+        let v = verdict(&o, &[], &p, &NONE_HELD, Some(&one_held), &LIMITS);
+        assert_eq!(
+            v.state, "OK",
+            "due for 12 s, not --stuck-after (30 s): {v:?}"
+        );
+        let one_held = outbox::store::DueHeld {
+            held: 1,
+            oldest_free_due_s: Some(40),
+        };
+        let v = verdict(&o, &[], &p, &NONE_HELD, Some(&one_held), &LIMITS);
         assert_eq!(
             (v.state, v.text.as_str()),
-            ("STUCK", "2 messages due for 95 s and no relay is alive")
+            ("STUCK", "2 messages due for 40 s and no relay is alive")
         );
+        // Held rows are not late either: BEHIND counts the free ones' age.
+        let v = verdict(
+            &overview(3, Some(900), Some(900), 0),
+            &[relay(Some(2), Utc::now())],
+            &p,
+            &NONE_HELD,
+            Some(&outbox::store::DueHeld {
+                held: 3,
+                oldest_free_due_s: None,
+            }),
+            &LIMITS,
+        );
+        assert_eq!(v.state, "OK", "{v:?}");
     }
 
     #[test]

@@ -847,7 +847,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let deadline = *wait_until.get_or_insert(now + ends_in);
                 if !*drain_wait_leases || now >= deadline {
                     eprintln!(
-                        "drain finished, but {held} rows are still claimed by other relays (running, or stopped without releasing them); their leases end within {:.1} s, after which any relay delivers them{}",
+                        "drain finished, but {} still claimed by other relays (running, or stopped without releasing them); their leases end within {:.1} s, after which any relay delivers them{}",
+                        if held == 1 {
+                            "1 row is".to_owned()
+                        } else {
+                            format!("{held} rows are")
+                        },
                         ends_in.as_secs_f64(),
                         if *drain_wait_leases {
                             ""
@@ -858,7 +863,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     break;
                 }
                 eprintln!(
-                    "{held} rows are claimed by other relays; waiting up to {:.1} s for their leases to end, then draining again",
+                    "{} claimed by other relays; waiting up to {:.1} s for their leases to end, then draining again",
+                    if held == 1 {
+                        "1 row is".to_owned()
+                    } else {
+                        format!("{held} rows are")
+                    },
                     deadline.saturating_duration_since(now).as_secs_f64()
                 );
                 // Until the leases end, or nothing is claimed any more (the other relay
@@ -885,7 +895,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             if retried > 0 {
                 eprintln!(
-                    "drain finished, but {retried} publishes failed and were rescheduled (see the warnings above): those messages are still pending"
+                    "drain finished, but {} (see the warnings above): {} still pending",
+                    if retried == 1 {
+                        "1 publish failed and was rescheduled".to_owned()
+                    } else {
+                        format!("{retried} publishes failed and were rescheduled")
+                    },
+                    if retried == 1 {
+                        "that message is"
+                    } else {
+                        "those messages are"
+                    },
                 );
                 return Ok(ExitCode::from(3));
             }
@@ -894,7 +914,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let pending = store.counts().await?.pending;
             if pending > 0 {
                 eprintln!(
-                    "drain finished, with {pending} rows still pending: not due yet (delayed messages, retries scheduled earlier, rows parked behind dead letters), of a paused topic, or written after the drain's last claim; `outbox status` shows them"
+                    "drain finished, with {} still pending: not due yet (delayed messages, retries scheduled earlier, rows parked behind dead letters), held behind an earlier row of their key (per-key ordering), of a paused topic, or written after the drain's last claim; `outbox status` shows them",
+                    admin::counted(pending, "row"),
                 );
                 let paused = admin::paused_topics(store.as_ref()).await?;
                 if !paused.is_empty() {
@@ -1024,7 +1045,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     // Not a failure: the other purger does the same work (a cron job that
                     // overlaps the previous run must not page anyone).
                     eprintln!(
-                        "another purge is running on this outbox; this one stops, having deleted {total} rows"
+                        "another purge is running on this outbox; this one stops, having deleted {}",
+                        admin::counted(total as i64, "row"),
                     );
                     locked_out = true;
                     break;

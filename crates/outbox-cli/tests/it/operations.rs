@@ -934,11 +934,13 @@ fn an_ordered_relay_holds_a_key_behind_its_dead_letter() {
 }
 
 /// `status --ordered`: rows that are due but wait behind their key's first row, which is
-/// not due yet (a delayed message, a retry's backoff), are held by per-key ordering, not
-/// stuck: with no relay alive, the verdict is not STUCK while every due row is held, and is
-/// STUCK, counting only the others, once a row that nothing holds is due.
+/// not due yet (a delayed message, a retry's backoff), are held by per-key ordering,
+/// neither stuck nor late: with no relay alive, the verdict is OK while every due row is
+/// held (and says how many are), and a fresh row that nothing holds is judged by its own
+/// age (STUCK once it has been due for `--stuck-after`, counting only it). A delayed
+/// message written long ago is not BEHIND until it has been due for `--max-age`.
 #[test]
-fn rows_behind_a_key_head_not_due_are_not_stuck() {
+fn rows_behind_a_key_head_not_due_are_neither_stuck_nor_late() {
     let db = Db::sqlite();
     run_ok(db.cmd().arg("migrate"));
     let enqueue = |key: &str| {
@@ -950,40 +952,86 @@ fn rows_behind_a_key_head_not_due_are_not_stuck() {
     enqueue("k1");
     enqueue("k1");
     enqueue("k1");
-    // k1's first row waits an hour (as a retry's backoff would).
+    // k1's first row waits an hour (as a retry's backoff would); its others have been
+    // due for ten minutes, written two hours ago.
     db.sqlite_exec(
-        "UPDATE outbox_messages SET available_at = available_at + 3600000
+        "UPDATE outbox_messages SET occurred_at = occurred_at - 7200000,
+           available_at = available_at - 600000;
+         UPDATE outbox_messages SET available_at = available_at + 4200000
          WHERE id = (SELECT min(id) FROM outbox_messages);",
     );
     let status = |args: &[&str]| -> (Option<i32>, serde_json::Value) {
         let out = run(db
             .cmd()
-            .args(["status", "--json", "--check", "--stuck-after", "0s"])
+            .args(["status", "--json", "--check", "--stuck-after", "60s"])
+            .args(["--max-age", "120s"])
             .args(args));
         let v = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
         (out.status.code(), v)
     };
     let (code, st) = status(&["--ordered", "o.>"]);
     assert_eq!(st["due"], 2, "{st}");
-    assert_ne!(st["verdict"]["state"], "STUCK", "{st}");
+    assert_eq!(st["ordered_due_held"], 2, "{st}");
+    assert_eq!(st["verdict"]["state"], "OK", "{st}");
     assert_eq!(code, Some(0), "{st}");
+    let text = run_ok(db.cmd().args(["status", "--ordered", "o.>"]));
+    assert!(
+        text.contains(
+            "held by order       2 of the due rows wait behind an earlier row of their key"
+        ),
+        "{text}"
+    );
     // Without --ordered, status cannot know they are held: unordered relays would take
     // them, so they are stuck.
     let (code, st) = status(&[]);
     assert_eq!(st["verdict"]["state"], "STUCK", "{st}");
+    assert_eq!(st["ordered_due_held"], serde_json::Value::Null, "{st}");
     assert_eq!(code, Some(1));
-    // A due row of another key: stuck, and only it is counted.
+    // A fresh row of another key: due for less than --stuck-after, so not stuck yet,
+    // however long the held ones have been due.
     enqueue("k2");
     let (code, st) = status(&["--ordered", "o.>"]);
+    assert_eq!(st["verdict"]["state"], "OK", "{st}");
+    assert_eq!(code, Some(0));
+    // Due for 90 s: stuck, counting only it, with its own age.
+    db.sqlite_exec(
+        "UPDATE outbox_messages SET available_at = available_at - 90000
+         WHERE id = (SELECT max(id) FROM outbox_messages);",
+    );
+    let (code, st) = status(&["--ordered", "o.>"]);
     assert_eq!(st["verdict"]["state"], "STUCK", "{st}");
+    let said = st["verdict"]["text"].as_str().unwrap();
+    assert!(said.starts_with("1 message due for 9"), "{st}");
+    assert!(!said.contains("600"), "the held rows' age is not its: {st}");
+    assert_eq!(code, Some(1));
+
+    // A message delayed by an hour, written two hours ago, with a relay claiming: not
+    // late (BEHIND counts from when a message is due).
+    let db = Db::sqlite();
+    run_ok(db.cmd().arg("migrate"));
+    enqueue_on(&db, "later");
+    db.sqlite_exec(
+        "UPDATE outbox_messages SET occurred_at = occurred_at - 7200000,
+           available_at = available_at + 3600000;",
+    );
+    let out = run(db
+        .cmd()
+        .args(["status", "--json", "--check", "--max-age", "60s"]));
+    let st: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
     assert!(
-        st["verdict"]["text"]
-            .as_str()
-            .unwrap()
-            .starts_with("1 message due for "),
+        st["oldest_pending_age_seconds"].as_i64().unwrap() >= 7_200,
         "{st}"
     );
-    assert_eq!(code, Some(1));
+    assert_eq!(st["verdict"]["state"], "OK", "{st}");
+    assert_eq!(out.status.code(), Some(0));
+}
+
+fn enqueue_on(db: &Db, topic: &str) {
+    run_ok(
+        db.cmd()
+            .args(["enqueue", "--topic", topic, "--payload", "x"]),
+    );
 }
 
 /// Passwords from files (`OUTBOX_DATABASE_PASSWORD_FILE`, `OUTBOX_SINK_PASSWORD_FILE`)

@@ -520,7 +520,9 @@ pub async fn open(url: &str) -> Result<Box<dyn Sink>, SinkError> {
         #[cfg(feature = "kafka")]
         return Ok(Box::new(kafka::KafkaSink::connect(url).await?));
         #[cfg(not(feature = "kafka"))]
-        return Err(invalid("this build has no kafka feature"));
+        return Err(invalid(
+            "this build has no kafka feature (build with `--features kafka`; the outbox binary: `cargo build --release -p outbox-cli --features kafka`)",
+        ));
     }
     if url.starts_with("amqp://") || url.starts_with("amqps://") {
         #[cfg(feature = "rabbitmq")]

@@ -242,6 +242,18 @@ pub const PARKED_AT: &str = "9999-01-01T00:00:00Z";
 /// [`PARKED_AT`] in milliseconds since the Unix epoch (SQLite's `available_at`).
 pub const PARKED_AT_MS: i64 = 253_370_764_800_000;
 
+/// The due rows and what per-key ordering holds back of them ([`Store::due_held_by_order`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DueHeld {
+    /// Due rows (pending, or claimed under an expired lease) of ordered keys whose key's
+    /// first row not dispatched (nor dead, with `skip_dead`) is another row that is dead
+    /// or not due yet: they wait by design.
+    pub held: i64,
+    /// Seconds the oldest due row that nothing holds has been due (database clock);
+    /// `None` when every due row is held, or none is due.
+    pub oldest_free_due_s: Option<i64>,
+}
+
 /// What strict per-key ordering holds back behind dead letters ([`Store::held_keys`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HeldKeys {
@@ -605,14 +617,16 @@ pub trait Store: Send + Sync + 'static {
     /// (database clock). One statement; meant for the sampled gauges.
     async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys>;
 
-    /// How many due rows per-key ordering holds back now: rows due (pending, or claimed
-    /// under an expired lease) of `ordering`'s keys whose key's first row not dispatched
-    /// (nor dead, with `skip_dead`) is another row that is dead, or not due yet (a delayed
-    /// message, a retry waiting out its backoff, a claim under a live lease). They wait by
-    /// design, so an operator's verdict does not count them as stuck. Zero when no topic
-    /// is ordered. One statement over the due rows of ordered keys: for `outbox status`,
-    /// not for sampling.
-    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<i64>;
+    /// What per-key ordering holds back of the rows due now: how many due rows (pending,
+    /// or claimed under an expired lease) of `ordering`'s keys wait behind their key's
+    /// first row not dispatched (nor dead, with `skip_dead`) because that row is dead or
+    /// not due yet (a delayed message, a retry waiting out its backoff, a claim under a
+    /// live lease), and how long the oldest of the other due rows has been due. Held
+    /// rows wait by design, so an operator's verdict counts only the others as stuck or
+    /// behind. With no topic ordered, nothing is held. One statement over the due rows
+    /// (a per-key look-up for each of an ordered key): for `outbox status`, not for
+    /// sampling.
+    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<DueHeld>;
 
     /// Parks the messages that strict per-key ordering holds behind dead letters: every
     /// pending, due row of an ordered topic (`ordering`) whose key has a dead letter with a
@@ -849,7 +863,7 @@ impl Store for AnyStore {
     async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
         self.inner().held_keys(ordering).await
     }
-    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<i64> {
+    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<DueHeld> {
         self.inner().due_held_by_order(ordering).await
     }
     async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {

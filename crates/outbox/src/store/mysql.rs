@@ -21,10 +21,10 @@
 
 use super::ops::{self, Dialect};
 use super::{
-    Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, HeldKeys, KeyOrdering,
-    Leases, Overview, PauseState, PurgeBatch, RelayHeartbeat, RelayRecord, ReplayAction,
-    ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement, Store, StoreConfig,
-    TopicPause, millis, parse_headers,
+    Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, DueHeld, HeldKeys,
+    KeyOrdering, Leases, Overview, PauseState, PurgeBatch, RelayHeartbeat, RelayRecord,
+    ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement, Store,
+    StoreConfig, TopicPause, millis, parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::inbox::Accepted;
@@ -2083,10 +2083,7 @@ impl Store for MySqlStore {
         })
     }
 
-    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<i64> {
-        if !ordering.is_on() {
-            return Ok(0);
-        }
+    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<DueHeld> {
         let p = &self.inner.config.schema;
         let regexes = ordering.regexes();
         let ord = regexp_any("m.topic", regexes.len());
@@ -2095,20 +2092,28 @@ impl Store for MySqlStore {
         } else {
             ""
         };
-        // The key's head is read as the ordered claim reads it (see `ordered_select`).
-        let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
-            "SELECT CAST(COUNT(*) AS SIGNED) FROM {p}_messages m
-             WHERE m.status <= 1 AND m.available_at <= {NOW} AND m.order_key IS NOT NULL
-               AND ({ord})
-               AND COALESCE(
-                 (SELECT h.id <> m.id AND (h.status = 3 OR h.available_at > {NOW})
-                  FROM {p}_messages h FORCE INDEX ({p}_messages_key)
-                  WHERE h.order_key = m.order_key{dead_h} ORDER BY h.id LIMIT 1), 0) = 1"
+        // The key's head is read as the ordered claim reads it (see `ordered_select`), and
+        // only for the due rows of ordered keys.
+        let mut query = sqlx::query_as::<_, (i64, Option<i64>)>(AssertSqlSafe(format!(
+            "SELECT CAST(COALESCE(SUM(held), 0) AS SIGNED),
+                    CAST(TIMESTAMPDIFF(SECOND, MIN(CASE WHEN held = 0 THEN live_at END), {NOW}) AS SIGNED)
+             FROM (
+               SELECT m.live_at,
+                      CASE WHEN m.order_key IS NOT NULL AND ({ord}) THEN COALESCE(
+                        (SELECT h.id <> m.id AND (h.status = 3 OR h.available_at > {NOW})
+                         FROM {p}_messages h FORCE INDEX ({p}_messages_key)
+                         WHERE h.order_key = m.order_key{dead_h} ORDER BY h.id LIMIT 1), 0)
+                      ELSE 0 END AS held
+               FROM {p}_messages m WHERE m.live_at <= {NOW}) d"
         )));
         for re in &regexes {
             query = query.bind(re.as_str());
         }
-        Ok(query.fetch_one(&self.inner.pool).await?)
+        let (held, oldest_free) = query.fetch_one(&self.inner.pool).await?;
+        Ok(DueHeld {
+            held,
+            oldest_free_due_s: oldest_free.map(|s| s.max(0)),
+        })
     }
 
     async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {

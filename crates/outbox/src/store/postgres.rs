@@ -5,10 +5,10 @@
 
 use super::ops::{self, Dialect};
 use super::{
-    Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, HeldKeys, KeyOrdering,
-    Leases, Overview, PARKED_AT, PauseState, PurgeBatch, RelayHeartbeat, RelayRecord, ReplayAction,
-    ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement, Store, StoreConfig,
-    TopicPause, millis, parse_headers,
+    Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, DueHeld, HeldKeys,
+    KeyOrdering, Leases, Overview, PARKED_AT, PauseState, PurgeBatch, RelayHeartbeat, RelayRecord,
+    ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement, Store,
+    StoreConfig, TopicPause, millis, parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::inbox::Accepted;
@@ -1923,31 +1923,38 @@ impl Store for PgStore {
         })
     }
 
-    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<i64> {
-        if !ordering.is_on() {
-            return Ok(0);
-        }
+    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<DueHeld> {
         let s = self.s();
         let not_dead = if ordering.skip_dead {
             " AND h.status <> 3"
         } else {
             ""
         };
-        // The key's head is read as the ordered claim reads it (see `claim_ordered_sql`).
-        Ok(sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT count(*) FROM {s}.messages m
-             CROSS JOIN LATERAL (
-               SELECT h.id, h.status, h.available_at FROM {s}.messages h
-               WHERE h.topic = m.topic AND md5(h.key) = md5(m.key)
-                 AND h.key IS NOT NULL AND h.status <> 2{not_dead}
-               ORDER BY h.topic, md5(h.key), h.id LIMIT 1) head
-             WHERE m.status <= 1 AND m.available_at <= now() AND m.key IS NOT NULL
-               AND m.topic ~ ANY($1::text[])
-               AND head.id <> m.id AND (head.status = 3 OR head.available_at > now())"
+        // The key's head is read as the ordered claim reads it (see `claim_ordered_sql`),
+        // and only for the due rows of ordered keys.
+        let (held, oldest_free): (i64, Option<i64>) = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT count(*) FILTER (WHERE held),
+                    floor(extract(epoch FROM now() - min(available_at) FILTER (WHERE NOT held)))::bigint
+             FROM (
+               SELECT m.available_at,
+                      coalesce(head.id <> m.id AND (head.status = 3 OR head.available_at > now()),
+                               false) AS held
+               FROM {s}.messages m
+               LEFT JOIN LATERAL (
+                 SELECT h.id, h.status, h.available_at FROM {s}.messages h
+                 WHERE m.key IS NOT NULL AND m.topic ~ ANY($1::text[])
+                   AND h.topic = m.topic AND md5(h.key) = md5(m.key)
+                   AND h.key IS NOT NULL AND h.status <> 2{not_dead}
+                 ORDER BY h.topic, md5(h.key), h.id LIMIT 1) head ON true
+               WHERE m.status <= 1 AND m.available_at <= now()) d"
         )))
         .bind(ordering.regexes())
         .fetch_one(&self.inner.pool)
-        .await?)
+        .await?;
+        Ok(DueHeld {
+            held,
+            oldest_free_due_s: oldest_free.map(|s| s.max(0)),
+        })
     }
 
     async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {

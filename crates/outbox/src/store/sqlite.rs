@@ -9,10 +9,10 @@
 
 use super::ops::{self, Dialect};
 use super::{
-    Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, HeldKeys, KeyOrdering,
-    Leases, Overview, PARKED_AT_MS, PauseState, PurgeBatch, RelayHeartbeat, RelayRecord,
-    ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement, Store,
-    StoreConfig, TopicPause, millis, parse_headers,
+    Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, DueHeld, HeldKeys,
+    KeyOrdering, Leases, Overview, PARKED_AT_MS, PauseState, PurgeBatch, RelayHeartbeat,
+    RelayRecord, ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement,
+    Store, StoreConfig, TopicPause, millis, parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::inbox::Accepted;
@@ -1701,10 +1701,7 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<i64> {
-        if !ordering.is_on() {
-            return Ok(0);
-        }
+    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<DueHeld> {
         let p = self.p();
         let n = NOW_MS;
         let dead_h = if ordering.skip_dead {
@@ -1718,21 +1715,29 @@ impl Store for SqliteStore {
             ordering.covers(t)
         })
         .await?;
-        // The key's head is read as the ordered claim reads it (see `claim_ordered_select`).
-        let held = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT count(*) FROM {p}_messages m
-             WHERE m.status <= 1 AND m.available_at <= {n} AND m.key IS NOT NULL AND {ordered}
-               AND coalesce(
-                 (SELECT h.id <> m.id AND (h.status = 3 OR h.available_at > {n})
-                  FROM {p}_messages h
-                  WHERE h.topic = m.topic AND h.key = m.key AND h.status <> 2{dead_h}
-                  ORDER BY h.id LIMIT 1), 0) = 1"
+        // The key's head is read as the ordered claim reads it (see
+        // `claim_ordered_select`), and only for the due rows of ordered keys.
+        let (held, oldest_free_ms): (i64, Option<i64>) = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT coalesce(sum(held), 0),
+                    CAST({n} - min(CASE WHEN NOT held THEN available_at END) AS INTEGER)
+             FROM (
+               SELECT m.available_at,
+                      CASE WHEN m.key IS NOT NULL AND {ordered} THEN coalesce(
+                        (SELECT h.id <> m.id AND (h.status = 3 OR h.available_at > {n})
+                         FROM {p}_messages h
+                         WHERE h.topic = m.topic AND h.key = m.key AND h.status <> 2{dead_h}
+                         ORDER BY h.id LIMIT 1), 0)
+                      ELSE 0 END AS held
+               FROM {p}_messages m WHERE m.status <= 1 AND m.available_at <= {n})"
         )))
         .bind(topics)
         .fetch_one(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(held)
+        Ok(DueHeld {
+            held,
+            oldest_free_due_s: oldest_free_ms.map(|ms| ms.max(0) / 1000),
+        })
     }
 
     async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {

@@ -175,7 +175,7 @@ impl outbox::Store for Counting {
     async fn due_held_by_order(
         &self,
         ordering: &outbox::store::KeyOrdering,
-    ) -> outbox::Result<i64> {
+    ) -> outbox::Result<outbox::store::DueHeld> {
         self.inner.due_held_by_order(ordering).await
     }
     async fn park_held(&self, ordering: &outbox::store::KeyOrdering) -> outbox::Result<u64> {

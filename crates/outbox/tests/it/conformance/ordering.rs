@@ -132,17 +132,20 @@ pub(crate) async fn ordered_claims_follow_each_key<B: Backend>() {
         2
     );
     // Due, but held behind their key's first row (waiting out its retry): counted as held.
+    let strict_view = store.due_held_by_order(&strict).await.unwrap();
+    assert_eq!(strict_view.held, 2, "a3 and a4 wait behind a2's retry");
     assert_eq!(
-        store.due_held_by_order(&strict).await.unwrap(),
-        2,
-        "a3 and a4 wait behind a2's retry"
+        strict_view.oldest_free_due_s, None,
+        "every due row is held: none is free"
     );
-    assert_eq!(
-        store
-            .due_held_by_order(&KeyOrdering::default())
-            .await
-            .unwrap(),
-        0
+    let unordered = store
+        .due_held_by_order(&KeyOrdering::default())
+        .await
+        .unwrap();
+    assert_eq!(unordered.held, 0);
+    assert!(
+        unordered.oldest_free_due_s.is_some_and(|s| s >= 0),
+        "without ordering a3 and a4 are free: {unordered:?}"
     );
 
     // Strict: a dead letter blocks its key; replayed, it goes first again.
@@ -165,12 +168,12 @@ pub(crate) async fn ordered_claims_follow_each_key<B: Backend>() {
         HeldKeys::default()
     );
     assert_eq!(
-        store.due_held_by_order(&strict).await.unwrap(),
+        store.due_held_by_order(&strict).await.unwrap().held,
         3,
         "d2 behind its dead letter, a3 and a4 behind a2's retry"
     );
     assert_eq!(
-        store.due_held_by_order(&ordering(true)).await.unwrap(),
+        store.due_held_by_order(&ordering(true)).await.unwrap().held,
         2,
         "skip_dead: only the retry holds"
     );
