@@ -279,9 +279,13 @@ pub(crate) async fn dead(store: &dyn Store, cmd: &DeadCommand) -> anyhow::Result
                     .map(|r| r.waiting_behind)
                     .sum();
                 eprintln!(
-                    "{} {} their key ({} wait): `outbox replay` delivers one first, then the rest of its key; `outbox dead discard` releases the rest",
+                    "{} {} ({} wait): `outbox replay` delivers one first, then the rest of its key; `outbox dead discard` releases the rest",
                     counted(blocking as i64, "dead letter"),
-                    if blocking == 1 { "blocks" } else { "block" },
+                    if blocking == 1 {
+                        "blocks its key"
+                    } else {
+                        "block their keys"
+                    },
                     counted(held, "later message"),
                 );
             }
