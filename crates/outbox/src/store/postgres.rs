@@ -141,7 +141,7 @@ impl Sql {
                         count(*) FILTER (WHERE status = 1),
                         count(*) FILTER (WHERE status = 2),
                         count(*) FILTER (WHERE status = 3),
-                        floor(extract(epoch FROM now() - min(occurred_at) FILTER (WHERE status = 0)))::bigint
+                        floor(extract(epoch FROM now() - min({OCCURRED_AT}) FILTER (WHERE status = 0)))::bigint
                  FROM {s}.messages"
             )),
             version: q(format!(
@@ -1199,6 +1199,24 @@ impl PgStore {
     }
 }
 
+/// A row's time as read for people and for ages: clamped to the years chrono (and so
+/// sqlx's decoding) can represent, -4713 to 262142. PostgreSQL stores later years and
+/// `±infinity` in a hand-written row; sqlx panics decoding a time past chrono's range, and
+/// `now() - 'infinity'` is an error, so one such row would fail `dead list`, the message
+/// look-up and `status` for every row.
+macro_rules! shown_time {
+    ($col:literal) => {
+        concat!(
+            "CASE WHEN ", $col, " IS NULL THEN NULL ELSE greatest(least(", $col,
+            ", '262142-12-31 00:00:00+00'::timestamptz), '4713-11-24 00:00:00+00 BC'::timestamptz) END"
+        )
+    };
+}
+const OCCURRED_AT: &str = shown_time!("occurred_at");
+const AVAILABLE_AT: &str = shown_time!("available_at");
+const LOCKED_UNTIL: &str = shown_time!("locked_until");
+const DISPATCHED_AT: &str = shown_time!("dispatched_at");
+
 /// The encoding `convert_to(text, …)` is given to read text as UTF-8 bytes: UTF-8, but in a
 /// `SQL_ASCII` database (which holds bytes with no encoding to convert from) the bytes as
 /// they are stored, for the reader to check.
@@ -1590,8 +1608,8 @@ impl Store for PgStore {
         // is shown with U+FFFD for what is not, rather than failing the whole list.
         let sql = format!(
             "SELECT id, message_id, convert_to(topic, {UTF8_BYTES}) AS topic,
-                    convert_to(key, {UTF8_BYTES}) AS key, attempts, occurred_at, available_at,
-                    last_error, convert_to(headers::text, {UTF8_BYTES}) AS headers,
+                    convert_to(key, {UTF8_BYTES}) AS key, attempts, {OCCURRED_AT} AS occurred_at,
+                    {AVAILABLE_AT} AS available_at, last_error, convert_to(headers::text, {UTF8_BYTES}) AS headers,
                     octet_length(payload)::bigint AS payload_bytes,
                     {payload} AS payload, replay_id,
                     (SELECT count(*) FROM {s}.messages l
@@ -1911,7 +1929,7 @@ impl Store for PgStore {
                      ON m.topic = b.topic AND md5(m.key) = md5(b.key) AND m.key = b.key
                     AND m.status <> 2 AND m.status <= 1 AND m.id > b.id)
                  SELECT (SELECT count(*) FROM blocked), (SELECT count(*) FROM held),
-                        (SELECT floor(extract(epoch FROM now() - min(occurred_at)))::bigint FROM held)"
+                        (SELECT floor(extract(epoch FROM now() - min({OCCURRED_AT})))::bigint FROM held)"
             )))
             .bind(ordering.regexes())
             .fetch_one(&self.inner.pool)
@@ -1934,7 +1952,7 @@ impl Store for PgStore {
         // and only for the due rows of ordered keys.
         let (held, oldest_free): (i64, Option<i64>) = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT count(*) FILTER (WHERE held),
-                    floor(extract(epoch FROM now() - min(available_at) FILTER (WHERE NOT held)))::bigint
+                    floor(extract(epoch FROM now() - min({AVAILABLE_AT}) FILTER (WHERE NOT held)))::bigint
              FROM (
                SELECT m.available_at,
                       coalesce(head.id <> m.id AND (head.status = 3 OR head.available_at > now()),
@@ -2027,7 +2045,7 @@ impl Store for PgStore {
         let counts = self.counts().await?;
         let (due, oldest_due, expired): (i64, Option<i64>, i64) =
             sqlx::query_as(AssertSqlSafe(format!(
-                "SELECT count(*), floor(extract(epoch FROM now() - min(available_at)))::bigint,
+                "SELECT count(*), floor(extract(epoch FROM now() - min({AVAILABLE_AT})))::bigint,
                         count(*) FILTER (WHERE status = 1)
                  FROM {s}.messages WHERE status <= 1 AND available_at <= now()"
             )))
@@ -2093,8 +2111,9 @@ impl Store for PgStore {
         // Text as bytes, shown with U+FFFD for what is not UTF-8 (see `dead_letters`).
         let cols = format!(
             "id, message_id, convert_to(topic, {UTF8_BYTES}) AS topic,
-             convert_to(key, {UTF8_BYTES}) AS key, status, attempts, occurred_at, available_at,
-             claimed_by, locked_until, dispatched_at, last_error,
+             convert_to(key, {UTF8_BYTES}) AS key, status, attempts, {OCCURRED_AT} AS occurred_at,
+             {AVAILABLE_AT} AS available_at, claimed_by, {LOCKED_UNTIL} AS locked_until,
+             {DISPATCHED_AT} AS dispatched_at, last_error,
              octet_length(payload)::bigint AS payload_bytes, replay_id"
         );
         let rows = match query {

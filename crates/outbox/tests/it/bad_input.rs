@@ -635,3 +635,60 @@ async fn sqlite_times_at_the_integer_limits_do_not_break_status() {
         "{overview:?}"
     );
 }
+
+/// PostgreSQL: times written by hand past what a reader can represent (the year 294276,
+/// `±infinity`) do not break what an operator reads: the dead letters, the message
+/// look-up, the counts and the overview show such a time clamped, instead of a decoding
+/// panic or an error for every row.
+#[tokio::test]
+async fn postgres_times_past_the_representable_range_do_not_break_status() {
+    use outbox::store::DeadSelector;
+    use outbox::store::lookup::MessageQuery;
+    let db = crate::conformance_postgres::PgBackend::create(
+        "fartime",
+        outbox::store::DEFAULT_MAX_MESSAGE_BYTES,
+    )
+    .await;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "INSERT INTO {s}.messages (message_id, topic, key, payload, status, occurred_at, available_at)
+         VALUES (gen_random_uuid(), 'o.a', 'k', '\\x00', 3, '294276-12-31', '294276-12-31'),
+                (gen_random_uuid(), 'o.a', 'k', '\\x00', 0, '-infinity', '-infinity'),
+                (gen_random_uuid(), 'o.a', 'k', '\\x00', 0, 'infinity', 'infinity')",
+        s = db.schema.name
+    )))
+    .execute(&db.app)
+    .await
+    .unwrap();
+    let store = db.store();
+    let dead = store
+        .dead_letters(&DeadSelector::default(), 10, true)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert!(
+        dead[0].occurred_at.format("%Y").to_string().len() >= 6,
+        "{dead:?}"
+    );
+    let found = store
+        .find_messages(
+            &MessageQuery::Key {
+                key: "k".into(),
+                topic: Some("o.a".into()),
+            },
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 3);
+    let counts = store.counts().await.unwrap();
+    assert_eq!((counts.pending, counts.dead), (2, 1));
+    assert!(
+        counts
+            .oldest_pending_age_seconds
+            .is_some_and(|a| a > 100_000_000_000),
+        "{counts:?}"
+    );
+    let overview = store.overview(10).await.unwrap();
+    assert_eq!(overview.due, 1, "{overview:?}");
+    assert!(overview.oldest_due_s.is_some_and(|a| a > 100_000_000_000));
+}
