@@ -279,7 +279,7 @@ pub(crate) async fn dead(store: &dyn Store, cmd: &DeadCommand) -> anyhow::Result
                     .map(|r| r.waiting_behind)
                     .sum();
                 eprintln!(
-                    "{} {} ({} wait): `outbox replay` delivers one first, then the rest of its key; `outbox dead discard` releases the rest",
+                    "{} {} ({} {}): `outbox replay` delivers one first, then the rest of its key; `outbox dead discard` releases the rest",
                     counted(blocking as i64, "dead letter"),
                     if blocking == 1 {
                         "blocks its key"
@@ -287,11 +287,16 @@ pub(crate) async fn dead(store: &dyn Store, cmd: &DeadCommand) -> anyhow::Result
                         "block their keys"
                     },
                     counted(held, "later message"),
+                    if held == 1 { "waits" } else { "wait" },
                 );
             }
             let total = store.count_dead(&sel).await?;
             if total > rows.len() as u64 {
-                eprintln!("{} of {total} shown (--limit to see more)", rows.len());
+                eprintln!(
+                    "{} of {} shown (--limit to see more)",
+                    group(rows.len() as i64),
+                    group(total as i64)
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -367,8 +372,8 @@ fn show_text(r: &DeadLetter, with_payload: bool) -> String {
         line(
             "behind it",
             format!(
-                "{} later messages of this topic and key not delivered yet (they wait for this one where the topic is ordered)",
-                r.waiting_behind
+                "{} of this topic and key not delivered yet (they wait for this one where the topic is ordered)",
+                counted(r.waiting_behind, "later message")
             ),
         );
     }
@@ -378,7 +383,7 @@ fn show_text(r: &DeadLetter, with_payload: bool) -> String {
     if let Some(id) = r.replay_id {
         line("replayed by", format!("replay {id} (and died again)"));
     }
-    line("payload", format!("{} bytes", r.payload_bytes));
+    line("payload", counted(r.payload_bytes, "byte"));
     match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&r.headers) {
         Ok(map) if map.is_empty() => line("headers", "(none)".into()),
         Ok(map) => {
@@ -937,8 +942,8 @@ pub(crate) fn verdict(
             ),
         };
     }
-    if let Some(due_s) = o.oldest_due_s
-        && o.due > 0
+    if let Some(due_s) = free_due_s
+        && due_free > 0
         && due_s >= stuck_s
         && !pause.topics.is_empty()
         && !claiming
@@ -948,7 +953,7 @@ pub(crate) fn verdict(
             state: "PAUSED",
             text: format!(
                 "{} due for {due_s} s while topic pauses are in force ({}): the paused topics' rows wait; `outbox resume --topic PATTERN` lifts one",
-                counted(o.due, "message"),
+                counted(due_free, "message"),
                 list.join(", ")
             ),
         };
@@ -980,9 +985,10 @@ pub(crate) fn verdict(
         return Verdict {
             state: "BLOCKED",
             text: format!(
-                "{} of {} wait behind dead letters (oldest {}): `outbox dead list --ordered …` marks them BLOCKS; `outbox replay` delivers one first, `outbox dead discard` releases the rest",
+                "{} of {} {} behind dead letters (oldest {}): `outbox dead list --ordered …` marks them BLOCKS; `outbox replay` delivers one first, `outbox dead discard` releases the rest",
                 counted(held.held, "message"),
                 counted(held.blocked_keys, "ordered key"),
+                if held.held == 1 { "waits" } else { "wait" },
                 human(held.oldest_held_age_seconds.unwrap_or(0))
             ),
         };
@@ -1038,7 +1044,7 @@ pub(crate) fn counted(n: i64, noun: &str) -> String {
     format!("{} {noun}{}", group(n), if n == 1 { "" } else { "s" })
 }
 
-fn group(n: i64) -> String {
+pub(crate) fn group(n: i64) -> String {
     let s = n.abs().to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
@@ -1556,6 +1562,29 @@ mod tests {
         assert_eq!(
             (v.state, v.text.as_str()),
             ("STUCK", "2 messages due for 40 s and no relay is alive")
+        );
+        // Nor are they a paused topic's rows: with a topic pause in force and a relay
+        // alive, held rows alone are no reason to say PAUSED.
+        let topic_paused = PauseState {
+            topics: vec![outbox::store::TopicPause {
+                pattern: "zzz".into(),
+                reason: "test".into(),
+                by: "me".into(),
+                paused_at: Utc::now(),
+            }],
+            ..unpaused()
+        };
+        let v = verdict(
+            &o,
+            &[relay(Some(300), Utc::now())],
+            &topic_paused,
+            &NONE_HELD,
+            Some(&all_held),
+            &LIMITS,
+        );
+        assert_eq!(
+            (v.state, v.text.as_str()),
+            ("OK", "OK (1 topic pause in force: their rows wait)")
         );
         // Held rows are not late either: BEHIND counts the free ones' age.
         let v = verdict(

@@ -367,10 +367,10 @@ fn parse_inbox_age(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// Why `relay` refuses to start without a destination, and how to give it one.
 /// `--min-batch-size` when not given (or `--batch-size`, when that is smaller).
 const DEFAULT_MIN_BATCH_SIZE: u32 = 100;
 
+/// Why `relay` refuses to start without a destination, and how to give it one.
 const NO_SINK: &str = "the relay has no sink: nothing says where messages go, so it refuses \
 to start (it would mark them dispatched without delivering them anywhere). Choose one with \
 --sink URL (e.g. --sink nats://127.0.0.1:4222), the OUTBOX_SINK environment variable, \
@@ -929,8 +929,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let held = store.held_keys(&config.ordering).await?;
                 if held.held > 0 {
                     eprintln!(
-                        "{} of them wait behind the dead letters of {}: `outbox dead list --ordered …` marks them BLOCKS; `outbox replay` or `outbox dead discard` releases each key",
-                        held.held,
+                        "{} of them {} behind the dead letters of {}: `outbox dead list --ordered …` marks them BLOCKS; `outbox replay` or `outbox dead discard` releases each key",
+                        admin::group(held.held),
+                        if held.held == 1 { "waits" } else { "wait" },
                         admin::counted(held.blocked_keys, "ordered key")
                     );
                 }

@@ -424,8 +424,8 @@ async fn change(
     }
     if preview.count > admin::CONFIRM_ABOVE && request.limit.is_none() && !body.yes {
         return Err(ApiError::bad(format!(
-            "{} dead rows match: send a limit, or yes: true to {} them all",
-            preview.count,
+            "{} match: send a limit, or yes: true to {} them all",
+            admin::counted(preview.count as i64, "dead row"),
             action.as_str()
         )));
     }
