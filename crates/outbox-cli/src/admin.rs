@@ -273,11 +273,15 @@ pub(crate) async fn dead(store: &dyn Store, cmd: &DeadCommand) -> anyhow::Result
             }
             let blocking = rows.iter().filter(|r| blocks(r)).count();
             if blocking > 0 {
-                let held: i64 = rows
-                    .iter()
-                    .filter(|r| blocks(r))
-                    .map(|r| r.waiting_behind)
-                    .sum();
+                // Per key, the rows behind its first dead letter listed (the later dead
+                // letters of the key count the same rows again).
+                let mut per_key: std::collections::HashMap<(&str, Option<&str>), i64> =
+                    std::collections::HashMap::new();
+                for r in rows.iter().filter(|r| blocks(r)) {
+                    let n = per_key.entry((&r.topic, r.key.as_deref())).or_default();
+                    *n = (*n).max(r.waiting_behind);
+                }
+                let held: i64 = per_key.values().sum();
                 eprintln!(
                     "{} {} ({} {}): `outbox replay` delivers one first, then the rest of its key; `outbox dead discard` releases the rest",
                     counted(blocking as i64, "dead letter"),

@@ -1034,6 +1034,26 @@ fn enqueue_on(db: &Db, topic: &str) {
     );
 }
 
+/// `dead list --ordered`'s footer counts the messages waiting behind a key once, however
+/// many of its dead letters are listed.
+#[test]
+fn dead_list_counts_a_keys_waiting_messages_once() {
+    let db = Db::sqlite();
+    run_ok(db.cmd().arg("migrate"));
+    db.sqlite_exec(
+        "INSERT INTO outbox_messages (id, message_id, topic, key, payload, status) VALUES
+           (1, '00000000-0000-7000-8000-000000000001', 'o.t', 'k1', x'00', 3),
+           (2, '00000000-0000-7000-8000-000000000002', 'o.t', 'k1', x'00', 3),
+           (3, '00000000-0000-7000-8000-000000000003', 'o.t', 'k1', x'00', 0);",
+    );
+    let out = run(db.cmd().args(["dead", "list", "--ordered", "o.>"]));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("2 dead letters block their keys (1 later message waits)"),
+        "{said}"
+    );
+}
+
 /// Passwords from files (`OUTBOX_DATABASE_PASSWORD_FILE`, `OUTBOX_SINK_PASSWORD_FILE`)
 /// never show: not in the relay's log (at debug, with the summary line every second), not
 /// in `status` (text and JSON, which carry the relay registry's sink summary), not in the
