@@ -597,7 +597,14 @@ impl SqliteStore {
                 key: row.try_get("key")?,
                 payload: bytes::Bytes::from(row.try_get::<Vec<u8>, _>("payload")?),
                 headers: parse_headers(id, headers)?,
-                occurred_at: ms_to_time(occurred),
+                // Out of range: a malformed row (quarantined), as on the other stores,
+                // not a message sent with a made-up time.
+                occurred_at: Utc.timestamp_millis_opt(occurred).single().ok_or_else(|| {
+                    Error::MalformedRow {
+                        id,
+                        reason: format!("occurred_at is not a representable time ({occurred} ms)"),
+                    }
+                })?,
                 attempts: row.try_get("attempts")?,
             })
         };
@@ -887,8 +894,17 @@ async fn poll_files(files: &[std::path::PathBuf; 2], wake: &super::Bump) {
     }
 }
 
+/// A stored time for people: clamped to what chrono represents (years -262143 to
+/// 262142), so a hand-written time at the integer limits shows as the nearest end rather
+/// than as 1970.
 fn ms_to_time(ms: i64) -> DateTime<Utc> {
-    Utc.timestamp_millis_opt(ms).single().unwrap_or_default()
+    let (lo, hi) = (
+        DateTime::<Utc>::MIN_UTC.timestamp_millis(),
+        DateTime::<Utc>::MAX_UTC.timestamp_millis(),
+    );
+    Utc.timestamp_millis_opt(ms.clamp(lo, hi))
+        .single()
+        .unwrap_or_default()
 }
 
 fn ids_json(ids: &[i64]) -> String {

@@ -634,6 +634,39 @@ async fn sqlite_times_at_the_integer_limits_do_not_break_status() {
         overview.oldest_due_s.is_some_and(|a| a > 1_000_000_000_000),
         "{overview:?}"
     );
+    // Claimed, it is malformed (no message goes out with a made-up time), and its dead
+    // letter shows the earliest time there is, not 1970.
+    let claim = store
+        .claim(&outbox::store::ClaimRequest {
+            relay_id: "r".into(),
+            batch_size: 10,
+            lease: std::time::Duration::from_secs(30),
+            skip_topics: Vec::new(),
+            ordering: outbox::store::KeyOrdering::default(),
+        })
+        .await
+        .unwrap();
+    assert!(claim.messages.is_empty(), "{:?}", claim.messages);
+    assert_eq!(claim.malformed.len(), 1);
+    assert!(
+        claim.malformed[0]
+            .error
+            .contains("occurred_at is not a representable time"),
+        "{:?}",
+        claim.malformed
+    );
+    store
+        .quarantine(claim.token, &claim.malformed)
+        .await
+        .unwrap();
+    let dead = store
+        .dead_letters(&outbox::store::DeadSelector::default(), 10, false)
+        .await
+        .unwrap();
+    assert_eq!(
+        dead[0].occurred_at,
+        chrono::DateTime::<chrono::Utc>::MIN_UTC
+    );
 }
 
 /// PostgreSQL: times written by hand past what a reader can represent (the year 294276,
