@@ -197,12 +197,12 @@ pub(crate) enum DeadCommand {
 pub(crate) struct ChangeArgs {
     #[command(flatten)]
     pub(crate) select: SelectArgs,
-    /// Why (kept in the audit row). Required.
-    #[arg(long)]
-    pub(crate) reason: String,
-    /// Who (kept in the audit row). Required.
-    #[arg(long)]
-    pub(crate) by: String,
+    /// Why (kept in the audit row). Required, except with --dry-run.
+    #[arg(long, required_unless_present = "dry_run")]
+    pub(crate) reason: Option<String>,
+    /// Who (kept in the audit row). Required, except with --dry-run.
+    #[arg(long, required_unless_present = "dry_run")]
+    pub(crate) by: Option<String>,
     /// Print the count and a sample; change nothing.
     #[arg(long)]
     pub(crate) dry_run: bool,
@@ -558,8 +558,9 @@ pub(crate) async fn change_dead(
         selector,
         action,
         ChangeText {
-            reason: &change.reason,
-            by: &change.by,
+            // A dry run writes no audit row: it needs neither.
+            reason: change.reason.as_deref().unwrap_or("dry run"),
+            by: change.by.as_deref().unwrap_or("dry run"),
             names: CLI_NAMES,
         },
         change.limit,
@@ -849,9 +850,22 @@ pub(crate) async fn resume(
             Ok(format!("topic pause {t} lifted"))
         }
         None => {
+            let was_paused = store.pause_state().await?.paused;
             store.set_pause(None).await?;
-            audit(store, by, reason, "resume", None).await?;
             let topics = store.pause_state().await?.topics;
+            if !was_paused {
+                // Resuming is idempotent: nothing changed, nothing to audit.
+                return Ok(if topics.is_empty() {
+                    "the outbox was not paused: nothing to resume".into()
+                } else {
+                    let list: Vec<&str> = topics.iter().map(|p| p.pattern.as_str()).collect();
+                    format!(
+                        "the outbox was not paused; topic pauses in force: {} (`outbox resume --topic PATTERN` lifts one)",
+                        list.join(", ")
+                    )
+                });
+            }
+            audit(store, by, reason, "resume", None).await?;
             if topics.is_empty() {
                 Ok("outbox resumed".into())
             } else {

@@ -318,7 +318,24 @@ fn pause_and_resume() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("broker maintenance"));
     let text = run_ok(outbox().args(["--database-url", &db, "status"]));
     assert!(text.contains("PAUSED: broker maintenance"), "{text}");
-    run_ok(outbox().args(["--database-url", &db, "resume"]));
+    let said = crate::common::run(outbox().args(["--database-url", &db, "resume"]));
+    assert!(said.status.success());
+    assert!(
+        String::from_utf8_lossy(&said.stdout).contains("outbox resumed")
+            || String::from_utf8_lossy(&said.stderr).contains("outbox resumed")
+    );
+    // Again: idempotent, and says nothing changed.
+    let again = crate::common::run(outbox().args(["--database-url", &db, "resume"]));
+    assert!(again.status.success());
+    let again = format!(
+        "{}{}",
+        String::from_utf8_lossy(&again.stdout),
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(
+        again.contains("the outbox was not paused: nothing to resume"),
+        "{again}"
+    );
     let delivered = run_ok(outbox().args([
         "--database-url",
         &db,

@@ -176,6 +176,18 @@ fn dead_letters_round_trip(db: &Db) {
         "{dry}"
     );
     assert_eq!(db.status()["dead"], 10, "a dry run changes nothing");
+    // A dry run needs no audit text.
+    let dry = run_ok(db.cmd().args(["replay", "--topic", "ops.>", "--dry-run"]));
+    assert!(
+        dry.starts_with("dry run: 10 dead rows would be replayed"),
+        "{dry}"
+    );
+    let refused = run(db.cmd().args(["replay", "--topic", "ops.>"]));
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "the run itself needs --reason and --by"
+    );
     assert_eq!(run_ok(db.cmd().args(["replays", "list", "--json"])), "");
 
     let done = run_ok(db.cmd().args([
