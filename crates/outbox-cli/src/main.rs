@@ -151,24 +151,24 @@ enum Command {
         on_dispatch: String,
         /// The most rows per claim. Claims start at --min-batch-size and follow the
         /// backlog: doubling after a full claim, halving after one less than half full.
-        #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 1000)]
+        #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
         batch_size: u32,
         /// The fewest rows a claim asks for (the size while little is due): 1 to
         /// --batch-size [default: 100, or --batch-size when that is smaller]
         #[arg(long, env = "OUTBOX_MIN_BATCH_SIZE")]
         min_batch_size: Option<u32>,
-        /// Claim lease, in ms.
-        #[arg(long, env = "OUTBOX_LEASE_MS", default_value_t = 30_000)]
+        /// Claim lease, in ms (at least 30: it is renewed every third of it).
+        #[arg(long, env = "OUTBOX_LEASE_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(30..))]
         lease_ms: u64,
         /// Attempts before a failing message is quarantined.
-        #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = 10)]
+        #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = 10, value_parser = clap::value_parser!(i32).range(1..))]
         max_attempts: i32,
         /// Poll interval when no wake-up arrives, in ms.
         #[arg(long, env = "OUTBOX_POLL_INTERVAL_MS", default_value_t = 1_000)]
         poll_interval_ms: u64,
         /// How long each message may wait for its confirmation, in ms (may exceed the
         /// lease: in-flight claims are renewed every third of it).
-        #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT_MS", default_value_t = 10_000)]
+        #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
         publish_timeout_ms: u64,
         /// First retry delay, in ms (doubles per attempt, with jitter).
         #[arg(long, env = "OUTBOX_BACKOFF_BASE_MS", default_value_t = 1_000)]
@@ -186,7 +186,7 @@ enum Command {
         /// The most batches in flight at once: while one waits for its confirmations,
         /// another is claimed or marked. While little is due one is in flight; more join
         /// after a claim came back full.
-        #[arg(long, env = "OUTBOX_IN_FLIGHT_BATCHES", default_value_t = 4)]
+        #[arg(long, env = "OUTBOX_IN_FLIGHT_BATCHES", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
         in_flight_batches: u32,
         #[command(flatten)]
         ordering: admin::OrderingArgs,
@@ -745,6 +745,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Some(min) => min,
                 None => DEFAULT_MIN_BATCH_SIZE.min(*batch_size),
             };
+            if backoff_max_ms < backoff_base_ms {
+                eprintln!(
+                    "error: --backoff-max-ms ({backoff_max_ms}) must be at least --backoff-base-ms ({backoff_base_ms})"
+                );
+                return Ok(ExitCode::from(2));
+            }
             let store = Arc::new(connect(&cli, false).await?);
             outbox::sink::tls::set_default_ca(tls_ca_file.clone());
             let sink = match (sink, sink_password_file) {

@@ -566,10 +566,13 @@ async fn a_purge_that_finds_another_purger_exits_0() {
 /// Without a sink (no --sink, OUTBOX_SINK, `sink` key or route) the relay refuses to start
 /// with exit 2 and says how to choose one; nothing is dispatched. The same outbox drains
 /// once a sink is given, by flag, environment variable or outbox.toml.
-/// `--min-batch-size` outside 1..=`--batch-size` is refused before anything is claimed;
-/// a `--batch-size` below the default minimum alone is fine (the minimum follows it).
+/// Relay settings out of range (`--min-batch-size` outside 1..=`--batch-size`, a zero
+/// batch size, in-flight count, publish timeout or attempt limit, a lease under 30 ms, a
+/// largest backoff below the first) are refused by flag name, exit 2, before anything is
+/// claimed; a `--batch-size` below the default minimum alone is fine (the minimum
+/// follows it).
 #[test]
-fn relay_refuses_a_min_batch_size_above_the_batch_size() {
+fn relay_refuses_settings_out_of_range() {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", dir.path().join("s.db").display());
     run_ok(outbox().args(["--database-url", &db, "migrate"]));
@@ -607,6 +610,24 @@ fn relay_refuses_a_min_batch_size_above_the_batch_size() {
             stderr.contains("must be from 1 to --batch-size (50)"),
             "{stderr}"
         );
+        assert!(out.stdout.is_empty(), "nothing published");
+    }
+    // Other settings out of range: refused by name, before anything is claimed.
+    for (bad, flag) in [
+        (&["--batch-size", "0"][..], "--batch-size"),
+        (&["--lease-ms", "10"][..], "--lease-ms"),
+        (&["--in-flight-batches", "0"][..], "--in-flight-batches"),
+        (&["--publish-timeout-ms", "0"][..], "--publish-timeout-ms"),
+        (&["--max-attempts", "0"][..], "--max-attempts"),
+        (
+            &["--backoff-max-ms", "10", "--backoff-base-ms", "100"][..],
+            "--backoff-max-ms",
+        ),
+    ] {
+        let out = relay(bad);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {stderr}");
+        assert!(stderr.contains(flag), "{bad:?}: {stderr}");
         assert!(out.stdout.is_empty(), "nothing published");
     }
     let out = relay(&["--batch-size", "50"]);
