@@ -376,8 +376,13 @@ fn show_text(r: &DeadLetter, with_payload: bool) -> String {
         line(
             "behind it",
             format!(
-                "{} of this topic and key not delivered yet (they wait for this one where the topic is ordered)",
-                counted(r.waiting_behind, "later message")
+                "{} of this topic and key not delivered yet ({} for this one where the topic is ordered)",
+                counted(r.waiting_behind, "later message"),
+                if r.waiting_behind == 1 {
+                    "it waits"
+                } else {
+                    "they wait"
+                }
             ),
         );
     }
@@ -926,7 +931,7 @@ pub(crate) fn verdict(
     due_held: Option<&outbox::store::DueHeld>,
     limits: &Limits,
 ) -> Verdict {
-    let stuck_s = limits.stuck_after.as_secs() as i64;
+    let stuck_s = secs(limits.stuck_after);
     let claiming = relays
         .iter()
         .any(|r| last_claim_ago_s(r).is_some_and(|s| s <= stuck_s as f64));
@@ -1014,14 +1019,14 @@ pub(crate) fn verdict(
     // Behind: a row due and not taken for longer than the limit. Rows not due yet (a
     // delayed message, a retry's backoff) are not late, however old.
     if let Some(age) = free_due_s
-        && age > limits.max_age.as_secs() as i64
+        && age > secs(limits.max_age)
     {
         return Verdict {
             state: "BEHIND",
             text: format!(
                 "the oldest due message has waited {} (limit {})",
                 human(age),
-                human(limits.max_age.as_secs() as i64)
+                human(secs(limits.max_age))
             ),
         };
     }
@@ -1056,6 +1061,12 @@ fn last_claim_ago_s(r: &RelayRecord) -> Option<f64> {
 }
 
 /// 1204 → "1,204".
+/// Whole seconds of `d`, as the database's ages are counted (a duration past i64's range
+/// is the largest).
+fn secs(d: Duration) -> i64 {
+    i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
+}
+
 /// `n` (grouped, as [`group`]) and `noun`, plural unless `n` is 1: "1 message",
 /// "1,204 messages".
 pub(crate) fn counted(n: i64, noun: &str) -> String {
@@ -1218,8 +1229,10 @@ pub(crate) async fn status(
         );
         if let Some(d) = report.due_held.as_ref().filter(|d| d.held > 0) {
             t.push_str(&format!(
-                "\nheld by order       {} of the due rows wait behind an earlier row of their key (dead, or not due yet)",
-                d.held
+                "\nheld by order       {} of the due rows {} behind an earlier row of {} key (dead, or not due yet)",
+                group(d.held),
+                if d.held == 1 { "waits" } else { "wait" },
+                if d.held == 1 { "its" } else { "their" }
             ));
         }
         t.push_str(&format!("\nrelays      {} alive", relays.len()));
@@ -1615,6 +1628,25 @@ mod tests {
                 oldest_free_due_s: None,
             }),
             &LIMITS,
+        );
+        assert_eq!(v.state, "OK", "{v:?}");
+    }
+
+    /// Limits past i64's seconds are the largest, not negative: nothing is stuck or late.
+    #[test]
+    fn huge_limits_do_not_wrap() {
+        let huge = Limits {
+            max_age: Duration::from_secs(u64::MAX),
+            max_dead: 0,
+            stuck_after: Duration::from_secs(u64::MAX),
+        };
+        let v = verdict(
+            &overview(5, Some(900), Some(900), 0),
+            &[],
+            &unpaused(),
+            &NONE_HELD,
+            None,
+            &huge,
         );
         assert_eq!(v.state, "OK", "{v:?}");
     }

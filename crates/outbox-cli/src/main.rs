@@ -905,7 +905,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     if retried == 1 {
                         "1 publish failed and was rescheduled".to_owned()
                     } else {
-                        format!("{retried} publishes failed and were rescheduled")
+                        format!(
+                            "{} publishes failed and were rescheduled",
+                            admin::group(retried as i64)
+                        )
                     },
                     if retried == 1 {
                         "that message is"
