@@ -563,9 +563,6 @@ async fn a_purge_that_finds_another_purger_exits_0() {
     psql(&format!("DROP SCHEMA {schema} CASCADE"));
 }
 
-/// Without a sink (no --sink, OUTBOX_SINK, `sink` key or route) the relay refuses to start
-/// with exit 2 and says how to choose one; nothing is dispatched. The same outbox drains
-/// once a sink is given, by flag, environment variable or outbox.toml.
 /// Relay settings out of range (`--min-batch-size` outside 1..=`--batch-size`, a zero
 /// batch size, in-flight count, publish timeout or attempt limit, a lease under 30 ms, a
 /// largest backoff below the first) are refused by flag name, exit 2, before anything is
@@ -639,6 +636,9 @@ fn relay_refuses_settings_out_of_range() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
 }
 
+/// Without a sink (no --sink, OUTBOX_SINK, `sink` key or route) the relay refuses to start
+/// with exit 2 and says how to choose one; nothing is dispatched. The same outbox drains
+/// once a sink is given, by flag, environment variable or outbox.toml.
 #[test]
 fn relay_without_a_sink_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
