@@ -918,11 +918,10 @@ impl Default for Limits {
 /// Decides the verdict from the overview, the live relays, the pause switch and what
 /// per-key ordering holds behind dead letters (`held`; zero without `--ordered`), in the
 /// order an operator acts on: stuck (nothing moves), paused, blocked (ordered keys behind
-/// dead letters), behind, dead letters. `due_held`, when read
-/// ([`Store::due_held_by_order`]), says which due rows per-key ordering holds back (behind
-/// dead letters, or behind a first row of their key that is not due yet): only the others
-/// count as stuck or behind. Without it, the rows held behind dead letters that are not
-/// parked are left out of the stuck ones.
+/// dead letters), behind, dead letters. `due_held` ([`Store::due_held_by_order`], read
+/// with `--ordered` while rows are due) says which due rows per-key ordering holds back
+/// (behind dead letters, or behind a first row of their key that is not due yet): only
+/// the others count as stuck or behind. Without it, no due row is held.
 pub(crate) fn verdict(
     o: &Overview,
     relays: &[RelayRecord],
@@ -935,11 +934,8 @@ pub(crate) fn verdict(
     let claiming = relays
         .iter()
         .any(|r| last_claim_ago_s(r).is_some_and(|s| s <= stuck_s as f64));
-    // Rows held by per-key ordering wait by design: they are not stuck. Of those behind
-    // dead letters, the parked ones are not due at all; the others (written since the
-    // last park) are.
-    let held_due = due_held.map_or((held.held - o.parked).max(0), |d| d.held);
-    let due_free = o.due - held_due;
+    // Rows held by per-key ordering wait by design: they are not stuck.
+    let due_free = o.due - due_held.map_or(0, |d| d.held);
     // How long the oldest due row that nothing holds has been due.
     let free_due_s = due_held.map_or(o.oldest_due_s, |d| d.oldest_free_due_s);
     if let Some(due_s) = free_due_s
@@ -1390,7 +1386,11 @@ mod tests {
             held: 7,
             oldest_held_age_seconds: Some(95),
         };
-        let v = verdict(&o, &[], &p, &held, None, &LIMITS);
+        let due_held = outbox::store::DueHeld {
+            held: 2,
+            oldest_free_due_s: Some(95),
+        };
+        let v = verdict(&o, &[], &p, &held, Some(&due_held), &LIMITS);
         assert_eq!(
             (v.state, v.text.as_str()),
             ("STUCK", "3 messages due for 95 s and no relay is alive")
@@ -1522,13 +1522,17 @@ mod tests {
             held: 5,
             oldest_held_age_seconds: Some(840),
         };
+        let all_due_held = outbox::store::DueHeld {
+            held: 5,
+            oldest_free_due_s: None,
+        };
         // Every due row is held, no relay alive: not STUCK.
         let v = verdict(
             &overview(5, Some(840), Some(840), 1),
             &[],
             &unpaused(),
             &held,
-            None,
+            Some(&all_due_held),
             &LIMITS,
         );
         assert_eq!(v.state, "BLOCKED", "{v:?}");
@@ -1544,7 +1548,10 @@ mod tests {
             &[],
             &unpaused(),
             &held,
-            None,
+            Some(&outbox::store::DueHeld {
+                held: 5,
+                oldest_free_due_s: Some(840),
+            }),
             &LIMITS,
         );
         assert_eq!(
@@ -1557,7 +1564,7 @@ mod tests {
             &[relay(Some(2), now)],
             &unpaused(),
             &held,
-            None,
+            Some(&all_due_held),
             &LIMITS,
         );
         assert_eq!(v.state, "BLOCKED");
