@@ -34,8 +34,10 @@ pub(crate) const MAX_CONNECTIONS: usize = 256;
 /// connection stays open, unless `OUTBOX_HTTP_HEADER_TIMEOUT` says otherwise.
 pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long one request may take, reading its body and answering included (408 after).
-pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long one request may take, reading its body and answering included (408 after):
+/// 5 minutes, room for a large replay; a client that sends a body slowly frees its
+/// connection then at the latest.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// What one HTTP listener allows a client.
 #[derive(Debug, Clone, Copy)]

@@ -82,7 +82,7 @@ impl Tokens {
                 "{origin}: the token is only spaces: use a random one (e.g. openssl rand -hex 24)"
             );
             anyhow::ensure!(
-                secret.chars().any(|c| secret.chars().next() != Some(c)),
+                secret.chars().any(|c| !secret.starts_with(c)),
                 "{origin}: the token is one character repeated, which anyone can guess: use a random one (e.g. openssl rand -hex 24)"
             );
             anyhow::ensure!(
