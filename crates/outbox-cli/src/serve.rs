@@ -27,8 +27,37 @@ use tokio_util::sync::CancellationToken;
 /// Most connections one listener holds open at a time. Beyond it the listener stops
 /// accepting (new connections wait in the kernel's backlog) until one closes. Two
 /// listeners at most hold 512 descriptors, well below the file-descriptor limit the
-/// process raises itself to at start.
+/// process raises itself to at start; where that limit is low, each listener holds at
+/// most a quarter of it ([`connection_limit`]).
 pub(crate) const MAX_CONNECTIONS: usize = 256;
+
+/// The connection limit of one listener when the process may open `open_files`
+/// descriptors: [`MAX_CONNECTIONS`], or a quarter of `open_files` when that is less (at
+/// least 8), so two listeners leave the relay at least half its descriptors.
+pub(crate) fn connection_limit(open_files: Option<u64>) -> usize {
+    let quarter = open_files.map_or(MAX_CONNECTIONS, |n| {
+        usize::try_from(n / 4).unwrap_or(MAX_CONNECTIONS)
+    });
+    quarter.clamp(8, MAX_CONNECTIONS)
+}
+
+/// The process's soft limit on open files (`RLIMIT_NOFILE`), when it can be read.
+fn open_files_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes into `limit`, a valid rlimit owned here.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } == 0 {
+            // rlim_t is narrower than u64 on some targets.
+            #[allow(clippy::useless_conversion)]
+            return Some(u64::from(limit.rlim_cur));
+        }
+    }
+    None
+}
 
 /// How long a client has to send a request's headers, and how long an idle keep-alive
 /// connection stays open, unless `OUTBOX_HTTP_HEADER_TIMEOUT` says otherwise.
@@ -42,7 +71,7 @@ pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 /// What one HTTP listener allows a client.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ListenerLimits {
-    /// Most open connections ([`MAX_CONNECTIONS`]).
+    /// Most open connections ([`connection_limit`]).
     pub(crate) max_connections: usize,
     /// Time to send a request's headers; also the longest a keep-alive connection stays
     /// idle between requests ([`HEADER_TIMEOUT`], `OUTBOX_HTTP_HEADER_TIMEOUT`).
@@ -52,8 +81,9 @@ pub(crate) struct ListenerLimits {
 }
 
 impl ListenerLimits {
-    /// The defaults, with the header-read timeout from `OUTBOX_HTTP_HEADER_TIMEOUT` when
-    /// set (a duration: `500ms`, `10s`, `1m`).
+    /// The defaults: the connection limit for this process's open-files limit, the
+    /// header-read timeout from `OUTBOX_HTTP_HEADER_TIMEOUT` when set (a duration:
+    /// `500ms`, `10s`, `1m`).
     ///
     /// # Errors
     /// `OUTBOX_HTTP_HEADER_TIMEOUT` is not a duration, is zero or is over an hour.
@@ -74,7 +104,7 @@ impl ListenerLimits {
             _ => HEADER_TIMEOUT,
         };
         Ok(ListenerLimits {
-            max_connections: MAX_CONNECTIONS,
+            max_connections: connection_limit(open_files_limit()),
             header_timeout,
             request_timeout: REQUEST_TIMEOUT,
         })
@@ -375,6 +405,16 @@ async fn readyz(State(ready): State<Arc<Ready>>) -> (StatusCode, String) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_connection_limit_leaves_the_relay_half_its_descriptors() {
+        assert_eq!(connection_limit(None), 256);
+        assert_eq!(connection_limit(Some(1_048_576)), 256);
+        assert_eq!(connection_limit(Some(1024)), 256);
+        assert_eq!(connection_limit(Some(512)), 128);
+        assert_eq!(connection_limit(Some(16)), 8);
+        assert_eq!(connection_limit(Some(u64::MAX)), 256);
+    }
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     use tokio::net::TcpStream;
 
