@@ -76,7 +76,13 @@ impl SelectArgs {
         }
         if let Some(s) = &self.since {
             match parse_duration(s) {
-                Ok(d) => sel.died_within = Some(d),
+                Ok(d) => {
+                    anyhow::ensure!(
+                        d <= MAX_SINCE,
+                        "--since {s:?} reaches back too far: give at most 100y (a duration) or an RFC 3339 time"
+                    );
+                    sel.died_within = Some(d);
+                }
                 Err(_) => {
                     let t = DateTime::parse_from_rfc3339(s).with_context(|| {
                         format!(
@@ -94,6 +100,9 @@ impl SelectArgs {
         Ok(sel)
     }
 }
+
+/// The longest `--since` duration: 100 years (older times are given as RFC 3339 times).
+const MAX_SINCE: Duration = Duration::from_secs(100 * 31_557_600);
 
 /// A duration like `90s`, `15m`, `2h`, `7d` (humantime syntax, `1h30m` too).
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {

@@ -434,6 +434,42 @@ fn parse_header(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("header {s:?} must be NAME=VALUE"))
 }
 
+/// Raises the soft limit on open files (`RLIMIT_NOFILE`) to the hard limit, as servers
+/// do: the relay's store and broker connections, its file sinks and its HTTP listeners
+/// (at most 256 connections each) then share the most descriptors the system allows this
+/// process. Best effort: a refusal is logged at debug and the process goes on.
+fn raise_open_files_limit() {
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes into `limit`, a valid rlimit owned here.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } != 0 {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "cannot read the open-files limit");
+            return;
+        }
+        if limit.rlim_cur >= limit.rlim_max {
+            return;
+        }
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit reads `raised`, a valid rlimit owned here.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const raised) } == 0 {
+            tracing::debug!(
+                from = limit.rlim_cur,
+                to = limit.rlim_max,
+                "open-files limit raised to the hard limit"
+            );
+        } else {
+            tracing::debug!(error = %std::io::Error::last_os_error(), soft = limit.rlim_cur, hard = limit.rlim_max, "cannot raise the open-files limit");
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // Before any thread exists: outbox.toml values become OUTBOX_* defaults.
     if let Err(e) = config::apply_config_file(&<Cli as clap::CommandFactory>::command()) {
@@ -456,6 +492,7 @@ fn main() -> ExitCode {
         _ => None,
     };
     init_logs(tracer.as_ref());
+    raise_open_files_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -797,7 +834,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 true,
             ));
             let tokens = match admin_addr {
-                Some(_) => Some(dashboard::auth::Tokens::load(auth)?),
+                Some(_) => match dashboard::auth::Tokens::load(auth) {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        eprintln!("error: {}", error_chain(&e));
+                        return Ok(ExitCode::from(2));
+                    }
+                },
                 None => None,
             };
             let recorder = if metrics_addr.is_some() || admin_addr.is_some() {
@@ -953,7 +996,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             limits,
             ordering,
         } => {
-            let tokens = dashboard::auth::Tokens::load(auth)?;
+            let tokens = match dashboard::auth::Tokens::load(auth) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("error: {}", error_chain(&e));
+                    return Ok(ExitCode::from(2));
+                }
+            };
             let store = Arc::new(connect(&cli, false).await?);
             store.check_schema().await?;
             let cancel = CancellationToken::new();

@@ -2,6 +2,14 @@
 //! `/healthz` (the process is up) and `/readyz` (the store is reachable and migrated, and
 //! the relay loop turned within two poll intervals). The admin server (`dashboard`) serves
 //! the same three routes beside the dashboard, from the pieces here.
+//!
+//! Both listeners bound what a client can hold ([`ListenerLimits`]): at most
+//! [`MAX_CONNECTIONS`] open connections each (beyond it the listener stops accepting until
+//! one closes), a header-read timeout that also closes idle keep-alive connections, and a
+//! time limit on each request (its body included). With the connection limits well below
+//! the process's file descriptors (raised to the hard limit at start), a client that
+//! opens connections and holds them cannot take the descriptors the relay's own store and
+//! broker connections need.
 
 use anyhow::Context as _;
 use axum::Router;
@@ -13,7 +21,95 @@ use outbox::relay::RelayHealth;
 use outbox::store::Store;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+
+/// Most connections one listener holds open at a time. Beyond it the listener stops
+/// accepting (new connections wait in the kernel's backlog) until one closes. Two
+/// listeners at most hold 512 descriptors, well below the file-descriptor limit the
+/// process raises itself to at start; where that limit is low, each listener holds at
+/// most a quarter of it ([`connection_limit`]).
+pub(crate) const MAX_CONNECTIONS: usize = 256;
+
+/// The connection limit of one listener when the process may open `open_files`
+/// descriptors: [`MAX_CONNECTIONS`], or a quarter of `open_files` when that is less (at
+/// least 8), so two listeners leave the relay at least half its descriptors.
+pub(crate) fn connection_limit(open_files: Option<u64>) -> usize {
+    let quarter = open_files.map_or(MAX_CONNECTIONS, |n| {
+        usize::try_from(n / 4).unwrap_or(MAX_CONNECTIONS)
+    });
+    quarter.clamp(8, MAX_CONNECTIONS)
+}
+
+/// The process's soft limit on open files (`RLIMIT_NOFILE`), when it can be read.
+fn open_files_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes into `limit`, a valid rlimit owned here.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } == 0 {
+            // rlim_t is narrower than u64 on some targets.
+            #[allow(clippy::useless_conversion)]
+            return Some(u64::from(limit.rlim_cur));
+        }
+    }
+    None
+}
+
+/// How long a client has to send a request's headers, and how long an idle keep-alive
+/// connection stays open, unless `OUTBOX_HTTP_HEADER_TIMEOUT` says otherwise.
+pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long one request may take, reading its body and answering included (408 after):
+/// 5 minutes, room for a large replay; a client that sends a body slowly frees its
+/// connection then at the latest.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// What one HTTP listener allows a client.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ListenerLimits {
+    /// Most open connections ([`connection_limit`]).
+    pub(crate) max_connections: usize,
+    /// Time to send a request's headers; also the longest a keep-alive connection stays
+    /// idle between requests ([`HEADER_TIMEOUT`], `OUTBOX_HTTP_HEADER_TIMEOUT`).
+    pub(crate) header_timeout: Duration,
+    /// Time for a whole request, its body read and its answer made ([`REQUEST_TIMEOUT`]).
+    pub(crate) request_timeout: Duration,
+}
+
+impl ListenerLimits {
+    /// The defaults: the connection limit for this process's open-files limit, the
+    /// header-read timeout from `OUTBOX_HTTP_HEADER_TIMEOUT` when set (a duration:
+    /// `500ms`, `10s`, `1m`).
+    ///
+    /// # Errors
+    /// `OUTBOX_HTTP_HEADER_TIMEOUT` is not a duration, is zero or is over an hour.
+    pub(crate) fn from_env() -> anyhow::Result<Self> {
+        let header_timeout = match std::env::var("OUTBOX_HTTP_HEADER_TIMEOUT") {
+            Ok(v) if !v.trim().is_empty() => {
+                let d = humantime::parse_duration(v.trim()).map_err(|e| {
+                    anyhow::anyhow!(
+                        "OUTBOX_HTTP_HEADER_TIMEOUT {v:?} is not a duration (500ms, 10s, 1m): {e}"
+                    )
+                })?;
+                anyhow::ensure!(
+                    !d.is_zero() && d <= Duration::from_secs(3600),
+                    "OUTBOX_HTTP_HEADER_TIMEOUT {v:?} must be more than 0 and at most 1h"
+                );
+                d
+            }
+            _ => HEADER_TIMEOUT,
+        };
+        Ok(ListenerLimits {
+            max_connections: connection_limit(open_files_limit()),
+            header_timeout,
+            request_timeout: REQUEST_TIMEOUT,
+        })
+    }
+}
 
 /// Histogram buckets (seconds) for the latency histograms: 0.5 ms … 1 h, so both the
 /// millisecond path (claim, settle, confirm) and a backlog's enqueue-to-confirm fit.
@@ -120,37 +216,140 @@ pub(crate) fn probes(handle: PrometheusHandle, ready: Arc<Ready>) -> Router {
 }
 
 /// Serves `app` on `listener` until `cancel` (in a task of its own; `what` names the
-/// server in the error log).
+/// server in the logs), within `limits`: HTTP/1.1, a connection at a time per task, at most
+/// `limits.max_connections` of them; headers not read within `limits.header_timeout` close
+/// the connection, a request not answered within `limits.request_timeout` gets 408.
 pub(crate) fn spawn(
     listener: tokio::net::TcpListener,
     app: Router,
     cancel: CancellationToken,
     what: &'static str,
+    limits: ListenerLimits,
 ) {
     tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { cancel.cancelled().await })
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "the {what} stopped");
+        let slots = Arc::new(Semaphore::new(limits.max_connections));
+        let mut full_logged = false;
+        loop {
+            // A free slot first: at the limit, connections wait in the backlog.
+            let slot = match slots.clone().try_acquire_owned() {
+                Ok(slot) => slot,
+                Err(_) => {
+                    if !full_logged {
+                        tracing::warn!(
+                            limit = limits.max_connections,
+                            "the {what} holds its most connections: new ones wait until one closes"
+                        );
+                        full_logged = true;
+                    }
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        slot = slots.clone().acquire_owned() => match slot {
+                            Ok(slot) => slot,
+                            Err(_) => return,
+                        },
+                    }
+                }
+            };
+            let stream = tokio::select! {
+                () = cancel.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of descriptors (EMFILE) and the like: retry shortly
+                        // rather than spin.
+                        tracing::warn!(error = %e, "the {what} cannot accept a connection");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            if slots.available_permits() > limits.max_connections / 2 {
+                full_logged = false;
+            }
+            tokio::spawn(connection(
+                stream,
+                app.clone(),
+                cancel.clone(),
+                limits,
+                slot,
+            ));
         }
     });
 }
 
+/// Serves one connection until it closes, its headers time out or `cancel` (then it
+/// finishes the request in hand); `_slot` is its place under the connection limit.
+async fn connection(
+    stream: tokio::net::TcpStream,
+    app: Router,
+    cancel: CancellationToken,
+    limits: ListenerLimits,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+) {
+    let _ = stream.set_nodelay(true);
+    let service =
+        hyper::service::service_fn(move |req: axum::extract::Request<hyper::body::Incoming>| {
+            let call = tower::ServiceExt::oneshot(app.clone(), req);
+            async move {
+                Ok::<_, std::convert::Infallible>(
+                    match tokio::time::timeout(limits.request_timeout, call).await {
+                        Ok(Ok(response)) => response,
+                        Ok(Err(never)) => match never {},
+                        Err(_) => {
+                            let mut r = axum::response::IntoResponse::into_response((
+                                StatusCode::REQUEST_TIMEOUT,
+                                "request not complete in time\n",
+                            ));
+                            r.headers_mut().insert(
+                                axum::http::header::CONNECTION,
+                                axum::http::HeaderValue::from_static("close"),
+                            );
+                            r
+                        }
+                    },
+                )
+            }
+        });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    let mut conn = std::pin::pin!(conn);
+    let served = tokio::select! {
+        served = conn.as_mut() => served,
+        () = cancel.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = served {
+        // A client that went away or timed out: its own business.
+        tracing::debug!(error = %e, "HTTP connection closed");
+    }
+}
+
 /// Binds `addr` (`--metrics-addr`) and serves `/metrics`, `/healthz` and `/readyz` until
-/// `cancel`.
+/// `cancel`, within [`ListenerLimits::from_env`].
 ///
 /// # Errors
-/// The address cannot be bound.
+/// A bad `OUTBOX_HTTP_HEADER_TIMEOUT`; the address cannot be bound.
 pub(crate) async fn start(
     addr: &str,
     handle: PrometheusHandle,
     ready: Arc<Ready>,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
+    let limits = ListenerLimits::from_env()?;
     let listener = bind("--metrics-addr", parse_addr("--metrics-addr", addr)?).await?;
     tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
-    spawn(listener, probes(handle, ready), cancel, "metrics listener");
+    spawn(
+        listener,
+        probes(handle, ready),
+        cancel,
+        "metrics listener",
+        limits,
+    );
     Ok(())
 }
 
@@ -199,5 +398,89 @@ async fn readyz(State(ready): State<Arc<Ready>>) -> (StatusCode, String) {
             StatusCode::SERVICE_UNAVAILABLE,
             "relay loop: not started\n".into(),
         ),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_connection_limit_leaves_the_relay_half_its_descriptors() {
+        assert_eq!(connection_limit(None), 256);
+        assert_eq!(connection_limit(Some(1_048_576)), 256);
+        assert_eq!(connection_limit(Some(1024)), 256);
+        assert_eq!(connection_limit(Some(512)), 128);
+        assert_eq!(connection_limit(Some(16)), 8);
+        assert_eq!(connection_limit(Some(u64::MAX)), 256);
+    }
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::TcpStream;
+
+    /// At its connection limit a listener accepts no more until one closes; a connection
+    /// that sends no headers is closed after the header-read timeout.
+    #[tokio::test]
+    async fn connections_are_limited_and_half_requests_time_out() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new().route("/healthz", get(|| async { "ok\n" }));
+        let cancel = CancellationToken::new();
+        let limits = ListenerLimits {
+            max_connections: 2,
+            header_timeout: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(30),
+        };
+        spawn(
+            listener,
+            app.clone(),
+            cancel.clone(),
+            "test listener",
+            limits,
+        );
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"GET /healthz HTT").await.unwrap();
+            held.push(s);
+        }
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        third
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), third.read_to_end(&mut answer))
+                .await
+                .is_err(),
+            "answered beyond the limit: {:?}",
+            String::from_utf8_lossy(&answer)
+        );
+        drop(held.pop());
+        tokio::time::timeout(Duration::from_secs(5), third.read_to_end(&mut answer))
+            .await
+            .unwrap()
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("ok\n"), "{answer}");
+        cancel.cancel();
+
+        // A short header-read timeout closes a half-sent request.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cancel = CancellationToken::new();
+        let limits = ListenerLimits {
+            header_timeout: Duration::from_millis(200),
+            ..limits
+        };
+        spawn(listener, app, cancel.clone(), "test listener", limits);
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTT").await.unwrap();
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "still open after the header-read timeout");
+        cancel.cancel();
     }
 }

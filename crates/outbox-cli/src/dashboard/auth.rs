@@ -68,14 +68,22 @@ impl Tokens {
     /// The tokens of `args`: the two variables and the file.
     ///
     /// # Errors
-    /// A token shorter than [`MIN_TOKEN_LEN`], an unreadable file, a malformed line, a
-    /// token given twice.
+    /// A token shorter than [`MIN_TOKEN_LEN`], of spaces only or of one character
+    /// repeated, an unreadable file, a malformed line, a token given twice.
     pub(crate) fn load(args: &AuthArgs) -> anyhow::Result<Self> {
         let mut tokens = Vec::new();
         let mut add = |name: &str, role: Role, secret: &str, origin: &str| {
             anyhow::ensure!(
                 secret.chars().count() >= MIN_TOKEN_LEN,
                 "{origin}: the token is shorter than {MIN_TOKEN_LEN} characters"
+            );
+            anyhow::ensure!(
+                !secret.trim().is_empty(),
+                "{origin}: the token is only spaces: use a random one (e.g. openssl rand -hex 24)"
+            );
+            anyhow::ensure!(
+                secret.chars().any(|c| !secret.starts_with(c)),
+                "{origin}: the token is one character repeated, which anyone can guess: use a random one (e.g. openssl rand -hex 24)"
             );
             anyhow::ensure!(
                 !tokens.iter().any(|t: &Token| t.secret == secret.as_bytes()),
@@ -342,7 +350,7 @@ mod tests {
         let file = dir.path().join("tokens");
         std::fs::write(
             &file,
-            "# who:role:token\ndana:operator:0123456789abcdef0123\n\nbot:read:ffffffffffffffffffff\n",
+            "# who:role:token\ndana:operator:0123456789abcdef0123\n\nbot:read:f0e1d2c3b4a5968778f9\n",
         )
         .unwrap();
         let args = AuthArgs {
@@ -356,7 +364,7 @@ mod tests {
             Some(("dana", Role::Operator))
         );
         assert_eq!(
-            t.find(b"ffffffffffffffffffff").map(|c| c.role),
+            t.find(b"f0e1d2c3b4a5968778f9").map(|c| c.role),
             Some(Role::Read)
         );
         assert!(t.find(b"0123456789abcdef012").is_none());
@@ -368,7 +376,7 @@ mod tests {
         assert!(e.contains("holds no token"), "{e}");
         std::fs::write(
             &file,
-            "dana:operator:0123456789abcdef0123\ndana:read:ffffffffffffffffffff\n",
+            "dana:operator:0123456789abcdef0123\ndana:read:f0e1d2c3b4a5968778f9\n",
         )
         .unwrap();
         let e = Tokens::load(&args).map(|_| ()).unwrap_err().to_string();

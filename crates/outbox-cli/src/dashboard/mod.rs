@@ -3,7 +3,10 @@
 //! status verdict, dead letters, replay and discard with their checks, the audit, pauses)
 //! and `/metrics`, `/healthz`, `/readyz`. Every route but the page and the probes needs a
 //! bearer token (`auth`); changes are POST with JSON bodies and record the token's name
-//! as who.
+//! as who. API answers say `Cache-Control: no-store` (they carry dead letters and
+//! payloads); a body over [`MAX_BODY`] is refused with 413; a payload is shown as a
+//! preview of at most [`PREVIEW_BYTES`] and downloaded whole from
+//! `/api/dead/{id}/payload`.
 
 pub(crate) mod auth;
 
@@ -11,7 +14,7 @@ use crate::admin::{self, ChangeText, Limits, PayloadView, StatusReport};
 use crate::serve::{self, Ready};
 use auth::{Caller, Role, Tokens};
 use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -29,6 +32,14 @@ const PAGE: &str = include_str!("page.html");
 /// Most rows a dead-letter page holds.
 const MAX_PAGE: u32 = 500;
 
+/// Largest request body the API reads, in bytes (256 KiB: thousands of ids); a larger one
+/// is refused with 413 Payload Too Large.
+pub(crate) const MAX_BODY: usize = 256 * 1024;
+
+/// Most payload bytes `GET /api/dead/{id}?payload=true` shows (64 KiB); the rest is
+/// downloaded from `/api/dead/{id}/payload`.
+pub(crate) const PREVIEW_BYTES: usize = 64 * 1024;
+
 /// What the handlers share.
 pub(crate) struct Admin {
     /// The store.
@@ -45,7 +56,8 @@ pub(crate) struct Admin {
 /// refuses an open server on an address other than loopback.
 ///
 /// # Errors
-/// A bad address, an exposed open server, an address that cannot be bound.
+/// A bad address, an exposed open server, a bad `OUTBOX_HTTP_HEADER_TIMEOUT`, an address
+/// that cannot be bound.
 pub(crate) async fn start(
     flag: &str,
     addr: &str,
@@ -56,11 +68,12 @@ pub(crate) async fn start(
 ) -> anyhow::Result<std::net::SocketAddr> {
     let parsed = serve::parse_addr(flag, addr)?;
     auth::check_exposure(flag, parsed, &tokens)?;
+    let limits = serve::ListenerLimits::from_env()?;
     let listener = serve::bind(flag, parsed).await?;
     let local = listener.local_addr()?;
     let app = router(Arc::new(admin), Arc::new(tokens), metrics);
     tracing::info!(addr = %local, "serving the dashboard at /, the admin API at /api/, /metrics, /healthz and /readyz");
-    serve::spawn(listener, app, cancel, "admin server");
+    serve::spawn(listener, app, cancel, "admin server", limits);
     Ok(local)
 }
 
@@ -71,6 +84,7 @@ fn router(admin: Arc<Admin>, tokens: Arc<Tokens>, metrics: PrometheusHandle) -> 
         .route("/api/overview", get(overview))
         .route("/api/dead", get(dead_list))
         .route("/api/dead/{id}", get(dead_show))
+        .route("/api/dead/{id}/payload", get(dead_payload))
         .route("/api/dead/replay", post(replay))
         .route("/api/dead/discard", post(discard))
         .route("/api/replays", get(replays))
@@ -78,7 +92,9 @@ fn router(admin: Arc<Admin>, tokens: Arc<Tokens>, metrics: PrometheusHandle) -> 
         .route("/api/resume", post(resume))
         .route("/api/messages", get(messages))
         .fallback(not_found)
-        .with_state(admin.clone());
+        .with_state(admin.clone())
+        .layer(axum::middleware::map_response(no_store))
+        .layer(DefaultBodyLimit::max(MAX_BODY));
     Router::new()
         .route("/", get(page))
         .merge(serve::probes(metrics, admin.ready.clone()))
@@ -89,12 +105,32 @@ fn router(admin: Arc<Admin>, tokens: Arc<Tokens>, metrics: PrometheusHandle) -> 
         ))
 }
 
+/// Every API answer: not to be kept by a browser or a proxy (dead letters, payloads).
+async fn no_store(mut r: Response) -> Response {
+    r.headers_mut().insert(
+        header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-store"),
+    );
+    r
+}
+
 /// An API error: a status and a message (as `{"error": …}`).
 struct ApiError(StatusCode, String);
 
 impl ApiError {
     fn bad(message: impl std::fmt::Display) -> Self {
         ApiError(StatusCode::BAD_REQUEST, message.to_string())
+    }
+
+    /// A JSON body refused: 413 when larger than [`MAX_BODY`], else 400 with the reason.
+    fn body(e: &JsonRejection) -> Self {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return ApiError(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the request body is larger than {MAX_BODY} bytes"),
+            );
+        }
+        ApiError::bad(e.body_text())
     }
 }
 
@@ -267,8 +303,10 @@ struct ShowQuery {
     payload: bool,
 }
 
-/// One dead letter by row id or message id; with `?payload=true` (an operator token) its
-/// payload as text (`payload_text`) or hex (`payload_hex`).
+/// One dead letter by row id or message id; with `?payload=true` (an operator token) a
+/// preview of its payload: at most [`PREVIEW_BYTES`], as text (`payload_text`) or hex
+/// (`payload_hex`), `payload_truncated` true when the payload is longer (its size is
+/// `payload_bytes`; `/api/dead/{id}/payload` gives it whole).
 async fn dead_show(
     State(a): State<Arc<Admin>>,
     Extension(caller): Extension<Caller>,
@@ -276,12 +314,69 @@ async fn dead_show(
     q: Result<Query<ShowQuery>, QueryRejection>,
 ) -> ApiResult {
     let Query(q) = q.map_err(|e| ApiError::bad(e.body_text()))?;
-    if id.parse::<i64>().is_err() && uuid::Uuid::parse_str(&id).is_err() {
+    let r = dead_letter(&a, &caller, &id, q.payload).await?;
+    let mut v = admin::dead_letter_json(&r, &a.ordering)?;
+    v["headers"] = serde_json::from_str::<serde_json::Value>(&r.headers)
+        .unwrap_or_else(|_| r.headers.clone().into());
+    if let Some(bytes) = r.payload.as_deref() {
+        let (shown, truncated) = preview(bytes);
+        match admin::payload_view(shown) {
+            PayloadView::Text(t) => v["payload_text"] = t.into(),
+            PayloadView::Hex(lines) => v["payload_hex"] = lines.join("\n").into(),
+        }
+        v["payload_truncated"] = truncated.into();
+    }
+    Ok(Json(v))
+}
+
+/// The first [`PREVIEW_BYTES`] of `bytes` (fewer when that would cut a UTF-8 character of
+/// a text payload) and whether that is less than all of them.
+fn preview(bytes: &[u8]) -> (&[u8], bool) {
+    if bytes.len() <= PREVIEW_BYTES {
+        return (bytes, false);
+    }
+    let head = &bytes[..PREVIEW_BYTES];
+    match std::str::from_utf8(head) {
+        // Text cut inside a character: up to the character's start.
+        Err(e) if e.error_len().is_none() => (&head[..e.valid_up_to()], true),
+        _ => (head, true),
+    }
+}
+
+/// A dead letter's payload, whole, as a download (`application/octet-stream`, an
+/// attachment named after the row id): operator tokens only.
+async fn dead_payload(
+    State(a): State<Arc<Admin>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let r = dead_letter(&a, &caller, &id, true).await?;
+    let name = format!("attachment; filename=\"dead-letter-{}.bin\"", r.id);
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (header::CONTENT_DISPOSITION, name),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_owned()),
+        ],
+        r.payload.unwrap_or_default(),
+    )
+        .into_response())
+}
+
+/// The dead letter `id` names (row id or message id), its payload with `payload` (which
+/// needs an operator token): 400 for an id of neither form, 403, 404.
+async fn dead_letter(
+    a: &Admin,
+    caller: &Caller,
+    id: &str,
+    payload: bool,
+) -> Result<outbox::store::DeadLetter, ApiError> {
+    if id.parse::<i64>().is_err() && uuid::Uuid::parse_str(id).is_err() {
         return Err(ApiError::bad(format!(
             "{id:?} is neither a row id (an integer) nor a message id (a UUID)"
         )));
     }
-    if q.payload && caller.role != Role::Operator {
+    if payload && caller.role != Role::Operator {
         return Err(ApiError(
             StatusCode::FORBIDDEN,
             format!(
@@ -290,7 +385,7 @@ async fn dead_show(
             ),
         ));
     }
-    let r = admin::find_dead_letter(a.store.as_ref(), &id, q.payload)
+    admin::find_dead_letter(a.store.as_ref(), id, payload)
         .await?
         .ok_or_else(|| {
             ApiError(
@@ -299,17 +394,7 @@ async fn dead_show(
                     "no dead letter with id or message id {id} (a row that is pending, claimed or dispatched is not a dead letter)"
                 ),
             )
-        })?;
-    let mut v = admin::dead_letter_json(&r, &a.ordering)?;
-    v["headers"] = serde_json::from_str::<serde_json::Value>(&r.headers)
-        .unwrap_or_else(|_| r.headers.clone().into());
-    if let Some(bytes) = r.payload.as_deref() {
-        match admin::payload_view(bytes) {
-            PayloadView::Text(t) => v["payload_text"] = t.into(),
-            PayloadView::Hex(lines) => v["payload_hex"] = lines.join("\n").into(),
-        }
-    }
-    Ok(Json(v))
+        })
 }
 
 /// A replay or discard: the rows (ids and/or filters), why, and how.
@@ -365,7 +450,7 @@ async fn change(
     body: Result<Json<ChangeBody>, JsonRejection>,
     action: ReplayAction,
 ) -> ApiResult {
-    let Json(body) = body.map_err(|e| ApiError::bad(e.body_text()))?;
+    let Json(body) = body.map_err(|e| ApiError::body(&e))?;
     if body.rate.is_some() && action != ReplayAction::Replay {
         return Err(ApiError::bad("rate applies to a replay only"));
     }
@@ -489,7 +574,7 @@ async fn pause(
     Extension(caller): Extension<Caller>,
     body: Result<Json<PauseBody>, JsonRejection>,
 ) -> ApiResult {
-    let Json(body) = body.map_err(|e| ApiError::bad(e.body_text()))?;
+    let Json(body) = body.map_err(|e| ApiError::body(&e))?;
     if body.reason.trim().is_empty() {
         return Err(ApiError::bad(
             "reason must not be empty: relays log it and status shows it",
@@ -510,7 +595,7 @@ async fn resume(
     Extension(caller): Extension<Caller>,
     body: Result<Json<ResumeBody>, JsonRejection>,
 ) -> ApiResult {
-    let Json(body) = body.map_err(|e| ApiError::bad(e.body_text()))?;
+    let Json(body) = body.map_err(|e| ApiError::body(&e))?;
     let topic = body.topic.as_deref().filter(|t| !t.trim().is_empty());
     let message = admin::resume(a.store.as_ref(), topic, &body.reason, &caller.name)
         .await

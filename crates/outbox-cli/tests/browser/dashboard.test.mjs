@@ -204,6 +204,11 @@ test("filter dead letters, open one, replay it with a reason, see it delivered",
   await page.getByRole("button", { name: /Show payload/ }).click();
   await page.locator("#payload").waitFor();
   assert.equal(await page.locator("#payload").textContent(), '{"order":0,"total":"19.90"}');
+  const [download] = await Promise.all([
+    page.waitForEvent("download"),
+    page.getByRole("button", { name: /Download payload/ }).click(),
+  ]);
+  assert.equal(fs.readFileSync(await download.path(), "utf8"), '{"order":0,"total":"19.90"}', "the download is the whole payload");
   const messageId = (await detail.locator("dd .mono").first().textContent()).trim();
   await shot("dead-letter.png");
 

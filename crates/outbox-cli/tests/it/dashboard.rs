@@ -11,18 +11,18 @@ use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const OPERATOR: &str = "op-token-0123456789abcdef";
-const DANA: &str = "dana-token-0123456789abcdef";
-const READER: &str = "read-token-0123456789abcdef";
+pub(crate) const OPERATOR: &str = "op-token-0123456789abcdef";
+pub(crate) const DANA: &str = "dana-token-0123456789abcdef";
+pub(crate) const READER: &str = "read-token-0123456789abcdef";
 
-struct Db {
+pub(crate) struct Db {
     url: String,
     schema: String,
-    dir: tempfile::TempDir,
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl Db {
-    fn new(url: Option<&str>) -> Self {
+    pub(crate) fn new(url: Option<&str>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let url = match url {
             Some(u) => u.to_owned(),
@@ -35,7 +35,7 @@ impl Db {
         }
     }
 
-    fn cmd(&self) -> Command {
+    pub(crate) fn cmd(&self) -> Command {
         let mut c = outbox();
         c.args(["--database-url", &self.url, "--schema", &self.schema])
             .env_remove("OUTBOX_ADMIN_TOKEN")
@@ -44,7 +44,7 @@ impl Db {
         c
     }
 
-    fn enqueue(&self, topic: &str, key: Option<&str>, payload: &str) -> Value {
+    pub(crate) fn enqueue(&self, topic: &str, key: Option<&str>, payload: &str) -> Value {
         let mut c = self.cmd();
         c.args(["enqueue", "--topic", topic, "--payload", payload]);
         if let Some(k) = key {
@@ -55,9 +55,9 @@ impl Db {
 }
 
 /// A running `outbox serve`, killed when dropped.
-struct Server {
-    child: Child,
-    port: u16,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) port: u16,
 }
 
 impl Drop for Server {
@@ -67,7 +67,7 @@ impl Drop for Server {
     }
 }
 
-fn serve(db: &Db) -> Server {
+pub(crate) fn serve(db: &Db) -> Server {
     let tokens = db.dir.path().join("tokens");
     std::fs::write(
         &tokens,
@@ -92,7 +92,7 @@ fn serve(db: &Db) -> Server {
 }
 
 /// One HTTP/1.1 request to 127.0.0.1:`port`: (status, body).
-fn request(
+pub(crate) fn request(
     port: u16,
     method: &str,
     path: &str,
@@ -126,7 +126,7 @@ fn request(
     Some((code, text.split_once("\r\n\r\n")?.1.to_owned()))
 }
 
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+pub(crate) fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
     loop {
         if let Some(v) = f() {
@@ -140,12 +140,12 @@ fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
-struct Api {
-    port: u16,
+pub(crate) struct Api {
+    pub(crate) port: u16,
 }
 
 impl Api {
-    fn get(&self, path: &str, token: Option<&str>) -> (u16, Value) {
+    pub(crate) fn get(&self, path: &str, token: Option<&str>) -> (u16, Value) {
         let (code, body) = request(self.port, "GET", path, token, None, &[]).unwrap();
         (
             code,
@@ -153,7 +153,7 @@ impl Api {
         )
     }
 
-    fn post(&self, path: &str, token: Option<&str>, body: &Value) -> (u16, Value) {
+    pub(crate) fn post(&self, path: &str, token: Option<&str>, body: &Value) -> (u16, Value) {
         self.post_raw(path, token, &body.to_string(), &[])
     }
 
@@ -172,14 +172,14 @@ impl Api {
     }
 
     /// GET that must answer 200.
-    fn ok(&self, path: &str, token: &str) -> Value {
+    pub(crate) fn ok(&self, path: &str, token: &str) -> Value {
         let (code, v) = self.get(path, Some(token));
         assert_eq!(code, 200, "GET {path}: {v}");
         v
     }
 }
 
-fn error_of(v: &Value) -> &str {
+pub(crate) fn error_of(v: &Value) -> &str {
     v["error"].as_str().unwrap_or_default()
 }
 

@@ -1,13 +1,14 @@
 //! The `outbox` binary end to end, in one test binary: the CLI against PostgreSQL and NATS
 //! (`cli`), MariaDB producers and relays (`mariadb`), operations (`operations`), traces
 //! (`traces`), logs without secrets (`no_secrets_in_logs`) and the admin server
-//! (`dashboard`).
+//! (`dashboard`), its listeners under load and their limits (`listeners`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cli;
 mod common;
 mod dashboard;
+mod listeners;
 mod mariadb;
 mod no_secrets_in_logs;
 mod operations;
