@@ -309,12 +309,15 @@ impl Confirmations {
         }
     }
 
-    /// Records that message `i` was handed to the destination: written to an established
-    /// connection (for HTTP, a request on a connection whose connect, DNS and TLS
-    /// succeeded). A sink marks it when it knows; the router reads it when the message's
-    /// timeout passes without an outcome: a message marked sent timed out after sending
-    /// (the destination is slow), an unmarked one may never have left (an outage). See
-    /// [`ErrorKind::TimedOut`]. Out of range: nothing.
+    /// Records that message `i` was handed to the destination (written to a connection
+    /// the client believes healthy). The router reads it when the message's timeout
+    /// passes without an outcome: a message marked sent timed out after sending (the
+    /// destination is slow), an unmarked one may never have left (an outage). See
+    /// [`ErrorKind::TimedOut`]. A sink that fails fast when it cannot reach the
+    /// destination may mark it when the send starts: the webhook sink does (a refused
+    /// connection, DNS or TLS failure fills the slot with an unavailable error first; only
+    /// a connect that hangs past the relay's timeout is then taken for slowness, which its
+    /// connect timeout, at most 5 s, keeps short). Out of range: nothing.
     pub fn mark_sent(&self, i: usize) {
         if let Some(g) = self.global(i)
             && let Some(s) = self.lock().sent.get_mut(g)
