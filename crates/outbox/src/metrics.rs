@@ -15,6 +15,14 @@ use std::time::Duration;
 pub const RELAY_INFO: &str = "outbox_relay_info";
 /// Counter: message publish outcomes by `destination`, `messaging_system`, `outcome`, `reason`.
 pub const PUBLISHES: &str = "outbox_publishes_total";
+/// Counter: messages with no confirmation within their timeout, by `destination` and
+/// `outcome`: `timed_out_after_send` (sent, not answered in time: an attempt counted),
+/// `timed_out_after_send_refunded` (the same, one of the message's first
+/// [`crate::sink::router::TIMEOUT_REFUNDS`]: attempt given back), `timed_out` (not known
+/// to be sent, while the destination confirmed others: an attempt counted),
+/// `timed_out_outage` (not known to be sent, the destination confirmed nothing: attempt
+/// given back).
+pub const PUBLISH_TIMEOUTS: &str = "outbox_publish_timeouts_total";
 /// Counter: rows quarantined, by `reason` (`permanent`, `max_attempts`, `malformed`).
 pub const QUARANTINED: &str = "outbox_messages_quarantined_total";
 /// Counter: rows rescheduled.
@@ -70,9 +78,10 @@ pub const ORDERED_OLDEST_HELD_AGE: &str = "outbox_ordered_oldest_held_age_second
 pub const DESTINATION_STATE: &str = "outbox_destination_state";
 
 /// Every name above, for documentation checks.
-pub const ALL: [&str; 28] = [
+pub const ALL: [&str; 29] = [
     RELAY_INFO,
     PUBLISHES,
+    PUBLISH_TIMEOUTS,
     QUARANTINED,
     RETRIED,
     RELEASED,
@@ -110,6 +119,15 @@ pub(crate) fn publish(
     n: u64,
 ) {
     counter!(PUBLISHES, "destination" => destination.to_owned(), "messaging_system" => system, "outcome" => outcome, "reason" => reason).increment(n);
+}
+
+/// Counts `n` timed-out messages to `destination` with one timeout `outcome` (see
+/// [`PUBLISH_TIMEOUTS`]); nothing when `n` is 0.
+pub(crate) fn publish_timeouts(destination: &str, outcome: &'static str, n: u64) {
+    if n > 0 {
+        counter!(PUBLISH_TIMEOUTS, "destination" => destination.to_owned(), "outcome" => outcome)
+            .increment(n);
+    }
 }
 
 /// The publish → confirmation histogram of one destination (a handle: one key per

@@ -18,7 +18,8 @@
 //!   quarantined, even if earlier claims never reported back (a message that crashes the
 //!   relay). An [`ErrorKind::Unavailable`] failure (the destination, not the message)
 //!   gives the attempt back and waits for the destination's next probe instead
-//!   (destination health lives in [`Router`]).
+//!   (destination health lives in [`Router`], which also bounds the refunds of a message
+//!   that timed out after it was sent).
 //! - *idle relays do not spin*: an empty claim waits for the store's wake-up or the poll
 //!   interval; while idle only one worker per relay polls.
 
@@ -63,7 +64,9 @@ pub struct RelayConfig {
     /// messages of a destination are sent together, so this bounds each destination's
     /// part of a batch. A message without a confirmation by then timed out: its own fault
     /// when the destination confirmed others meanwhile (an attempt counts), an outage
-    /// when it confirmed nothing (no attempt counts). Sinks with their own timeout (HTTP's
+    /// when it confirmed nothing (no attempt counts), except a message the sink knows it
+    /// sent (a webhook request): only its first [`crate::sink::router::TIMEOUT_REFUNDS`]
+    /// such timeouts are free, later ones count. Sinks with their own timeout (HTTP's
     /// request timeout, NATS' ack timeout) are judged the same way.
     pub publish_timeout: Duration,
     /// First retry delay (default 1 s); doubles per attempt, with jitter.

@@ -56,8 +56,11 @@
 //!   §15.6.4) → unavailable: the endpoint is rate limiting or overloaded, which says
 //!   nothing about the message (the relay gives the attempt back and the destination backs
 //!   off), with [`PublishError::retry_after`] from `Retry-After`;
-//! - `408`, other `5xx`, a timeout after the request was sent, a connection broken
-//!   mid-exchange → transient, with `retry_after` from `Retry-After` too;
+//! - `408`, other `5xx`, a connection broken mid-exchange → transient, with
+//!   `retry_after` from `Retry-After` too;
+//! - a timeout after the request was sent (the connection was made, no answer within the
+//!   request timeout) → [`PublishError::timed_out_after_send`]: the endpoint is slow, not
+//!   down; the router gives the attempt back for the first few and counts the rest;
 //! - `Retry-After` is delta-seconds or an HTTP-date (RFC 9110 §10.2.3), capped at
 //!   [`MAX_RETRY_AFTER`]. A date is the server's clock, so the delay is that date minus the
 //!   response's own `Date` header (§6.6.1); only a response without a parseable `Date`
@@ -73,6 +76,19 @@
 //! `outbox_timeout_ms=N` query parameter ([`TIMEOUT_PARAM`]), which is removed from the
 //! URL before any request is sent.
 //!
+//! **One request per message at a time.** Each request runs to its own bound (the request
+//! timeout) even when the relay stops waiting for it sooner (its publish timeout): the
+//! message is marked sent ([`Confirmations::mark_sent`]) once its request starts, and while
+//! that request is outstanding a second publish of the same message sends nothing and gets
+//! [`super::ErrorKind::Unavailable`] with code [`super::IN_FLIGHT`] and a `retry_after` of
+//! at most 1 s. A `2xx` that arrives after the relay stopped waiting is remembered (for
+//! [`LATE_CONFIRMATION_KEEP`], at most [`LATE_CONFIRMATIONS`] messages): the message's next
+//! publish is confirmed at once, without another request. So an endpoint slower than the
+//! publish timeout receives one copy of a message, not one per retry. (A connect that
+//! hangs, a dropped SYN, fails at the connect timeout, the request timeout or 5 s,
+//! whichever is shorter; keep the relay's publish timeout above it, so such an endpoint is
+//! reported unreachable rather than slow.)
+//!
 //! What a `2xx` promises is whatever the receiver's handler did before answering; this sink
 //! cannot make it stronger. Receivers should persist (or deduplicate on `Idempotency-Key`)
 //! before answering `2xx`.
@@ -87,11 +103,20 @@ use futures::StreamExt as _;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{StatusCode, Url};
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// Longest `Retry-After` honoured; a longer one is cut to this (24 hours), so a
 /// misbehaving endpoint cannot park a message for years.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+/// How long a `2xx` that arrived after the relay stopped waiting is remembered.
+pub const LATE_CONFIRMATION_KEEP: Duration = Duration::from_secs(3600);
+/// The most late `2xx` answers remembered at once (older ones are forgotten first).
+pub const LATE_CONFIRMATIONS: usize = 10_000;
+/// The longest `retry_after` of a message refused because its earlier request is still
+/// outstanding ([`super::IN_FLIGHT`]).
+const IN_FLIGHT_RETRY: Duration = Duration::from_secs(1);
+
 /// At most this many bytes of an error response's body go into the error message.
 pub const ERROR_BODY_BYTES: usize = 200;
 
@@ -143,6 +168,42 @@ pub struct WebhookSink {
     timeout: Duration,
     max_in_flight: usize,
     envelope: EnvelopeFormat,
+    /// Requests outstanding, by message id: the request's number and when it reaches its
+    /// bound.
+    outstanding: Outstanding,
+    /// The next request's number (tells one request of a message from the next).
+    requests: std::sync::atomic::AtomicU64,
+    /// Messages whose `2xx` came after the relay stopped waiting, and when.
+    late: std::sync::Arc<std::sync::Mutex<HashMap<uuid::Uuid, tokio::time::Instant>>>,
+}
+
+type Outstanding =
+    std::sync::Arc<std::sync::Mutex<HashMap<uuid::Uuid, (u64, tokio::time::Instant)>>>;
+
+/// Removes a message's request from the outstanding ones when it ends (or its task is
+/// dropped), unless a later request of the message has replaced it.
+struct OutstandingGuard {
+    outstanding: Outstanding,
+    id: uuid::Uuid,
+    request: u64,
+}
+
+/// Ends request `request` of message `id`, unless a later one has replaced it.
+fn end_request(outstanding: &Outstanding, id: uuid::Uuid, request: u64) {
+    let mut outstanding = lock(outstanding);
+    if outstanding.get(&id).is_some_and(|(r, _)| *r == request) {
+        outstanding.remove(&id);
+    }
+}
+
+impl Drop for OutstandingGuard {
+    fn drop(&mut self) {
+        end_request(&self.outstanding, self.id, self.request);
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl WebhookSink {
@@ -242,6 +303,9 @@ impl WebhookSink {
             secret: options.secret,
             timeout,
             max_in_flight,
+            outstanding: Default::default(),
+            requests: std::sync::atomic::AtomicU64::new(0),
+            late: Default::default(),
         })
     }
 
@@ -376,42 +440,108 @@ impl WebhookSink {
         Ok(h)
     }
 
-    async fn post(&self, m: &OutgoingMessage) -> Result<(), PublishError> {
+    /// Posts `m` (slot `i` of `confirm`, marked sent once the request starts); see the
+    /// module docs for "one request per message at a time".
+    async fn post(
+        &self,
+        m: &OutgoingMessage,
+        confirm: &Confirmations,
+        i: usize,
+    ) -> Result<(), PublishError> {
+        let id = m.message_id;
+        if let Some(at) = lock(&self.late).remove(&id)
+            && at.elapsed() < LATE_CONFIRMATION_KEEP
+        {
+            tracing::debug!(sink = %self.describe, message_id = %id, "confirmed by a 2xx that came after the relay stopped waiting");
+            return Ok(());
+        }
         let (headers, body) = self.request(m)?;
-        let sent = self
+        let guard = {
+            let mut outstanding = lock(&self.outstanding);
+            if let Some((_, until)) = outstanding.get(&id) {
+                let rest = until.saturating_duration_since(tokio::time::Instant::now());
+                return Err(PublishError::unavailable(format!(
+                    "an earlier request for this message to {} is still outstanding (up to {rest:?} more): not sending a second copy",
+                    self.describe
+                ))
+                .with_code(super::IN_FLIGHT)
+                .with_retry_after(rest.clamp(Duration::from_millis(10), IN_FLIGHT_RETRY)));
+            }
+            let request = self
+                .requests
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            outstanding.insert(id, (request, tokio::time::Instant::now() + self.timeout));
+            OutstandingGuard {
+                outstanding: self.outstanding.clone(),
+                id,
+                request,
+            }
+        };
+        let request_number = guard.request;
+        let request = self
             .client
             .post(self.url.clone())
             .headers(headers)
-            .body(body)
-            .send()
-            .await;
-        let result = match sent {
-            Err(e) => Err(self.classify_error(e)),
-            Ok(resp) => classify_response(resp).await,
-        };
+            .body(body);
+        let (describe, timeout, late) = (self.describe.clone(), self.timeout, self.late.clone());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // The request runs to its own bound even when this future is dropped (the relay's
+        // publish timeout): the message stays outstanding until then.
+        tokio::spawn(async move {
+            let result = match request.send().await {
+                Err(e) => Err(classify_error(e, &describe, timeout)),
+                Ok(resp) => classify_response(resp).await,
+            };
+            if let Err(Ok(())) = tx.send(result) {
+                let mut late = lock(&late);
+                if late.len() >= LATE_CONFIRMATIONS {
+                    late.retain(|_, at| at.elapsed() < LATE_CONFIRMATION_KEEP);
+                    if late.len() >= LATE_CONFIRMATIONS
+                        && let Some(oldest) =
+                            late.iter().min_by_key(|(_, at)| **at).map(|(id, _)| *id)
+                    {
+                        late.remove(&oldest);
+                    }
+                }
+                late.insert(guard.id, tokio::time::Instant::now());
+            }
+            // Late answer recorded before the message stops being outstanding.
+            drop(guard);
+        });
+        confirm.mark_sent(i);
+        let result = rx.await;
+        // The request has ended (its task may not have finished tidying up). Not when this
+        // future is dropped first: then the request stays outstanding until its task ends.
+        end_request(&self.outstanding, id, request_number);
+        let result = result.unwrap_or_else(|_| {
+            Err(PublishError::transient(format!(
+                "the request to {} ended without an outcome",
+                self.describe
+            ))
+            .with_code("no_outcome"))
+        });
         if let Err(e) = &result {
             tracing::debug!(sink = %self.describe, message_id = %m.message_id, topic = %m.topic.escape_debug(), error = %e, "webhook delivery failed");
         }
         result
     }
+}
 
-    fn classify_error(&self, e: reqwest::Error) -> PublishError {
-        let text = error_chain(&e.without_url());
-        // A connect error (refused, DNS, connect timeout, TLS handshake) means the request
-        // never reached the endpoint.
-        if text.connect {
-            PublishError::unavailable(format!("cannot reach {}: {}", self.describe, text.text))
-                .with_code("not_connected")
-        } else if text.timeout {
-            // The request was sent and no response came within the timeout: the router
-            // judges whether that is the message's fault or the destination's.
-            PublishError::timed_out(format!(
-                "{} did not answer within {:?}",
-                self.describe, self.timeout
-            ))
-        } else {
-            PublishError::transient(format!("POST to {} failed: {}", self.describe, text.text))
-        }
+/// A request's error: a connect error is the endpoint unreachable; a timeout otherwise
+/// came after the request was sent.
+fn classify_error(e: reqwest::Error, describe: &str, timeout: Duration) -> PublishError {
+    let text = error_chain(&e.without_url());
+    // A connect error (refused, DNS, connect timeout, TLS handshake) means the request
+    // never reached the endpoint.
+    if text.connect {
+        PublishError::unavailable(format!("cannot reach {describe}: {}", text.text))
+            .with_code("not_connected")
+    } else if text.timeout {
+        // The connection was made and the request sent; no response came within the
+        // timeout: slow, not unreachable (the router judges what that costs).
+        PublishError::timed_out_after_send(format!("{describe} did not answer within {timeout:?}"))
+    } else {
+        PublishError::transient(format!("POST to {describe} failed: {}", text.text))
     }
 }
 
@@ -696,7 +826,7 @@ impl Sink for WebhookSink {
             .iter()
             .enumerate()
             .map(|(i, m)| async move {
-                let r = self.post(m).await;
+                let r = self.post(m, confirm, i).await;
                 confirm.set(i, r);
             })
             .collect();

@@ -48,10 +48,25 @@ pub enum ErrorKind {
     /// relay's). Whether that is the message's fault or the destination's is decided in
     /// one place ([`router`]): when the destination confirmed other messages meanwhile it
     /// is the message's (counted like [`ErrorKind::Transient`], quarantined eventually
-    /// with a reason that says "timed out"); when it confirmed nothing it is an outage
+    /// with a reason that says "timed out"). When it confirmed nothing, it depends on
+    /// whether the message reached the destination: a timeout after sending (the sink's
+    /// [`PublishError::timed_out_after_send`], or a slot marked with
+    /// [`Confirmations::mark_sent`]) gets its attempt back only for the message's first
+    /// [`router::TIMEOUT_REFUNDS`] such timeouts and counts from then on, so a destination
+    /// that takes messages and never answers cannot be sent the same message without
+    /// bound; a message not known to have been sent is an outage
     /// ([`ErrorKind::Unavailable`]).
     TimedOut,
 }
+
+/// The reason code of a timeout after the message was sent
+/// ([`PublishError::timed_out_after_send`]), also once the router has judged it.
+pub const TIMED_OUT_AFTER_SEND: &str = "timed_out_after_send";
+
+/// The reason code of a message not sent because an earlier request or publish of the
+/// same message to the same destination is still outstanding (the sink keeps at most one
+/// copy of a message in flight); an [`ErrorKind::Unavailable`] with a `retry_after`.
+pub const IN_FLIGHT: &str = "in_flight";
 
 /// A failed publish of one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,8 +82,9 @@ pub struct PublishError {
     /// `too_large`, `no_destination` (no stream, topic, exchange), `unroutable`,
     /// `invalid_topic`, `invalid_header`, `not_authorized`, `rejected` (refused for what it
     /// is), `nack`, `wrong_type`, `rate_limited`, `http_4xx`, `http_5xx`, `not_connected`,
-    /// `destination_down`, `destination_busy`, `io_error`, `timeout`; the router adds
-    /// `breaker_open`, `no_route`, `no_outcome`. `other` unless a sink names one
+    /// `destination_down`, `destination_busy`, `io_error`, `timeout`,
+    /// `timed_out_after_send` ([`TIMED_OUT_AFTER_SEND`]), `in_flight` ([`IN_FLIGHT`]); the
+    /// router adds `breaker_open`, `no_route`, `no_outcome`. `other` unless a sink names one
     /// ([`PublishError::with_code`]).
     pub code: &'static str,
 }
@@ -112,6 +128,26 @@ impl PublishError {
             retry_after: None,
             code: "timeout",
         }
+    }
+
+    /// No answer in time to a message the destination was sent: the request was written
+    /// to an established connection (the connection, DNS and TLS had succeeded) and the
+    /// answer did not come within the timeout. The destination is reachable but slow; the
+    /// router counts it as the message's (after its first [`router::TIMEOUT_REFUNDS`]
+    /// such timeouts) instead of as an outage. Code [`TIMED_OUT_AFTER_SEND`].
+    pub fn timed_out_after_send(message: impl Into<String>) -> Self {
+        PublishError {
+            kind: ErrorKind::TimedOut,
+            message: message.into(),
+            retry_after: None,
+            code: TIMED_OUT_AFTER_SEND,
+        }
+    }
+
+    /// True for a timeout after the message was sent
+    /// ([`PublishError::timed_out_after_send`]).
+    pub fn is_timeout_after_send(&self) -> bool {
+        self.code == TIMED_OUT_AFTER_SEND
     }
 
     /// The same error, asking for at least `after` before the next try.
@@ -194,6 +230,8 @@ pub(crate) type Slot = Option<Result<(), PublishError>>;
 struct Slots {
     outcome: Vec<Slot>,
     at: Vec<Option<std::time::Instant>>,
+    /// Messages the sink handed to the destination ([`Confirmations::mark_sent`]).
+    sent: Vec<bool>,
 }
 
 /// One outcome slot per message of a batch: slot `i` belongs to `batch[i]`.
@@ -221,6 +259,7 @@ impl Confirmations {
             slots: std::sync::Arc::new(std::sync::Mutex::new(Slots {
                 outcome: vec![None; n],
                 at: vec![None; n],
+                sent: vec![false; n],
             })),
             filled: std::sync::Arc::new(tokio::sync::Notify::new()),
             map: None,
@@ -270,6 +309,29 @@ impl Confirmations {
         }
     }
 
+    /// Records that message `i` was handed to the destination (written to a connection
+    /// the client believes healthy). The router reads it when the message's timeout
+    /// passes without an outcome: a message marked sent timed out after sending (the
+    /// destination is slow), an unmarked one may never have left (an outage). See
+    /// [`ErrorKind::TimedOut`]. A sink that fails fast when it cannot reach the
+    /// destination may mark it when the send starts: the webhook sink does (a refused
+    /// connection, DNS or TLS failure fills the slot with an unavailable error first; only
+    /// a connect that hangs past the relay's timeout is then taken for slowness, which its
+    /// connect timeout, at most 5 s, keeps short). Out of range: nothing.
+    pub fn mark_sent(&self, i: usize) {
+        if let Some(g) = self.global(i)
+            && let Some(s) = self.lock().sent.get_mut(g)
+        {
+            *s = true;
+        }
+    }
+
+    /// Whether message `i` was marked sent ([`Confirmations::mark_sent`]).
+    pub fn was_sent(&self, i: usize) -> bool {
+        self.global(i)
+            .is_some_and(|g| self.lock().sent.get(g).copied().unwrap_or(false))
+    }
+
     /// Records `error` for every message that has no outcome yet.
     pub fn fail_unset(&self, error: &PublishError) {
         let mut filled = false;
@@ -292,7 +354,7 @@ impl Confirmations {
         mut f: impl FnMut(&mut Slot, &mut Option<std::time::Instant>),
     ) {
         let mut slots = self.lock();
-        let Slots { outcome, at } = &mut *slots;
+        let Slots { outcome, at, .. } = &mut *slots;
         match &self.map {
             Some(m) => {
                 for &g in m.iter() {

@@ -17,8 +17,27 @@
 //!   ([`ErrorKind::TimedOut`], whether the sink's own timeout or the router's) is the
 //!   message's fault when the destination confirmed any other message since this group
 //!   was sent (it becomes [`ErrorKind::Transient`]: an attempt counts, and it is
-//!   quarantined eventually with a reason saying it timed out); when the destination
-//!   confirmed nothing, it is an outage ([`ErrorKind::Unavailable`]).
+//!   quarantined eventually with a reason saying it timed out). When the destination
+//!   confirmed nothing, what counts is whether the message reached it:
+//!   - **sent** (the sink's [`PublishError::timed_out_after_send`], or a slot the sink
+//!     marked with [`Confirmations::mark_sent`]): the destination took it and did not
+//!     answer in time, which is slowness, not an outage. The message's first
+//!     [`TIMEOUT_REFUNDS`] such timeouts give the attempt back (a destination that
+//!     accepts connections and hangs for a moment costs nothing); from then on each one
+//!     counts an attempt, with the reason "timed out after the request was sent" and the
+//!     hint to raise the publish timeout, so the message is quarantined at `max_attempts`
+//!     instead of being sent again without bound. It does not open the breaker (the
+//!     destination is reachable). Counted in `outbox_publish_timeouts_total` and logged
+//!     (WARN, at most once a minute per destination, with the hint).
+//!   - **not known to be sent** (the sink says nothing about it): an outage
+//!     ([`ErrorKind::Unavailable`]), the attempt given back, however often.
+//!
+//!   The refunds are counted per message in this router's memory (a restart, or another
+//!   relay, starts again from zero; bounded, see [`TIMEOUT_REFUNDS`]).
+//! - **One copy in flight.** A sink that keeps a timed-out request running to its own
+//!   bound answers a second publish of the same message meanwhile with an
+//!   [`ErrorKind::Unavailable`] of code [`super::IN_FLIGHT`] (nothing is sent): it is
+//!   neutral for the breaker (neither reachable nor down).
 //! - **A circuit breaker.** A group in which every message found the destination
 //!   unavailable opens the destination's breaker (after `failure_threshold` such groups
 //!   in a row) for `open_base`, doubling per failed probe up to `open_max` (a longer
@@ -121,6 +140,21 @@ impl TopicPattern {
     }
 }
 
+/// How many timeouts after sending (the destination confirmed nothing meanwhile) give one
+/// message its attempt back; later ones count (see the module docs). So a message is sent
+/// at most `TIMEOUT_REFUNDS + max_attempts` times by one relay to a destination that
+/// takes it and never answers in time.
+pub const TIMEOUT_REFUNDS: u32 = 3;
+
+/// Messages whose refunded timeouts one destination remembers; past this the memory is
+/// cleared (which gives some messages a few more refunds, never unbounded ones while
+/// fewer messages than this are timing out).
+const TIMEOUT_MEMORY: usize = 100_000;
+
+/// The shortest interval between two "timed out after sending" warnings of one
+/// destination.
+const SLOW_WARNING_INTERVAL: Duration = Duration::from_secs(60);
+
 /// Settings of a [`Router`]'s circuit breakers.
 #[derive(Debug, Clone)]
 pub struct RouterOptions {
@@ -168,6 +202,12 @@ struct Health {
     last_confirmed: Option<Instant>,
     /// When the current outage began (for the recovery log line).
     down_since: Option<Instant>,
+    /// Per message id: its timeouts after sending whose attempt was given back.
+    refunded_timeouts: std::collections::HashMap<uuid::Uuid, u32>,
+    /// When the last "timed out after sending" warning was logged.
+    slow_warned: Option<Instant>,
+    /// Timeouts after sending since then.
+    slow_unwarned: u64,
 }
 
 struct Route {
@@ -215,6 +255,9 @@ impl Router {
                                 breaker: BreakerState::Closed { failures: 0 },
                                 last_confirmed: None,
                                 down_since: None,
+                                refunded_timeouts: Default::default(),
+                                slow_warned: None,
+                                slow_unwarned: 0,
                             }),
                         ));
                         health.len() - 1
@@ -454,33 +497,105 @@ impl Router {
         // Did the destination confirm anything since this group was sent (this group, or
         // another batch meanwhile)? Then a timeout here is about the message.
         let alive = health.last_confirmed.is_some_and(|t| t >= sent);
+        let sent_marks: Vec<bool> = (0..msgs.len()).map(|i| confirm.was_sent(i)).collect();
+        if health.refunded_timeouts.len() > TIMEOUT_MEMORY {
+            health.refunded_timeouts.clear();
+        }
         let mut unavailable = 0;
         let mut answered = false;
         let mut retry_after: Option<Duration> = None;
-        confirm.update_each(|slot, _| match slot {
-            Some(Err(e)) if e.kind == ErrorKind::TimedOut => {
-                if alive {
-                    answered = true;
-                    *slot = Some(Err(PublishError::transient(format!(
-                        "timed out: {} (the destination confirmed other messages meanwhile)",
-                        e.message
-                    ))
-                    .with_code("timeout")));
-                } else {
+        // Timeouts by `outbox_publish_timeouts_total` outcome.
+        let (mut after_send, mut after_send_refunded, mut counted, mut outage) = (0, 0, 0, 0);
+        let mut j = 0;
+        confirm.update_each(|slot, _| {
+            let (id, was_sent) = (msgs[j].message_id, sent_marks[j]);
+            j += 1;
+            match slot {
+                Some(Err(e)) if e.kind == ErrorKind::TimedOut => {
+                    if e.is_timeout_after_send() || was_sent {
+                        // Reachable: it took the message. Slow, not down.
+                        answered = true;
+                        let refunds = health.refunded_timeouts.entry(id).or_insert(0);
+                        if !alive && *refunds < TIMEOUT_REFUNDS {
+                            *refunds += 1;
+                            after_send_refunded += 1;
+                            *slot = Some(Err(PublishError::unavailable(format!(
+                                "timed out after the request was sent: {} (the destination confirmed nothing; attempt given back, {} of {TIMEOUT_REFUNDS} for this message)",
+                                e.message, *refunds
+                            ))
+                            .with_code(super::TIMED_OUT_AFTER_SEND)));
+                        } else {
+                            after_send += 1;
+                            *slot = Some(Err(PublishError::transient(format!(
+                                "timed out after the request was sent: {} (the destination took it and did not answer in time; if it is this slow, raise --publish-timeout-ms and the sink's own timeout)",
+                                e.message
+                            ))
+                            .with_code(super::TIMED_OUT_AFTER_SEND)));
+                        }
+                    } else if alive {
+                        answered = true;
+                        counted += 1;
+                        *slot = Some(Err(PublishError::transient(format!(
+                            "timed out: {} (the destination confirmed other messages meanwhile)",
+                            e.message
+                        ))
+                        .with_code("timeout")));
+                    } else {
+                        unavailable += 1;
+                        outage += 1;
+                        *slot = Some(Err(PublishError::unavailable(format!(
+                            "{} (the destination confirmed nothing)",
+                            e.message
+                        ))
+                        .with_code("timeout")));
+                    }
+                }
+                // Nothing sent: says nothing about the destination's health.
+                Some(Err(e)) if e.kind == ErrorKind::Unavailable && e.code == super::IN_FLIGHT => {}
+                Some(Err(e)) if e.kind == ErrorKind::Unavailable => {
                     unavailable += 1;
-                    *slot = Some(Err(PublishError::unavailable(format!(
-                        "{} (the destination confirmed nothing)",
-                        e.message
-                    ))
-                    .with_code("timeout")));
+                    retry_after = retry_after.max(e.retry_after);
+                }
+                _ => {
+                    answered = true;
+                    if !health.refunded_timeouts.is_empty() {
+                        health.refunded_timeouts.remove(&id);
+                    }
                 }
             }
-            Some(Err(e)) if e.kind == ErrorKind::Unavailable => {
-                unavailable += 1;
-                retry_after = retry_after.max(e.retry_after);
-            }
-            _ => answered = true,
         });
+        let slow = after_send + after_send_refunded;
+        if slow > 0 {
+            health.slow_unwarned += slow;
+            if health
+                .slow_warned
+                .is_none_or(|t| t.elapsed() >= SLOW_WARNING_INTERVAL)
+            {
+                tracing::warn!(
+                    destination = %sink.describe(),
+                    timed_out = health.slow_unwarned,
+                    timeout = ?timeout,
+                    "messages were sent and not answered within the publish timeout: the destination is reachable but slow (not an outage); each message is sent once at a time and, after {TIMEOUT_REFUNDS} such timeouts, counts attempts; if the destination is expected to take this long, raise --publish-timeout-ms and the sink's own timeout (a webhook's outbox_timeout_ms)"
+                );
+                health.slow_warned = Some(Instant::now());
+                health.slow_unwarned = 0;
+            }
+        }
+        let label = &self.labels[h].0;
+        for (outcome, n) in [
+            ("timed_out_after_send", after_send),
+            ("timed_out_after_send_refunded", after_send_refunded),
+            ("timed_out", counted),
+            ("timed_out_outage", outage),
+        ] {
+            crate::metrics::publish_timeouts(label, outcome, n);
+        }
+        if !answered && unavailable == 0 {
+            // Only messages still in flight: the breaker stays as it is.
+            drop(health);
+            self.count_outcomes(h, confirm, sent);
+            return;
+        }
         let down = !answered && unavailable > 0;
         let o = &self.options;
         let describe = || sink.describe();
@@ -748,6 +863,99 @@ mod tests {
         assert!(c.get(2).unwrap().unwrap_err().message.contains("no route"));
         // Only the dead destination's breaker is open, so the relay keeps claiming.
         assert_eq!(router.all_open_for(), None);
+    }
+
+    /// Takes every message (marks it sent) and never answers.
+    struct Hanging;
+
+    #[async_trait]
+    impl Sink for Hanging {
+        async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
+            for i in 0..batch.len() {
+                confirm.mark_sent(i);
+            }
+            std::future::pending::<()>().await;
+        }
+        fn describe(&self) -> String {
+            "hanging".into()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_after_sending_is_given_back_a_few_times_then_counted() {
+        let router = Router::single(Arc::new(Hanging));
+        let batch = vec![msg(1, "t.v1")];
+        let mut seen = Vec::new();
+        for _ in 0..TIMEOUT_REFUNDS + 2 {
+            let c = Confirmations::new(1);
+            router.publish(&batch, &c, Duration::from_millis(300)).await;
+            let e = c.get(0).unwrap().unwrap_err();
+            assert_eq!(e.code, crate::sink::TIMED_OUT_AFTER_SEND, "{e}");
+            assert!(
+                e.message.contains("timed out after the request was sent"),
+                "{e}"
+            );
+            seen.push(e.kind);
+            // Reachable, only slow: the breaker never opens.
+            assert_eq!(router.all_open_for(), None);
+        }
+        let refunds = TIMEOUT_REFUNDS as usize;
+        assert_eq!(seen[..refunds], vec![ErrorKind::Unavailable; refunds]);
+        assert_eq!(seen[refunds..], [ErrorKind::Transient; 2]);
+        // Another message starts with its own refunds.
+        let c = Confirmations::new(1);
+        router
+            .publish(&[msg(2, "t.v1")], &c, Duration::from_millis(300))
+            .await;
+        assert_eq!(kinds(&c), vec![Some(ErrorKind::Unavailable)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_not_known_to_be_sent_stays_an_outage() {
+        let sink = Scripted::new(vec![1]);
+        let router = Router::single(sink.clone());
+        let batch = vec![msg(1, "t.v1")];
+        for _ in 0..TIMEOUT_REFUNDS + 2 {
+            let c = Confirmations::new(1);
+            router.publish(&batch, &c, Duration::from_millis(300)).await;
+            assert_eq!(kinds(&c), vec![Some(ErrorKind::Unavailable)]);
+            tokio::time::advance(router.all_open_for().unwrap()).await;
+        }
+    }
+
+    /// Refuses every message as still in flight.
+    struct StillInFlight;
+
+    #[async_trait]
+    impl Sink for StillInFlight {
+        async fn publish(&self, _batch: &[OutgoingMessage], confirm: &Confirmations) {
+            confirm.fail_unset(
+                &PublishError::unavailable("an earlier request is still outstanding")
+                    .with_code(crate::sink::IN_FLIGHT)
+                    .with_retry_after(Duration::from_millis(700)),
+            );
+        }
+        fn describe(&self) -> String {
+            "in flight".into()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_message_still_in_flight_leaves_the_breaker_alone() {
+        let router = Router::single(Arc::new(StillInFlight));
+        let c = Confirmations::new(1);
+        router
+            .publish(&[msg(1, "t.v1")], &c, Duration::from_secs(1))
+            .await;
+        let e = c.get(0).unwrap().unwrap_err();
+        assert_eq!(
+            (e.kind, e.retry_after),
+            (ErrorKind::Unavailable, Some(Duration::from_millis(700)))
+        );
+        assert!(matches!(
+            router.breakers()[0].1,
+            BreakerState::Closed { failures: 0 }
+        ));
     }
 
     /// Answers "503, Retry-After: 60" to everything.

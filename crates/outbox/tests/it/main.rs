@@ -55,6 +55,7 @@ mod sql_enqueue_headers;
 mod sqlite_e2e;
 mod store_outage;
 mod store_tls;
+mod timeout_after_send;
 mod tls;
 mod transaction;
 mod wakeup;
