@@ -65,6 +65,9 @@ pub enum ErrorKind {
 /// to the name the sink actually puts on the wire (each sink sends the topic unchanged).
 /// A topic that breaks a broker's character rules (a Redis glob character, a Kafka topic
 /// outside `[a-zA-Z0-9._-]`) is `invalid_topic` instead.
+///
+/// Enqueue does not refuse these topics: [`crate::Message::validate`] and the SQL enqueue
+/// functions know no broker, and a name one broker reserves is ordinary for another.
 pub const CONTROL_TOPIC: &str = "control_topic";
 
 /// A failed publish of one message.
