@@ -82,8 +82,9 @@ pub struct PublishError {
     /// A short, bounded reason code for metrics (`outbox_publishes_total{reason}`) and
     /// for code that acts on a failure without reading its text. The sinks use:
     /// `too_large`, `no_destination` (no stream, topic, exchange), `unroutable`,
-    /// `invalid_topic`, [`CONTROL_TOPIC`], `invalid_header`, `not_authorized`, `rejected` (refused for what it
-    /// is), `nack`, `wrong_type`, `rate_limited`, `http_4xx`, `http_5xx`, `not_connected`,
+    /// `invalid_topic`, `control_topic` ([`CONTROL_TOPIC`]), `invalid_header`,
+    /// `not_authorized`, `rejected` (refused for what it is), `nack`, `wrong_type`,
+    /// `rate_limited`, `http_4xx`, `http_5xx`, `not_connected`,
     /// `destination_down`, `destination_busy`, `io_error`, `timeout`; the router adds
     /// `breaker_open`, `no_route`, `no_outcome`. `other` unless a sink names one
     /// ([`PublishError::with_code`]).

@@ -440,11 +440,11 @@ impl RabbitMqSink {
         m: &OutgoingMessage,
         frame_max: usize,
     ) -> Result<(ShortString, BasicProperties, Bytes), PublishError> {
-        let limit = self.max_message_bytes();
-        // The envelope's header pairs, its content type and body.
         if let Some(e) = self.control_topic_error(&m.topic) {
             return Err(e);
         }
+        let limit = self.max_message_bytes();
+        // The envelope's header pairs, its content type and body.
         let (pairs, content_type, body) = self.envelope.properties(m, Binding::Amqp)?;
         let size = match self.envelope {
             EnvelopeFormat::Outbox => m.size(),
