@@ -4,6 +4,11 @@
 //!   HTTP Basic credentials). `describe()` and error messages show it without the password
 //!   and the query ([`crate::redact::redact_url_without_query`]). Redirects are not followed: a `POST` must not silently become a `GET` elsewhere
 //!   (configure the final URL).
+//! - The topic never reaches the URL: every message goes to the one configured endpoint,
+//!   whatever its topic (`../admin`, `?x=`, `@host`, `#` in a topic change nothing), and
+//!   the topic travels only in the `topic` header, percent-encoded like every envelope
+//!   value (so CR/LF cannot split the request). Routing topics to different endpoints is
+//!   the router's job, with one fixed URL per route.
 //! - Body = the payload bytes, unchanged (empty payloads send an empty body).
 //!   `Content-Type` = the message's `content-type` header, else `application/octet-stream`.
 //! - Envelope = request headers named exactly as in [`OutgoingMessage::envelope_headers`]

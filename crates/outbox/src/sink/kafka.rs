@@ -1,6 +1,18 @@
 //! Kafka sink (rdkafka, librdkafka built from source; feature `kafka`).
 //!
 //! - Topic = outbox topic; record key = outbox key, so per-key order follows partitions.
+//! - Topics Kafka would not take as they are, refused permanently before the record is
+//!   queued (no byte reaches a broker, whether or not one is up): a topic starting with
+//!   `__` is an internal topic (`__consumer_offsets`, `__transaction_state`,
+//!   `__cluster_metadata`, `__share_group_state`: consumer-group offsets, transactions,
+//!   the KRaft metadata log), refused with the code [`CONTROL_TOPIC`](super::CONTROL_TOPIC)
+//!   so no producer can forge offsets or transaction markers with the relay's
+//!   credentials; a topic outside Kafka's legal names, `[a-zA-Z0-9._-]`, at most 249
+//!   characters, neither `.` nor `..`, is `invalid_topic` (the broker would answer
+//!   `INVALID_TOPIC_EXCEPTION`, 17). Both rules are Kafka's `Topic` class
+//!   (<https://github.com/apache/kafka/blob/trunk/clients/src/main/java/org/apache/kafka/common/internals/Topic.java>).
+//!   The record's topic is the outbox topic unchanged (no prefix), so the rules apply to
+//!   it as it is.
 //! - Producer: `enable.idempotence=true`, `acks=all` (librdkafka's default leaves
 //!   idempotence off), `message.timeout.ms` below the relay's lease (default 8 s) so a
 //!   delivery report always arrives before the claim could pass to another relay.
@@ -389,12 +401,47 @@ fn classify(e: &KafkaError, topic: &str) -> PublishError {
     }
 }
 
+/// Longest Kafka topic name (`Topic.MAX_NAME_LENGTH`).
+const MAX_TOPIC_CHARS: usize = 249;
+
+/// Why Kafka must not be sent `topic`, as a permanent error, if it must not: an internal
+/// (`__`) topic is [`CONTROL_TOPIC`](super::CONTROL_TOPIC); a name outside
+/// `[a-zA-Z0-9._-]{1,249}`, or `.` / `..`, is `invalid_topic` (see the module docs).
+fn topic_refusal(topic: &str) -> Option<PublishError> {
+    if topic.starts_with("__") {
+        return Some(PublishError::control_topic(
+            topic,
+            "Kafka topics starting with __ are the cluster's internal topics (__consumer_offsets, __transaction_state, __cluster_metadata, …)",
+        ));
+    }
+    let why = if topic.is_empty() || topic == "." || topic == ".." {
+        "Kafka topic names cannot be empty, \".\" or \"..\""
+    } else if topic.len() > MAX_TOPIC_CHARS {
+        "Kafka topic names have at most 249 characters"
+    } else if !topic
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        "Kafka topic names are made of ASCII letters, digits, '.', '_' and '-'"
+    } else {
+        return None;
+    };
+    Some(
+        PublishError::permanent(format!("topic {topic:?} is not a valid Kafka topic: {why}"))
+            .with_code("invalid_topic"),
+    )
+}
+
 #[async_trait]
 impl Sink for KafkaSink {
     async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
         // Queue every record (pipelined), then await each delivery report.
         let mut pending = Vec::with_capacity(batch.len());
         for m in batch {
+            if let Some(e) = topic_refusal(&m.topic) {
+                pending.push(Err(e));
+                continue;
+            }
             let (headers, value) = match self.encode(m) {
                 Ok(encoded) => encoded,
                 Err(e) => {
@@ -465,6 +512,51 @@ mod tests {
 
     fn props(url: &str) -> HashMap<String, String> {
         parse_url(url).unwrap().properties.into_iter().collect()
+    }
+
+    #[test]
+    fn internal_and_illegal_topics_are_refused() {
+        for ok in [
+            "orders",
+            "orders.placed.v1",
+            "a_b-c.D9",
+            "_schemas",
+            &"t".repeat(249),
+        ] {
+            assert!(topic_refusal(ok).is_none(), "{ok}");
+        }
+        for internal in [
+            "__consumer_offsets",
+            "__transaction_state",
+            "__cluster_metadata",
+            "__x",
+        ] {
+            let e = topic_refusal(internal).unwrap();
+            assert_eq!(
+                (e.kind, e.code),
+                (ErrorKind::Permanent, super::super::CONTROL_TOPIC),
+                "{e}"
+            );
+            assert!(e.message.contains(internal), "{e}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "a b",
+            "a$b",
+            "a:b",
+            "grüße",
+            &"t".repeat(250),
+        ] {
+            let e = topic_refusal(bad).unwrap();
+            assert_eq!(
+                (e.kind, e.code),
+                (ErrorKind::Permanent, "invalid_topic"),
+                "{bad:?}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -68,6 +68,23 @@ pub const TIMED_OUT_AFTER_SEND: &str = "timed_out_after_send";
 /// copy of a message in flight); an [`ErrorKind::Unavailable`] with a `retry_after`.
 pub const IN_FLIGHT: &str = "in_flight";
 
+/// The [`PublishError::code`] of a message whose topic addresses its broker's control
+/// plane or internal names: NATS subjects starting with `$` (`$JS.`, `$SYS.`, `$KV.`, …)
+/// or `_INBOX.`, RabbitMQ `amq.` queue names on the default exchange, Kafka topics starting
+/// with `__`, MQTT topics starting with `$`. Each sink's module documentation gives its
+/// rule and the broker documentation it comes from.
+///
+/// Such a message is refused [permanently](ErrorKind::Permanent) before anything is sent
+/// (also while the broker is down): the relay quarantines it as a dead letter whose reason
+/// names the control topic; it is never published, retried or dropped. The rule is applied
+/// to the name the sink actually puts on the wire (each sink sends the topic unchanged).
+/// A topic that breaks a broker's character rules (a Redis glob character, a Kafka topic
+/// outside `[a-zA-Z0-9._-]`) is `invalid_topic` instead.
+///
+/// Enqueue does not refuse these topics: [`crate::Message::validate`] and the SQL enqueue
+/// functions know no broker, and a name one broker reserves is ordinary for another.
+pub const CONTROL_TOPIC: &str = "control_topic";
+
 /// A failed publish of one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublishError {
@@ -80,11 +97,12 @@ pub struct PublishError {
     /// A short, bounded reason code for metrics (`outbox_publishes_total{reason}`) and
     /// for code that acts on a failure without reading its text. The sinks use:
     /// `too_large`, `no_destination` (no stream, topic, exchange), `unroutable`,
-    /// `invalid_topic`, `invalid_header`, `not_authorized`, `rejected` (refused for what it
-    /// is), `nack`, `wrong_type`, `rate_limited`, `http_4xx`, `http_5xx`, `not_connected`,
-    /// `destination_down`, `destination_busy`, `io_error`, `timeout`,
-    /// `timed_out_after_send` ([`TIMED_OUT_AFTER_SEND`]), `in_flight` ([`IN_FLIGHT`]); the
-    /// router adds `breaker_open`, `no_route`, `no_outcome`. `other` unless a sink names one
+    /// `invalid_topic`, `control_topic` ([`CONTROL_TOPIC`]), `invalid_header`,
+    /// `not_authorized`, `rejected` (refused for what it is), `nack`, `wrong_type`,
+    /// `rate_limited`, `http_4xx`, `http_5xx`, `not_connected`, `destination_down`,
+    /// `destination_busy`, `io_error`, `timeout`, `timed_out_after_send`
+    /// ([`TIMED_OUT_AFTER_SEND`]), `in_flight` ([`IN_FLIGHT`]); the router adds
+    /// `breaker_open`, `no_route`, `no_outcome`. `other` unless a sink names one
     /// ([`PublishError::with_code`]).
     pub code: &'static str,
 }
@@ -148,6 +166,16 @@ impl PublishError {
     /// ([`PublishError::timed_out_after_send`]).
     pub fn is_timeout_after_send(&self) -> bool {
         self.code == TIMED_OUT_AFTER_SEND
+    }
+
+    /// A message refused because its `topic` addresses the broker's control plane
+    /// ([`CONTROL_TOPIC`]): permanent, with a reason naming the topic and `why` (which
+    /// names are reserved, and for what).
+    pub fn control_topic(topic: &str, why: &str) -> Self {
+        PublishError::permanent(format!(
+            "topic {topic:?} is a control topic, refused without sending: {why}"
+        ))
+        .with_code(CONTROL_TOPIC)
     }
 
     /// The same error, asking for at least `after` before the next try.

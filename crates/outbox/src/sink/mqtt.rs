@@ -10,8 +10,12 @@
 //!   MQTT username and password; `describe()` never shows them.
 //! - MQTT topic = the outbox topic, unchanged (dots are ordinary characters in MQTT). A
 //!   topic MQTT cannot publish to is refused permanently: empty, containing `+`, `#`, NUL or
-//!   other control characters, starting with `$` (reserved for the broker, MQTT v5 §4.7.2),
-//!   or longer than 65,535 bytes.
+//!   other control characters, or longer than 65,535 bytes (code `invalid_topic`). A topic
+//!   starting with `$` is the broker's (MQTT v5 §4.7.2: `$SYS/` statistics and control,
+//!   `$share/` shared subscriptions, other broker-specific `$` names): it is refused as a
+//!   control topic (code [`CONTROL_TOPIC`](super::CONTROL_TOPIC)), before anything is sent
+//!   and also while the broker is down. The topic on the wire is the outbox topic
+//!   unchanged (no prefix), so the rule applies to it as it is.
 //! - Envelope = v5 user properties, in the order of
 //!   [`OutgoingMessage::envelope_headers`] (`message-id`, `topic`, `key`, `occurred-at`,
 //!   then the stored headers, `content-type` included), with the text unchanged, non-ASCII
@@ -554,8 +558,6 @@ fn topic_problem(topic: &str) -> Option<&'static str> {
         Some("it is empty")
     } else if topic.contains(['+', '#']) {
         Some("MQTT topic names cannot contain the wildcards + or #")
-    } else if topic.starts_with('$') {
-        Some("topics starting with $ are reserved for the broker")
     } else if topic.len() > MQTT_MAX_STRING {
         Some("it is longer than 65,535 bytes")
     } else if !is_mqtt_string(topic) {
@@ -571,7 +573,22 @@ struct Prepared {
     payload: bytes::Bytes,
 }
 
+/// The permanent [`CONTROL_TOPIC`](super::CONTROL_TOPIC) error of a topic starting with
+/// `$`: MQTT v5 §4.7.2 reserves those for the server (`$SYS/`), and a broker may give them
+/// a meaning of its own (`$share/` shared subscriptions, Mosquitto's `$CONTROL/`).
+fn control_topic_error(topic: &str) -> Option<PublishError> {
+    topic.starts_with('$').then(|| {
+        PublishError::control_topic(
+            topic,
+            "MQTT topics starting with $ are the broker's ($SYS/ statistics and control, $share/ shared subscriptions; MQTT v5 §4.7.2)",
+        )
+    })
+}
+
 fn prepare(m: &OutgoingMessage, envelope: &EnvelopeFormat) -> Result<Prepared, PublishError> {
+    if let Some(e) = control_topic_error(&m.topic) {
+        return Err(e);
+    }
     if let Some(why) = topic_problem(&m.topic) {
         return Err(PublishError::permanent(format!(
             "topic {:?} is not a valid MQTT topic name: {why}",
@@ -945,6 +962,12 @@ fn install_ring_provider() {
 #[async_trait]
 impl Sink for MqttSink {
     async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
+        // Control topics are refused first: permanent even while the broker is down.
+        for (i, m) in batch.iter().enumerate() {
+            if let Some(e) = control_topic_error(&m.topic) {
+                confirm.set(i, Err(e));
+            }
+        }
         if !self.connected_within(Duration::from_millis(500)).await {
             let reason = self.shared.lock().down_reason.clone();
             confirm.fail_unset(&PublishError::unavailable(reason));
@@ -1084,9 +1107,15 @@ mod tests {
     fn topics_mqtt_cannot_publish_to_are_refused() {
         assert_eq!(topic_problem("orders.order-placed.v1"), None);
         assert_eq!(topic_problem("a/b/grüße"), None);
-        for bad in ["", "a/+/b", "a/#", "$SYS/x", "a\0b", "a\u{7}b", "a\u{ffff}"] {
+        for bad in ["", "a/+/b", "a/#", "a\0b", "a\u{7}b", "a\u{ffff}"] {
             assert!(topic_problem(bad).is_some(), "{bad:?}");
         }
+        for control in ["$SYS/x", "$share/g/t", "$"] {
+            let e = control_topic_error(control).unwrap();
+            assert_eq!(e.code, super::super::CONTROL_TOPIC, "{e}");
+            assert_eq!(e.kind, super::super::ErrorKind::Permanent, "{e}");
+        }
+        assert!(control_topic_error("a/$SYS").is_none());
     }
 
     #[test]

@@ -12,6 +12,22 @@
 //!   mode instead (the NATS binding 1.0.2 defines no other): the payload is the JSON event
 //!   ([`crate::cloudevents`]), with the header `Content-Type: application/cloudevents+json`;
 //!   `Nats-Msg-Id` stays.
+//! - Control subjects are refused: the subject on the wire is the topic unchanged (no
+//!   prefix, no fixed subject), so a topic starting with `$` or `_INBOX.` fails
+//!   permanently with the code [`CONTROL_TOPIC`](super::CONTROL_TOPIC), before anything
+//!   is sent and whether or not the server is reachable. NATS reserves every subject
+//!   starting with `$` for the system (<https://docs.nats.io/nats-concepts/subjects>,
+//!   "Reserved subject names"): `$JS.API.>` is the JetStream API, which creates, updates,
+//!   purges and deletes streams and consumers
+//!   (<https://docs.nats.io/reference/reference-protocols/nats_api_reference>), `$JS.ACK.`
+//!   and `$JS.FC.` acknowledge and pace consumers, `$KV.` and `$O.` are the key-value and
+//!   object stores' streams, `$SYS.` the system account's requests and events
+//!   (<https://docs.nats.io/running-a-nats-service/configuration/sys_accounts>), `$MQTT.`
+//!   the MQTT gateway's sessions and retained messages, `$JSC.`, `$NRG.`, `$G` and the
+//!   others the server's own. Published with the relay's credentials, such a topic would
+//!   let any producer administer the server. `_INBOX.` is the clients' reply prefix
+//!   (<https://docs.nats.io/nats-concepts/core-nats/reqreply>): a message there would
+//!   answer another client's request, or pose as a PubAck this sink awaits.
 //! - Errors (each rule and its source: the README's "Error classification per sink", and
 //!   the JetStream error code table in this module's source): a subject that no stream covers, a message over the
 //!   server's `max_payload` or the stream's `max_msg_size` (10054), a header NATS cannot
@@ -358,6 +374,12 @@ impl NatsSink {
 #[async_trait]
 impl Sink for NatsSink {
     async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
+        // Control subjects are refused first: permanent even while the server is down.
+        for (i, m) in batch.iter().enumerate() {
+            if let Some(e) = control_subject_error(&m.topic) {
+                confirm.set(i, Err(e));
+            }
+        }
         if !self.connected_within(Duration::from_millis(500)).await {
             let e = PublishError::unavailable(format!("not connected to {}", self.describe))
                 .with_code("not_connected");
@@ -367,6 +389,10 @@ impl Sink for NatsSink {
         // Send every publish first (pipelined), then collect the PubAcks.
         let mut pending = Vec::with_capacity(batch.len());
         for m in batch {
+            if let Some(e) = control_subject_error(&m.topic) {
+                pending.push(Err(Err_::Classified(e)));
+                continue;
+            }
             if !is_publishable_subject(&m.topic) {
                 pending.push(Err(Err_::Classified(
                     PublishError::permanent(format!(
@@ -495,6 +521,30 @@ fn is_publishable_subject(s: &str) -> bool {
                 && t != ">"
                 && !t.chars().any(|c| c.is_whitespace() || c.is_control())
         })
+}
+
+/// Why `subject` addresses the server rather than a stream, if it does: every subject
+/// starting with `$` (reserved for the system: the JetStream API `$JS.API.`, `$KV.`, `$O.`,
+/// `$SYS.`, `$MQTT.`, …) and the reply subjects under `_INBOX.` (see the module docs for
+/// the sources). NATS subjects are case-sensitive, so `$js.api.x` is not the JetStream
+/// API; it is refused anyway, as every `$` subject is.
+fn control_subject(subject: &str) -> Option<&'static str> {
+    if subject.starts_with('$') {
+        Some(
+            "NATS reserves subjects starting with $ for the server ($JS. JetStream API, $KV. key-value, $O. object store, $SYS. system, $MQTT. MQTT gateway, …); publishing there with the relay's credentials could create or delete streams",
+        )
+    } else if subject.starts_with("_INBOX.") || subject == "_INBOX" {
+        Some(
+            "_INBOX. subjects carry the replies to NATS requests; a message there would answer another client's request",
+        )
+    } else {
+        None
+    }
+}
+
+/// The permanent [`CONTROL_TOPIC`](super::CONTROL_TOPIC) error of a control subject.
+fn control_subject_error(subject: &str) -> Option<PublishError> {
+    control_subject(subject).map(|why| PublishError::control_topic(subject, why))
 }
 
 /// A publish error, or "no stream answered", which needs a JetStream API call to tell a
@@ -697,6 +747,43 @@ mod tests {
             redact("nats://relay@h:4222?password_file=/run/pw"),
             "nats://relay@h:4222?password_file=***"
         );
+    }
+
+    #[test]
+    fn control_subjects_are_recognised() {
+        for s in [
+            "$JS.API.STREAM.DELETE.ORDERS",
+            "$JS.API.STREAM.CREATE.X",
+            "$JS.ACK.S.C.1.1.1.1.0",
+            "$KV.b.k",
+            "$O.b.c",
+            "$SYS.REQ.SERVER.PING",
+            "$MQTT.sess.x",
+            "$G",
+            "$",
+            "_INBOX.abc.def",
+            "_INBOX",
+        ] {
+            let e = control_subject_error(s).unwrap();
+            assert_eq!(
+                (e.kind, e.code),
+                (ErrorKind::Permanent, super::super::CONTROL_TOPIC),
+                "{s}"
+            );
+            assert!(
+                e.message.contains(s) && e.message.contains("control topic"),
+                "{e}"
+            );
+        }
+        for s in [
+            "orders.placed",
+            "a$b",
+            "JS.API.STREAM.DELETE.X",
+            "_INBOXES.x",
+            "inbox",
+        ] {
+            assert!(control_subject(s).is_none(), "{s}");
+        }
     }
 
     #[test]

@@ -17,6 +17,20 @@
 //!   ([`OutgoingMessage::envelope_headers`]) in the `headers` table, every value a long
 //!   string (so non-ASCII text arrives as its UTF-8 bytes). Consumers deduplicate on
 //!   `message_id`.
+//! - Control topics: on the default exchange (`exchange` unset or empty; `amq.default`
+//!   is taken as its name too) the routing key names the queue
+//!   (<https://www.rabbitmq.com/tutorials/amqp-concepts#exchange-default>), and queue names
+//!   starting with `amq.` are the broker's
+//!   (<https://www.rabbitmq.com/docs/queues#names>): server-named exclusive queues
+//!   (`amq.gen-…`, often another client's reply queue) and the direct reply-to
+//!   pseudo-queue `amq.rabbitmq.reply-to…`
+//!   (<https://www.rabbitmq.com/docs/direct-reply-to>). A topic starting with `amq.` is
+//!   then refused permanently with the code [`CONTROL_TOPIC`](super::CONTROL_TOPIC),
+//!   before anything is sent and also while the broker is down, so a producer cannot
+//!   inject messages into queues it does not own. Through a named exchange the routing key
+//!   only matches bindings and `amq.` means nothing there: it is sent. The exchange itself
+//!   comes from the URL, never from a message (a publish to one of the broker's internal
+//!   `amq.rabbitmq.` exchanges is refused by the broker, `403 ACCESS_REFUSED`: permanent).
 //! - `envelope=cloudevents` (and `ce_source=URI-reference`; [`crate::cloudevents`]): the
 //!   AMQP binding's binary mode instead of the envelope headers: the attributes in the
 //!   `headers` table (RabbitMQ's form of AMQP application properties) as
@@ -413,12 +427,22 @@ impl RabbitMqSink {
         }
     }
 
+    /// The permanent [`CONTROL_TOPIC`](super::CONTROL_TOPIC) error of a topic that would
+    /// name one of the broker's `amq.` queues (see the module docs).
+    fn control_topic_error(&self, topic: &str) -> Option<PublishError> {
+        control_routing_key(&self.options.exchange, topic)
+            .map(|why| PublishError::control_topic(topic, why))
+    }
+
     /// Routing key, properties and body of `m`, or why it cannot be sent.
     fn prepare(
         &self,
         m: &OutgoingMessage,
         frame_max: usize,
     ) -> Result<(ShortString, BasicProperties, Bytes), PublishError> {
+        if let Some(e) = self.control_topic_error(&m.topic) {
+            return Err(e);
+        }
         let limit = self.max_message_bytes();
         // The envelope's header pairs, its content type and body.
         let (pairs, content_type, body) = self.envelope.properties(m, Binding::Amqp)?;
@@ -549,6 +573,13 @@ impl Sink for RabbitMqSink {
     async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
         if batch.is_empty() {
             return;
+        }
+        // Control topics are refused first: permanent even while the broker is down
+        // (`prepare` refuses them again, so they are never sent).
+        for (i, m) in batch.iter().enumerate() {
+            if let Some(e) = self.control_topic_error(&m.topic) {
+                confirm.set(i, Err(e));
+            }
         }
         let link = match self.link().await {
             Ok(link) => link,
@@ -700,6 +731,17 @@ enum Failure {
     Refused(PublishError),
     /// The broker or the connection failed.
     Broker(lapin::Error),
+}
+
+/// Why publishing with `routing_key` to `exchange` would address the broker's own queues,
+/// if it would: on the default exchange (`""`, or its name `amq.default`) the routing key
+/// is a queue name, and `amq.` queue names are reserved for the broker (server-named
+/// queues, direct reply-to).
+fn control_routing_key(exchange: &str, routing_key: &str) -> Option<&'static str> {
+    let default_exchange = exchange.is_empty() || exchange == "amq.default";
+    (default_exchange && routing_key.starts_with("amq.")).then_some(
+        "on RabbitMQ's default exchange the topic names a queue, and amq. queues are the broker's (server-named queues such as another client's replies, direct reply-to)",
+    )
 }
 
 /// Polls every publish once, in batch order, then awaits them all.
@@ -874,6 +916,26 @@ fn percent_decode(s: &str) -> Option<String> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn amq_queues_are_control_topics_on_the_default_exchange_only() {
+        for exchange in ["", "amq.default"] {
+            for key in [
+                "amq.gen-JzTY20BRgKO-HjmUJj0wLg",
+                "amq.rabbitmq.reply-to",
+                "amq.",
+            ] {
+                assert!(
+                    control_routing_key(exchange, key).is_some(),
+                    "{exchange:?} {key:?}"
+                );
+            }
+            assert!(control_routing_key(exchange, "orders.placed").is_none());
+            assert!(control_routing_key(exchange, "AMQ.gen").is_none());
+        }
+        assert!(control_routing_key("events", "amq.gen-x").is_none());
+        assert!(control_routing_key("amq.topic", "amq.x").is_none());
+    }
 
     #[test]
     fn url_parameters_are_split_off() {

@@ -13,6 +13,17 @@
 //!   none> occurred_at <RFC 3339, microseconds, UTC> headers <JSON object of the stored
 //!   headers (correlation id, trace context, content type, user headers), string values>
 //!   payload <the payload bytes, unchanged>`.
+//! - The stream key is the topic unchanged (no prefix), and the sink writes no other key:
+//!   there is no key of the relay's own a topic could overwrite. A topic that Redis would
+//!   read as more than a name is refused permanently with the code `invalid_topic`,
+//!   before anything is sent and also while the server is down: one with a glob character
+//!   (`*`, `?`, `[`, `]`, `\`: the pattern syntax of `KEYS`, `SCAN … MATCH`, `PSUBSCRIBE`
+//!   and ACL key patterns, <https://redis.io/docs/latest/commands/keys/>,
+//!   <https://redis.io/docs/latest/operate/oss_and_stack/management/security/acl/#key-permissions>),
+//!   which an operator's or consumer's pattern would match as something else, or one with
+//!   a control character (C0, DEL, C1: line breaks split the inline commands of
+//!   `redis-cli` and logs, <https://redis.io/docs/latest/develop/reference/protocol-spec/#inline-commands>).
+//!   Message texts never reach a Redis command as anything but a bulk string.
 //! - The `message_id` field is the consumer's deduplication key: Redis 7.0 (the server
 //!   here) has no idempotent XADD, so a re-publish after a crash between confirmation and
 //!   mark appends a second entry with the same `message_id`.
@@ -285,6 +296,19 @@ impl Sink for RedisStreamsSink {
         pipe.ignore_errors();
         let mut sent = Vec::with_capacity(batch.len());
         for (i, m) in batch.iter().enumerate() {
+            // Refused before anything is sent, and recorded at once: permanent even when
+            // the server cannot be reached below.
+            if let Some(why) = topic_problem(&m.topic) {
+                confirm.set(
+                    i,
+                    Err(PublishError::permanent(format!(
+                        "topic {:?} cannot be a Redis stream key: {why}",
+                        m.topic
+                    ))
+                    .with_code("invalid_topic")),
+                );
+                continue;
+            }
             let size = m.size();
             if size > self.options.max_message_bytes {
                 out[i] = Some(Err(PublishError::permanent(format!(
@@ -300,6 +324,13 @@ impl Sink for RedisStreamsSink {
             let mut conn = match self.connection().await {
                 Ok(c) => c,
                 Err(e) => {
+                    // What was decided without the server stays (a message too large is
+                    // permanent); the rest is unavailable.
+                    for (i, r) in out.into_iter().enumerate() {
+                        if let Some(r) = r {
+                            confirm.set(i, r);
+                        }
+                    }
                     confirm.fail_unset(&e);
                     return;
                 }
@@ -352,6 +383,20 @@ impl Sink for RedisStreamsSink {
 
     fn describe(&self) -> String {
         self.describe.clone()
+    }
+}
+
+/// Why `topic` cannot be a stream key, if it cannot: a glob character (`*`, `?`, `[`,
+/// `]`, `\`) or a control character (see the module docs).
+fn topic_problem(topic: &str) -> Option<&'static str> {
+    if topic.contains(['*', '?', '[', ']', '\\']) {
+        Some(
+            "it contains a glob character (* ? [ ] \\), which KEYS, SCAN MATCH, PSUBSCRIBE and ACL key patterns read as a pattern",
+        )
+    } else if topic.chars().any(char::is_control) {
+        Some("it contains a control character")
+    } else {
+        None
     }
 }
 
@@ -446,6 +491,18 @@ fn parse_url(url: &str) -> Result<(String, RedisStreamsOptions, super::tls::TlsF
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn glob_and_control_characters_cannot_name_a_stream() {
+        for ok in ["orders.placed", "orders:eu/v1", "a{tag}b", "grüße"] {
+            assert_eq!(topic_problem(ok), None, "{ok}");
+        }
+        for bad in [
+            "o*", "o?", "o[a]", "o]", "o\\x", "a\nb", "a\rb", "a\u{7f}", "a\u{85}",
+        ] {
+            assert!(topic_problem(bad).is_some(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn url_parameters_are_split_off() {
