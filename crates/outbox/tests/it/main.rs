@@ -54,6 +54,7 @@ mod slow_destinations;
 mod sql_enqueue_headers;
 mod sqlite_e2e;
 mod store_outage;
+mod store_outage_log;
 mod store_tls;
 mod tls;
 mod transaction;
