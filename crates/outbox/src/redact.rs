@@ -233,12 +233,13 @@ fn redact_web(u: &url::Url) -> String {
         out.push_str(&format!(":{port}"));
     }
     let mut rest = u.path().to_owned();
-    if let Some(q) = u.query() {
+    // An empty query (`…/in?`) is no query: the same endpoint, the same hash.
+    if let Some(q) = u.query().filter(|q| !q.is_empty()) {
         rest.push('?');
         rest.push_str(q);
     }
     if let Some(f) = u.fragment()
-        && u.query().is_none()
+        && u.query().is_none_or(str::is_empty)
         && is_web_mark(&format!("{}#{f}", u.path()))
     {
         // Already redacted: the same text again.

@@ -891,7 +891,8 @@ mod tests {
                 .unwrap()
                 .describe()
         };
-        let d = slack("http://hooks.slack.com/services/T000/B000/XXXXSECRET?timeout_ms=500").await;
+        let d = slack("http://hooks.slack.com/services/T000/B000/XXXXSECRET?outbox_timeout_ms=500")
+            .await;
         assert!(d.starts_with("webhook http://hooks.slack.com/…#"), "{d}");
         assert!(!d.contains("XXXXSECRET"), "{d}");
         assert_eq!(
