@@ -1699,7 +1699,7 @@ impl Failing {
         );
     }
 
-    /// A store call that began at `began` succeeded: ends the outage, if one was running
+    /// A store call that began at `call_began` succeeded: ends the outage, if one was running
     /// and the call began after it did (a call sent before the first failure proves
     /// nothing about the store now).
     fn recovered(&mut self, call_began: Instant) {
