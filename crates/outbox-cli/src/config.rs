@@ -33,9 +33,13 @@ pub(crate) fn apply_config_file(command: &clap::Command) -> anyhow::Result<()> {
     };
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read config file {}", path.display()))?;
-    let table: toml::Table = text
-        .parse()
-        .with_context(|| format!("config file {} is not valid TOML", path.display()))?;
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        anyhow::anyhow!(
+            "config file {} is not valid TOML: {}",
+            path.display(),
+            toml_error(&text, &e)
+        )
+    })?;
     let known = env_vars(command);
     for (key, value) in table {
         let var = format!("OUTBOX_{}", key.to_ascii_uppercase().replace('-', "_"));
@@ -67,15 +71,17 @@ pub(crate) fn apply_config_file(command: &clap::Command) -> anyhow::Result<()> {
                 .map(|v| match v {
                     toml::Value::String(s) => Ok(s.clone()),
                     other => Err(anyhow::anyhow!(
-                        "config file {}: key {key:?} must list strings, got {other}",
-                        path.display()
+                        "config file {}: key {key:?} must list strings, got a {}",
+                        path.display(),
+                        other.type_str()
                     )),
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?
                 .join(" "),
             other => anyhow::bail!(
-                "config file {}: key {key:?} must be a string, number or boolean, got {other}",
-                path.display()
+                "config file {}: key {key:?} must be a string, number or boolean, got a {}",
+                path.display(),
+                other.type_str()
             ),
         };
         if std::env::var_os(&var).is_none() {
@@ -84,6 +90,35 @@ pub(crate) fn apply_config_file(command: &clap::Command) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Where and why `text` is not TOML: line and column, the key of that line when it has a
+/// plain one, and the parser's reason; never the line's text (the toml crate's own message
+/// quotes it, and the line may hold a password).
+fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let Some(span) = e.span() else {
+        return e.message().to_owned();
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = before[line_start..].chars().count() + 1;
+    let line_text = text[line_start..].lines().next().unwrap_or_default();
+    let key = line_text
+        .split_once('=')
+        .map(|(k, _)| k.trim())
+        .filter(|k| {
+            !k.is_empty()
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        });
+    let mut out = format!("line {line}, column {column}");
+    if let Some(key) = key {
+        out.push_str(&format!(" (key {key:?})"));
+    }
+    out.push_str(": ");
+    out.push_str(e.message().trim());
+    out
 }
 
 /// Every `OUTBOX_*` variable a flag of `command` (or its subcommands) reads.

@@ -405,7 +405,9 @@ impl clap::builder::TypedValueParser for RouteParser {
 }
 
 fn parse_route(s: &str) -> Result<(String, String), String> {
-    let shown = || outbox::redact::redact_url(s);
+    // Without its pattern the text may be a URL whose user name is a token
+    // (`nats://TOKEN@host`): the whole userinfo is hidden.
+    let shown = || outbox::redact::redact_unknown_url(s);
     let (pattern, url) = s
         .split_once('=')
         .ok_or_else(|| format!("route {:?} must be PATTERN=URL", shown()))?;
@@ -545,28 +547,34 @@ where
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
 }
 
-/// The log filter when `OUTBOX_LOG` is unset or empty.
-/// (`sqlx::query` logs slow statements with their SQL text at warn: kept out by default.)
-const DEFAULT_LOG: &str = "info,sqlx=warn,sqlx_core=warn,sqlx::query=error";
+/// The log filter when `OUTBOX_LOG` is unset or empty: the relay's own lines at info;
+/// the libraries' are held to errors by [`QUIET_TARGETS`].
+const DEFAULT_LOG: &str = "info";
 
-/// Client libraries that log message bodies, headers or frames at some level (lapin warns
-/// with a returned message's headers and payload bytes; the others dump packets, frames or
-/// commands at debug and trace), with the most they may log. Appended to every filter,
-/// `OUTBOX_LOG=trace` included, unless the filter names exactly that target itself (an
-/// explicit `OUTBOX_LOG=info,lapin=debug` is the operator's choice; naming one module,
-/// `lapin::channel=trace`, leaves the rest of the crate quiet).
-const QUIET_TARGETS: [(&str, &str); 11] = [
+/// Client libraries and their chatter, with the most they may log: lapin warns with a
+/// returned message's headers and payload bytes, the network clients dump packets, frames
+/// or commands at debug and trace and warn about reconnects the relay reports itself (one
+/// line per outage), and sqlx warns with its statements (`sqlx::query`: slow statements
+/// with their SQL), its pool (`sqlx::pool::acquire`: slow acquires during a database
+/// outage) and its connect options (`sqlx_postgres`: an unrecognized URL parameter with its
+/// value, such as `sslpassword=`). Appended to every filter, `OUTBOX_LOG=trace` included,
+/// unless the filter names exactly that target itself (an explicit
+/// `OUTBOX_LOG=info,lapin=debug` is the operator's choice; naming one module,
+/// `lapin::channel=trace` or `sqlx::query=debug`, leaves the rest of the crate quiet). A
+/// target matches every target it begins (`sqlx` covers `sqlx_core` and `sqlx_postgres`).
+const QUIET_TARGETS: [(&str, &str); 12] = [
     ("lapin", "error"),
     ("amq_protocol", "error"),
-    ("async_nats", "warn"),
-    ("rumqttc", "warn"),
-    ("redis", "warn"),
-    ("reqwest", "warn"),
-    ("hyper", "warn"),
-    ("hyper_util", "warn"),
-    ("h2", "warn"),
-    ("rdkafka", "warn"),
-    ("rustls", "warn"),
+    ("sqlx", "error"),
+    ("async_nats", "error"),
+    ("rumqttc", "error"),
+    ("redis", "error"),
+    ("reqwest", "error"),
+    ("hyper", "error"),
+    ("hyper_util", "error"),
+    ("h2", "error"),
+    ("rdkafka", "error"),
+    ("rustls", "error"),
 ];
 
 /// The `EnvFilter` directives for `OUTBOX_LOG` (or [`DEFAULT_LOG`]) plus [`QUIET_TARGETS`]
@@ -1229,6 +1237,10 @@ mod tests {
             "nats://u:TOPSECRET@127.0.0.1:4222",
             "nats://u:TOPSECRET@127.0.0.1:4222?ca=/x",
             "a..b=nats://u:TOPSECRET@127.0.0.1:4222",
+            // No pattern, and a NATS token as the user name.
+            "nats://TOPSECRET@127.0.0.1:4222",
+            "nats://TOPSECRET@127.0.0.1:4222?x=1",
+            "tls:/TOPSECRET@127.0.0.1:4222",
         ] {
             let Err(e) = super::Cli::try_parse_from(["outbox", "relay", "--route", route]) else {
                 panic!("{route} was accepted");
@@ -1277,21 +1289,22 @@ mod tests {
         let d = log_filter_directives(Some("trace"));
         assert!(d.starts_with("trace,"), "{d}");
         assert!(
-            d.contains(",lapin=error") && d.contains(",rumqttc=warn"),
+            d.contains(",lapin=error") && d.contains(",rumqttc=error"),
             "{d}"
         );
         let d = log_filter_directives(Some("info,lapin=debug"));
         assert!(!d.contains("lapin=error"), "{d}");
-        assert!(d.contains("async_nats=warn"), "{d}");
+        assert!(d.contains("async_nats=error"), "{d}");
         // A module of the target: the rest of the target stays quiet (the most specific
         // directive wins for that module).
         let d = log_filter_directives(Some("lapin::channel[x]=trace"));
         assert!(d.contains("lapin=error"), "{d}");
         let d = log_filter_directives(None);
-        assert!(
-            d.starts_with("info,sqlx=warn,sqlx_core=warn,sqlx::query=error,lapin=error"),
-            "{d}"
-        );
+        assert!(d.starts_with("info,lapin=error"), "{d}");
+        assert!(d.contains(",sqlx=error,"), "{d}");
+        // A module of sqlx named: the rest of sqlx stays quiet.
+        let d = log_filter_directives(Some("info,sqlx::query=debug"));
+        assert!(d.contains(",sqlx=error"), "{d}");
         assert_eq!(
             log_filter_directives(Some("  ")),
             log_filter_directives(None)

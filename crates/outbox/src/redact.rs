@@ -6,9 +6,19 @@
 //!   name, host, port and path are kept, so an operator can still tell destinations apart;
 //! - the value of every query (and fragment) parameter whose name looks like it carries a
 //!   secret ([`is_secret_parameter`]: `password`, `passwd`, `pwd`, `pass`, `token`,
-//!   `secret`, `key`, `apikey`, `sig`, `signature`, `code`, `credential(s)`, and any dotted,
+//!   `secret`, `key`, `apikey`, `sig`, `signature`, `code`, `credential(s)`, `oauthbearer`,
+//!   `jaas`, and any dotted,
 //!   dashed or underscored name with one of them as a part, such as `sasl.password`,
 //!   `access_token` or `api-key`), shown as `***`.
+//!
+//! - for a web (`http`, `https`) URL, a webhook's destination, everything after the
+//!   host and port: chat webhooks carry their secret in the path
+//!   (`https://hooks.slack.com/services/T…/B…/SECRET`, `https://discord.com/api/webhooks/ID/TOKEN`,
+//!   Teams' `…/webhookb2/…/IncomingWebhook/KEY/…`) and others in the query under any name.
+//!   The path and query become `…#` and the first 8 hex digits of their SHA-256
+//!   ([`WEB_PATH_MARK`]), so `https://hooks.slack.com/…#3f2a9c1b`: stable across runs and
+//!   relays, different for different endpoints, and not reversible. A bare host
+//!   (`https://h/`) is shown as is.
 //!
 //! A URL the `url` crate parses is rewritten through it (WHATWG URL parsing: the last `@`
 //! of the authority ends the userinfo, so a password with an unencoded `@` is still hidden
@@ -19,9 +29,13 @@
 //! redacted URL changes nothing.
 
 use percent_encoding::percent_decode_str;
+use sha2::Digest as _;
 
 /// The mask that replaces a secret.
 pub const MASK: &str = "***";
+
+/// What replaces a web URL's path and query, before `#` and their short hash.
+pub const WEB_PATH_MARK: &str = "…";
 
 /// `text` (a sink or database URL, or anything else) with its secrets replaced by
 /// [`MASK`]; see the module docs for what counts as a secret. Never fails: text that is not
@@ -29,6 +43,9 @@ pub const MASK: &str = "***";
 /// the `url` crate's normalisation of a parseable URL, e.g. a lower-case host).
 pub fn redact_url(text: &str) -> String {
     match url::Url::parse(text) {
+        // The whole path is hashed, so an `@` in it (Teams' webhook paths have one) is no
+        // reason to distrust the parse.
+        Ok(u) if is_web(u.scheme()) && !u.cannot_be_a_base() => redact_web(&u),
         // An `@` in the path is most likely a user name or password with a `/` in it
         // (`nats://tok/en@host`), not a path: redact textually (over-redacting is safe).
         Ok(mut u) if !u.cannot_be_a_base() && !u.path().contains('@') => {
@@ -64,7 +81,16 @@ pub fn redact_url(text: &str) -> String {
 /// As [`redact_url`], and without the query and fragment at all. For descriptions that
 /// show options separately, and for URLs whose query belongs to someone else (a webhook
 /// endpoint's parameters may be secrets under any name).
+///
+/// A web (`http`, `https`) URL is shown as by [`redact_url`]: its query is part of the
+/// hash that stands for its path.
 pub fn redact_url_without_query(text: &str) -> String {
+    if text
+        .split_once("://")
+        .is_some_and(|(scheme, _)| is_web(scheme))
+    {
+        return redact_url(text);
+    }
     // The userinfo may contain `?` or `#`: cut only after its last `@`.
     let start = text.rfind('@').map_or(0, |at| at + 1);
     match text[start..].find(['?', '#']) {
@@ -73,8 +99,35 @@ pub fn redact_url_without_query(text: &str) -> String {
     }
 }
 
+/// As [`redact_url`], and the whole userinfo hidden, user name included, however the
+/// scheme is written: for text whose kind is not known, such as a URL under a mistyped
+/// scheme (`nat://TOKEN@host`, `nats+tls:/TOKEN@host`) or a route without its pattern,
+/// where a user name may be a token (NATS's `nats://TOKEN@host`). Everything before the
+/// last `@` after the scheme becomes [`MASK`].
+pub fn redact_unknown_url(text: &str) -> String {
+    let redacted = redact_url(text);
+    let (scheme, rest) = match redacted.split_once(':') {
+        Some((scheme, rest))
+            if scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')) =>
+        {
+            (format!("{scheme}:"), rest)
+        }
+        _ => (String::new(), redacted.as_str()),
+    };
+    let body = rest.trim_start_matches('/');
+    let slashes = &rest[..rest.len() - body.len()];
+    match body.rsplit_once('@') {
+        Some((_, host)) => format!("{scheme}{slashes}{MASK}@{host}"),
+        None => redacted.clone(),
+    }
+}
+
 /// `text` (for example a client library's error message) with every occurrence of `url`,
-/// and of the password `url` carries (as written and percent-decoded, when at least 3
+/// of the password `url` carries and of the values of its secret query parameters
+/// ([`is_secret_parameter`]; each as written and percent-decoded, when at least 3
 /// characters long), replaced by its redacted form. For messages from libraries that may
 /// echo the URL they were given.
 pub fn scrub(text: &str, url: &str) -> String {
@@ -83,9 +136,22 @@ pub fn scrub(text: &str, url: &str) -> String {
     } else {
         text.replace(url, &redact_url(url))
     };
-    if let Some(pw) = password_of(url) {
-        let decoded = percent_decode_str(&pw).decode_utf8_lossy().into_owned();
-        for secret in [pw, decoded] {
+    let mut secrets: Vec<String> = password_of(url).into_iter().collect();
+    // The values of secret-named query parameters, as written (a library may echo one).
+    if let Some((_, query)) = url.split_once('?') {
+        for pair in query.split(['&', '#']) {
+            if let Some((name, value)) = pair.split_once('=')
+                && is_secret_parameter(name)
+            {
+                secrets.push(value.to_owned());
+            }
+        }
+    }
+    for raw in secrets {
+        let decoded = percent_decode_str(&raw.replace('+', " "))
+            .decode_utf8_lossy()
+            .into_owned();
+        for secret in [raw, decoded] {
             if secret.chars().count() >= 3 && secret != MASK {
                 out = out.replace(&secret, MASK);
             }
@@ -95,14 +161,24 @@ pub fn scrub(text: &str, url: &str) -> String {
 }
 
 /// Does a query parameter named `name` carry a secret? True when the name (percent-decoded,
-/// lower-cased) contains `password`, `passwd`, `secret` or `token`, or one of its parts
+/// lower-cased) contains `password`, `passwd`, `secret`, `token`, `oauthbearer` or `jaas`,
+/// or one of its parts
 /// separated by `.`, `_` or `-` is `pass`, `pwd`, `key`, `apikey`, `sig`, `signature`,
 /// `code`, `credential` or `credentials`.
 pub fn is_secret_parameter(name: &str) -> bool {
     let name = percent_decode_str(&name.replace('+', " "))
         .decode_utf8_lossy()
         .to_lowercase();
-    const CONTAINED: [&str; 4] = ["password", "passwd", "secret", "token"];
+    // `oauthbearer` (librdkafka's `sasl.oauthbearer.config` carries the unsecured JWT's
+    // claims or a client secret) and `jaas` (a JAAS configuration with its password).
+    const CONTAINED: [&str; 6] = [
+        "password",
+        "passwd",
+        "secret",
+        "token",
+        "oauthbearer",
+        "jaas",
+    ];
     const PARTS: [&str; 9] = [
         "pass",
         "pwd",
@@ -118,6 +194,71 @@ pub fn is_secret_parameter(name: &str) -> bool {
         || name
             .split(['.', '_', '-', ' '])
             .any(|part| PARTS.contains(&part))
+}
+
+/// `http` or `https`, in any case.
+fn is_web(scheme: &str) -> bool {
+    scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https")
+}
+
+/// `…#` and the first 8 hex digits of the SHA-256 of `rest` (a web URL's path and query).
+fn web_mark(rest: &str) -> String {
+    let digest = sha2::Sha256::digest(rest.as_bytes());
+    let hex: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{WEB_PATH_MARK}#{hex}")
+}
+
+/// Is `rest` (what follows a web URL's authority) already [`web_mark`]'s form?
+fn is_web_mark(rest: &str) -> bool {
+    let rest = rest
+        .strip_prefix("/%E2%80%A6#")
+        .or_else(|| rest.strip_prefix("/…#"));
+    rest.is_some_and(|h| h.len() == 8 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// A parsed web URL: scheme, user name, masked password, host and port, then
+/// [`web_mark`] of the path and query (the fragment is never sent, so it is dropped).
+fn redact_web(u: &url::Url) -> String {
+    let mut out = format!("{}://", u.scheme());
+    if !u.username().is_empty() || u.password().is_some() {
+        out.push_str(u.username());
+        if u.password().is_some() {
+            out.push(':');
+            out.push_str(MASK);
+        }
+        out.push('@');
+    }
+    out.push_str(u.host_str().unwrap_or_default());
+    if let Some(port) = u.port() {
+        out.push_str(&format!(":{port}"));
+    }
+    let mut rest = u.path().to_owned();
+    // An empty query (`…/in?`) is no query: the same endpoint, the same hash.
+    if let Some(q) = u.query().filter(|q| !q.is_empty()) {
+        rest.push('?');
+        rest.push_str(q);
+    }
+    if let Some(f) = u.fragment()
+        && u.query().is_none_or(str::is_empty)
+        && is_web_mark(&format!("{}#{f}", u.path()))
+    {
+        // Already redacted: the same text again.
+        out.push_str(&format!("/{WEB_PATH_MARK}#{f}"));
+        return out;
+    }
+    out.push_str(&web_rest(&rest));
+    out
+}
+
+/// `/` for an empty path and query, else `/` and [`web_mark`] of them.
+fn web_rest(rest: &str) -> String {
+    if rest.is_empty() || rest == "/" {
+        "/".to_owned()
+    } else if is_web_mark(rest) {
+        rest.replace("%E2%80%A6", WEB_PATH_MARK)
+    } else {
+        format!("/{}", web_mark(rest))
+    }
 }
 
 /// The raw (still percent-encoded) password of `url`, if it has one.
@@ -164,6 +305,14 @@ fn redact_text(text: &str) -> String {
         None => (String::new(), text),
     };
     let mut out = prefix;
+    if text.split_once("://").is_some_and(|(s, _)| is_web(s)) {
+        // The host (and port) ends at the first `/`, `?` or `#`; the rest is hashed.
+        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (host, path) = rest.split_at(end);
+        out.push_str(host);
+        out.push_str(&web_rest(path));
+        return out;
+    }
     match rest.split_once('?') {
         None => out.push_str(rest),
         Some((head, q)) => {
@@ -227,6 +376,8 @@ mod tests {
         // A broken IPv6 literal.
         let r = redact_url("http://u:topsecret@[bad/x?token=abc&a=1");
         assert!(!r.contains("topsecret") && !r.contains("abc"), "{r}");
+        assert!(r.starts_with("http://u:***@[bad/…#"), "{r}");
+        let r = redact_url("mqtt://u:topsecret@[bad/x?token=abc&a=1");
         assert!(r.ends_with("?token=***&a=1"), "{r}");
         // Redacting twice changes nothing.
         let once = redact_url("amqp://user:p@ss@broker/v?password=x");
@@ -240,8 +391,8 @@ mod tests {
             "kafka://b1:9092?sasl.password=***&message_timeout_ms=5"
         );
         assert_eq!(
-            redact_url("https://hooks.example.com/in?access_token=abc&x=1#sig=zz"),
-            "https://hooks.example.com/in?access_token=***&x=1#sig=***"
+            redact_url("wss://broker.example.com/mqtt?access_token=abc&x=1#sig=zz"),
+            "wss://broker.example.com/mqtt?access_token=***&x=1#sig=***"
         );
         assert_eq!(
             redact_url("postgres://h/db?sslmode=require&password=pw"),
@@ -309,7 +460,7 @@ mod tests {
         assert_eq!(redact_url(""), "");
         assert_eq!(redact_url("not a url"), "not a url");
         assert_eq!(redact_url("file:/tmp/out.jsonl"), "file:/tmp/out.jsonl");
-        assert_eq!(redact_url("http://h"), "http://h");
+        assert_eq!(redact_url("http://h"), "http://h/");
         // A `?` in the password.
         let r = redact_url("redis://u:pa?ss@h:6379");
         assert_eq!(r, "redis://u:***@h:6379");
@@ -324,14 +475,119 @@ mod tests {
     #[test]
     fn queries_can_be_dropped() {
         assert_eq!(
-            redact_url_without_query("https://user:pw@hooks.example.com:8443/in?code=abc#x"),
-            "https://user:***@hooks.example.com:8443/in"
+            redact_url_without_query("tcp://user:pw@broker.example.com:8443/in?code=abc#x"),
+            "tcp://user:***@broker.example.com:8443/in"
         );
-        assert_eq!(redact_url_without_query("http://h/p"), "http://h/p");
+        // A web URL's query is part of the hash, as in `redact_url`.
+        let r = redact_url_without_query("https://user:pw@hooks.example.com:8443/in?code=abc#x");
+        assert_eq!(
+            r,
+            redact_url("https://user:pw@hooks.example.com:8443/in?code=abc")
+        );
+        assert!(
+            r.starts_with("https://user:***@hooks.example.com:8443/…#"),
+            "{r}"
+        );
+        assert_eq!(redact_url_without_query("http://h/"), "http://h/");
         assert_eq!(
             redact_url_without_query("mqtt://u:p?w#d@h:1883?client_id=x"),
             "mqtt://u:***@h:1883"
         );
+    }
+
+    /// The secret part of each chat webhook form, and the URL.
+    const WEBHOOKS: [(&str, &str); 4] = [
+        (
+            "XXXXSECRET",
+            "https://hooks.slack.com/services/T000/B000/XXXXSECRET",
+        ),
+        ("TOKEN", "https://discord.com/api/webhooks/123/TOKEN"),
+        (
+            "0123abcdKEY",
+            "https://contoso.webhook.office.com/webhookb2/0a1b-guid@2c3d-guid/IncomingWebhook/0123abcdKEY/4e5f-guid",
+        ),
+        (
+            "chat-key-XYZ",
+            "https://chat.googleapis.com/v1/spaces/S/messages?key=chat-key-XYZ&token=t",
+        ),
+    ];
+
+    #[test]
+    fn webhook_paths_become_a_stable_short_hash() {
+        for (secret, url) in WEBHOOKS {
+            for r in [redact_url(url), redact_url_without_query(url)] {
+                assert!(!r.contains(secret), "{url} -> {r}");
+                let (head, hash) = r.split_once("/…#").unwrap_or_else(|| panic!("{r}"));
+                assert!(url.starts_with(head), "{url} -> {r}");
+                assert_eq!(head.matches('/').count(), 2, "only scheme://host: {r}");
+                assert!(hash.len() == 8 && hash.bytes().all(|b| b.is_ascii_hexdigit()));
+                // Stable, and idempotent.
+                assert_eq!(redact_url(url), r);
+                assert_eq!(redact_url(&r), r);
+                assert_eq!(redact_url_without_query(&r), r);
+            }
+        }
+        assert_eq!(
+            redact_url("https://hooks.slack.com/services/T000/B000/XXXXSECRET"),
+            format!(
+                "https://hooks.slack.com/…#{}",
+                &format!(
+                    "{:x}",
+                    sha2::Sha256::digest(b"/services/T000/B000/XXXXSECRET")
+                )[..8]
+            )
+        );
+        // Different endpoints on one host stay apart; the password is masked; the port kept.
+        let a = redact_url("https://u:pw@hooks.example.com:8443/a");
+        let b = redact_url("https://u:pw@hooks.example.com:8443/b");
+        assert_ne!(a, b);
+        assert!(
+            a.starts_with("https://u:***@hooks.example.com:8443/…#"),
+            "{a}"
+        );
+        // A bare host has nothing to hide; upper-case schemes are web URLs too.
+        assert_eq!(
+            redact_url("https://hooks.example.com"),
+            "https://hooks.example.com/"
+        );
+        assert!(!redact_url("HTTPS://h/x/TOKEN").contains("TOKEN"));
+        // Unparseable web URLs are cut at the host textually.
+        let r = redact_url("https://u:p/w@hooks.slack.com/services/T/B/XXXXSECRET");
+        assert!(r.starts_with("https://u:***@hooks.slack.com/…#"), "{r}");
+        assert!(!r.contains("XXXXSECRET"), "{r}");
+    }
+
+    #[test]
+    fn unknown_urls_hide_the_whole_userinfo() {
+        for (url, shown) in [
+            (
+                "nat://user:TOKEN1@127.0.0.1:4222",
+                "nat://***@127.0.0.1:4222",
+            ),
+            ("nat://TOKEN1@127.0.0.1:4222", "nat://***@127.0.0.1:4222"),
+            (
+                "nats+tls:/TOKEN1@127.0.0.1:4222",
+                "nats+tls:/***@127.0.0.1:4222",
+            ),
+            ("nats:TOKEN1@h", "nats:***@h"),
+            ("TOKEN1@h:4222", "***@h:4222"),
+            ("nats://TOKEN1@h?x=1", "nats://***@h?x=1"),
+            ("ftp://host/x", "ftp://host/x"),
+            ("stdout", "stdout"),
+        ] {
+            assert_eq!(redact_unknown_url(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn kafka_oauth_and_jaas_settings_are_secrets() {
+        let url = "kafka://b:9092?kafka.sasl.oauthbearer.config=principal%3Dx%20s3cr3t\
+                   &kafka.sasl.jaas.config=pw&kafka.acks=all";
+        let r = redact_url(url);
+        assert!(!r.contains("s3cr3t") && !r.contains("=pw"), "{r}");
+        assert!(r.contains("kafka.acks=all"), "{r}");
+        let s = scrub("property value principal=x s3cr3t is invalid", url);
+        assert!(!s.contains("s3cr3t"), "{s}");
     }
 
     #[test]

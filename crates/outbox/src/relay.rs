@@ -886,9 +886,20 @@ impl Relay {
                         })
                         .collect(),
                 };
-                if let Err(e) = self.store.heartbeat(&beat).await {
-                    crate::metrics::store_error("heartbeat");
-                    tracing::debug!(error = %e, "writing the relay's registry row failed; next try in {interval:?}");
+                let began = Instant::now();
+                match self.store.heartbeat(&beat).await {
+                    Ok(()) => self.lock_failing().recovered(began),
+                    Err(e) => {
+                        crate::metrics::store_error("heartbeat");
+                        if e.is_transient() {
+                            self.lock_failing().store_error(
+                                "writing the relay's registry row",
+                                &e,
+                                began,
+                            );
+                        }
+                        tracing::debug!(error = %e, "writing the relay's registry row failed; next try in {interval:?}");
+                    }
                 }
             }
             if now >= next_pause {
@@ -1172,7 +1183,7 @@ impl Relay {
             let claim = match self.store.claim(&request).await {
                 Ok(c) => {
                     crate::metrics::seconds(crate::metrics::CLAIM_DURATION, began.elapsed());
-                    self.lock_failing().recovered();
+                    self.lock_failing().recovered(began);
                     c
                 }
                 Err(e) => {
@@ -1453,6 +1464,7 @@ impl Relay {
             let sent = Instant::now();
             match self.store.renew(token, &ids, lease).await {
                 Ok(held) => {
+                    self.lock_failing().recovered(sent);
                     add(&self.counters.lease_renewals, 1);
                     crate::metrics::add(crate::metrics::LEASE_RENEWALS, 1);
                     held_since = sent;
@@ -1473,7 +1485,11 @@ impl Relay {
                     add(&self.counters.store_retries, 1);
                     crate::metrics::store_error("renew");
                     let left = (held_since + lease).saturating_duration_since(Instant::now());
-                    tracing::warn!(error = %e, lease_left = ?left, "renewing the lease failed; retrying");
+                    // Part of the store's outage (logged when it begins and ends); a lease
+                    // that runs out is logged where the batch stops.
+                    self.lock_failing()
+                        .store_error("renewing a lease", &e, sent);
+                    tracing::debug!(error = %e, lease_left = ?left, "renewing the lease failed; retrying");
                     if left <= every {
                         return;
                     }
@@ -1606,17 +1622,25 @@ impl Relay {
     {
         let mut delay = Duration::from_millis(50);
         loop {
+            let began = Instant::now();
             match f().await {
-                Ok(n) => return Some(n),
+                Ok(n) => {
+                    self.lock_failing().recovered(began);
+                    return Some(n);
+                }
                 Err(e) if e.is_transient() && Instant::now() + delay < deadline => {
                     add(&self.counters.store_retries, 1);
                     crate::metrics::store_error("settle");
-                    tracing::warn!(error = %e, "{what} failed; retrying");
+                    // Part of the store's outage: logged when it begins and ends.
+                    self.lock_failing().store_error(what, &e, began);
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(2));
                 }
                 Err(e) => {
                     crate::metrics::store_error("settle");
+                    if e.is_transient() {
+                        self.lock_failing().store_error(what, &e, began);
+                    }
                     tracing::error!(error = %e, "{what} failed; the rows return after their lease");
                     return None;
                 }
@@ -1646,11 +1670,15 @@ fn host_name() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// Capped backoff and rate-limited logging while the store is failing.
+/// The store's outage as this relay sees it, and the claim backoff while it lasts. An
+/// outage runs from the start of the first store call that failed (a claim, a settle, a
+/// lease renewal or a registry heartbeat) to the first call that succeeded after it; it is
+/// logged twice, once when it begins (WARN, with its start) and once when it ends (INFO,
+/// with its start, end and length), never once per retry.
 #[derive(Default)]
 struct Failing {
-    since: Option<Instant>,
-    last_log: Option<Instant>,
+    /// When the outage began: the monotonic instant (for its length) and the wall clock.
+    since: Option<(Instant, chrono::DateTime<chrono::Utc>)>,
     delay: Duration,
 }
 
@@ -1658,32 +1686,49 @@ impl Failing {
     /// A store call that began at `began` failed (the outage is counted from the first
     /// failed call's start, not from when its error arrived).
     fn store_error(&mut self, what: &str, e: &Error, began: Instant) {
-        let now = Instant::now();
-        if self.since.is_none() {
-            self.since = Some(began);
-            self.delay = Duration::from_millis(100);
-        } else {
+        if self.since.is_some() {
             self.delay = (self.delay * 2).min(Duration::from_secs(5));
+            tracing::debug!(error = %e, "store still failing while {what}");
+            return;
         }
-        if self
-            .last_log
-            .is_none_or(|t| now - t >= Duration::from_secs(30))
-        {
-            tracing::warn!(error = %e, "store error while {what}; retrying with backoff");
-            self.last_log = Some(now);
-        }
+        let ago = Instant::now().saturating_duration_since(began);
+        let start = chrono::Utc::now() - chrono::TimeDelta::from_std(ago).unwrap_or_default();
+        self.since = Some((began, start));
+        self.delay = Duration::from_millis(100);
+        tracing::warn!(
+            error = %e,
+            started = %rfc3339(start),
+            "store outage: a store call failed while {what}; retrying with backoff until the store answers"
+        );
     }
 
-    fn recovered(&mut self) {
-        if let Some(since) = self.since.take() {
-            tracing::info!(after = ?since.elapsed(), "store reachable again");
-            self.last_log = None;
+    /// A store call that began at `call_began` succeeded: ends the outage, if one was running
+    /// and the call began after it did (a call sent before the first failure proves
+    /// nothing about the store now).
+    fn recovered(&mut self, call_began: Instant) {
+        if self.since.is_some_and(|(since, _)| call_began >= since)
+            && let Some((began, start)) = self.since.take()
+        {
+            let length = began.elapsed();
+            let end = start + chrono::TimeDelta::from_std(length).unwrap_or_default();
+            tracing::info!(
+                started = %rfc3339(start),
+                ended = %rfc3339(end),
+                length = ?Duration::from_millis(u64::try_from(length.as_millis()).unwrap_or(u64::MAX)),
+                length_ms = u64::try_from(length.as_millis()).unwrap_or(u64::MAX),
+                "store reachable again: the outage is over"
+            );
         }
     }
 
     fn delay(&self) -> Duration {
         self.delay
     }
+}
+
+/// `t` as RFC 3339 with milliseconds, UTC (`2026-12-07T02:53:59.123Z`).
+fn rfc3339(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) {

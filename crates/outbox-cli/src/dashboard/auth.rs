@@ -122,7 +122,9 @@ impl Tokens {
                 let (Some(name), Some(role), Some(secret)) =
                     (parts.next(), parts.next(), parts.next())
                 else {
-                    anyhow::bail!("{origin}: expected name:role:token");
+                    anyhow::bail!(
+                        "{origin}: expected name:role:token (three fields separated by ':'; values not shown)"
+                    );
                 };
                 let name = name.trim();
                 anyhow::ensure!(
@@ -130,13 +132,14 @@ impl Tokens {
                         && name.chars().all(|c| {
                             c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@')
                         }),
-                    "{origin}: the name must be letters, digits, '.', '_', '-' or '@'"
+                    "{origin}: the name (first field) must be letters, digits, '.', '_', '-' or '@' (expected name:role:token)"
                 );
                 let role = match role.trim() {
                     "operator" => Role::Operator,
                     "read" => Role::Read,
-                    other => anyhow::bail!(
-                        "{origin}: role {other:?} is neither \"operator\" nor \"read\""
+                    // Not quoted: with the fields in the wrong order it may be the token.
+                    _ => anyhow::bail!(
+                        "{origin}: the role (second field) is neither \"operator\" nor \"read\" (expected name:role:token; values not shown)"
                     ),
                 };
                 add(name, role, secret.trim(), &origin)?;
@@ -370,7 +373,9 @@ mod tests {
         assert!(t.find(b"0123456789abcdef012").is_none());
         std::fs::write(&file, "dana:boss:0123456789abcdef0123\n").unwrap();
         let e = Tokens::load(&args).map(|_| ()).unwrap_err().to_string();
-        assert!(e.contains("line 1: role \"boss\""), "{e}");
+        // The line and the field, never the value (it may be a token in the wrong place).
+        assert!(e.contains("line 1: the role (second field)"), "{e}");
+        assert!(!e.contains("boss"), "{e}");
         std::fs::write(&file, "# tokens come later\n").unwrap();
         let e = Tokens::load(&args).map(|_| ()).unwrap_err().to_string();
         assert!(e.contains("holds no token"), "{e}");

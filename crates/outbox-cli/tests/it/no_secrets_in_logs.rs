@@ -358,7 +358,8 @@ async fn mqtt_success_and_unreachable() {
 // the query.
 // ---------------------------------------------------------------------------------------
 
-/// Answers every request by its path: `/ok` 200, `/refuse` 422, `/busy` 503.
+/// Answers every request by its path: `/ok…` 200, `/busy` 503, `/echo` 400 with the
+/// request's body echoed back, anything else 422.
 fn http_endpoint() -> u16 {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -384,12 +385,25 @@ fn http_endpoint() -> u16 {
                                 "200 OK"
                             } else if head.starts_with("post /busy") {
                                 "503 Service Unavailable\r\nRetry-After: 1"
+                            } else if head.starts_with("post /echo") {
+                                "400 Bad Request"
                             } else {
                                 "422 Unprocessable Content"
                             };
-                            let reply =
-                                format!("HTTP/1.1 {status}\r\nContent-Length: 7\r\n\r\nnope :(");
-                            if stream.write_all(reply.as_bytes()).is_err() {
+                            // `/echo` answers with the request's body, as some endpoints
+                            // quote what they refuse.
+                            let body: Vec<u8> = if head.starts_with("post /echo") {
+                                buf[end + 4..end + 4 + len].to_vec()
+                            } else {
+                                b"nope :(".to_vec()
+                            };
+                            let mut reply = format!(
+                                "HTTP/1.1 {status}\r\nContent-Length: {}\r\n\r\n",
+                                body.len()
+                            )
+                            .into_bytes();
+                            reply.extend_from_slice(&body);
+                            if stream.write_all(&reply).is_err() {
                                 return;
                             }
                             buf.drain(..end + 4 + len);
@@ -437,4 +451,263 @@ async fn file_sink_writes_the_payload_to_the_file_only() {
     let status = relay_and_check("file", &format!("file:{}", path.display()), &["a.b"]);
     assert_eq!(count(&status, "dispatched"), 1);
     assert!(std::fs::read_to_string(&path).unwrap().contains(PAYLOAD));
+}
+
+// ---------------------------------------------------------------------------------------
+// Secrets outside the sink URL's password: a webhook's path, a refusal echoing the
+// payload, configuration files and mistyped URLs, a database URL's parameters.
+// ---------------------------------------------------------------------------------------
+
+/// Fails when `text` (output of `what`) holds either marker in any rendering.
+fn assert_clean(what: &str, text: &str) {
+    for marker in MARKERS.iter().flat_map(|m| renderings(m)) {
+        assert!(!text.contains(&marker), "{what}: {marker} in:\n{text}");
+    }
+}
+
+/// A database of its own (SQLite, migrated) for one test.
+fn sqlite_db() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("outbox.db").display());
+    let out = outbox(&db).arg("migrate").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (dir, db)
+}
+
+fn enqueue_marked(db: &str, topic: &str) -> serde_json::Value {
+    let payload = format!("{{\"card\":\"{PAYLOAD}\"}}");
+    let out = outbox(db)
+        .args(["enqueue", "--topic", topic, "--payload", &payload])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// One `GET` to 127.0.0.1:`port`: (status, body).
+fn http_get(port: u16, path: &str, token: Option<&str>) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n{auth}\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, text.split_once("\r\n\r\n")?.1.to_owned()))
+}
+
+/// Output of a command, both streams.
+fn both(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A chat-style webhook whose secret is its path (`…/services/T000/B000/SECRET`): the
+/// running relay's logs, `/metrics` (open), `/api/overview` (read-only token) with the
+/// registry rows, `outbox status` and `status --json` show the destination as host and
+/// a hash, never the path.
+#[test]
+fn a_webhook_secret_in_the_path_never_shows() {
+    const READER: &str = "read-token-0123456789abcdef";
+    let port = http_endpoint();
+    let (_dir, db) = sqlite_db();
+    enqueue_marked(&db, "hooks.a");
+    let hook = format!("http://127.0.0.1:{port}/ok/services/T000/B000/{PASS}");
+    let (admin, metrics) = (free_port(), free_port());
+    let mut relay = outbox(&db)
+        .args(["relay", "--route", &format!("hooks.>={hook}")])
+        .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+        .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
+        .env("OUTBOX_ADMIN_READ_TOKEN", READER)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let overview = loop {
+        let o = http_get(admin, "/api/overview", Some(READER))
+            .and_then(|(code, body)| (code == 200).then_some(body))
+            .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
+            .filter(|o| {
+                o["dispatched"] == 1 && o["relays"].as_array().is_some_and(|r| r.len() == 1)
+            });
+        if let Some(o) = o {
+            break o;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "no delivery");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let shown = overview["relays"][0]["sink"].as_str().unwrap().to_owned();
+    assert!(
+        shown.contains(&format!("hooks.>=webhook http://127.0.0.1:{port}/…#")),
+        "{overview}"
+    );
+    let (code, scrape) = http_get(metrics, "/metrics", None).unwrap();
+    assert_eq!(code, 200);
+    assert!(scrape.contains(&format!("127.0.0.1:{port}/…#")), "{scrape}");
+    let status = outbox(&db).arg("status").output().unwrap();
+    let status_json = outbox(&db).args(["status", "--json"]).output().unwrap();
+    let _ = relay.kill();
+    let out = relay.wait_with_output().unwrap();
+    for (what, text) in [
+        ("/api/overview", overview.to_string()),
+        ("/metrics", scrape),
+        ("status", both(&status)),
+        ("status --json", both(&status_json)),
+        ("relay", both(&out)),
+    ] {
+        assert_clean(what, &text);
+    }
+    assert!(both(&status).contains("/…#"), "{}", both(&status));
+}
+
+/// An endpoint that refuses with `400` and quotes the request (the payload) in its body:
+/// the body reaches neither the logs nor `last_error` (`dead list`, `dead show`).
+#[test]
+fn a_refusal_echoing_the_payload_never_shows() {
+    let port = http_endpoint();
+    let (_dir, db) = sqlite_db();
+    let row = enqueue_marked(&db, "hooks.echo");
+    let out = outbox(&db)
+        .args(["relay", "--drain", "--max-attempts", "1"])
+        .args(["--sink", &format!("http://127.0.0.1:{port}/echo")])
+        .output()
+        .unwrap();
+    assert!(matches!(out.status.code(), Some(0 | 3)), "{}", both(&out));
+    assert_clean("relay", &both(&out));
+    let id = row["id"].to_string();
+    let list = outbox(&db)
+        .args(["dead", "list", "--json"])
+        .output()
+        .unwrap();
+    let text = both(&list);
+    assert!(text.contains("400 Bad Request"), "{text}");
+    assert_clean("dead list --json", &text);
+    for args in [
+        vec!["dead", "list"],
+        vec!["dead", "show", &id],
+        vec!["dead", "show", &id, "--json"],
+    ] {
+        let out = outbox(&db).args(&args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", both(&out));
+        assert_clean(&format!("{args:?}"), &both(&out));
+    }
+}
+
+/// A malformed `outbox.toml` whose bad line holds a password, and a tokens file with its
+/// fields in the wrong order: the errors name the line, never its text.
+#[test]
+fn config_and_tokens_file_errors_never_show_their_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("outbox.toml");
+    for text in [
+        format!("schema = \"app\"\npassword = \"hunter2{PASS}\" and more\n"),
+        format!("database-url = \"postgres://app:{PASS}@db/shop\n"),
+        format!("database-url = \"postgres://app@db/shop\"\npassword = [\"{PASS}\", 1]\n"),
+        format!("database-url = {{ password = \"{PASS}\" }}\n"),
+    ] {
+        std::fs::write(&config, &text).unwrap();
+        let out = crate::common::outbox()
+            .args(["--config", config.to_str().unwrap(), "status"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{text}");
+        let shown = both(&out);
+        assert!(shown.contains("outbox.toml"), "{shown}");
+        assert_clean(&format!("config {text:?}"), &shown);
+    }
+    let tokens = dir.path().join("tokens");
+    for line in [
+        format!("alice:{PASS}-0123456789:read"),
+        format!("read:alice:{PASS}-0123456789"),
+        format!("{PASS}-0123456789:alice"),
+        format!("alice:operator:{PASS}-0123456789\nbob:root:{PASS}-0123456789xyz"),
+    ] {
+        std::fs::write(&tokens, &line).unwrap();
+        let out = crate::common::outbox()
+            .env("OUTBOX_DATABASE_URL", "sqlite::memory:")
+            .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
+            .arg("--admin-tokens-file")
+            .arg(&tokens)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{line}");
+        let shown = both(&out);
+        assert!(shown.contains("line "), "{shown}");
+        assert_clean(&format!("tokens file {line:?}"), &shown);
+    }
+}
+
+/// Sink URLs and routes that cannot be used: a NATS token under a mistyped scheme, a route
+/// without its pattern, a mistyped NATS query parameter with a secret value, a Kafka OAuth
+/// configuration. Refused, and the secret is not in the refusal.
+#[test]
+fn refused_sink_urls_never_show_their_secrets() {
+    let (_dir, db) = sqlite_db();
+    let cases: Vec<Vec<String>> = vec![
+        vec!["--sink".into(), format!("nats+tls:/{PASS}@127.0.0.1:4222")],
+        vec!["--sink".into(), format!("nat://user:{PASS}@127.0.0.1:4222")],
+        vec!["--sink".into(), format!("nat://{PASS}@127.0.0.1:4222")],
+        vec!["--route".into(), format!("nats://{PASS}@127.0.0.1:4222")],
+        vec![
+            "--route".into(),
+            format!("nats://{PASS}@127.0.0.1:4222?x=1"),
+        ],
+        vec![
+            "--sink".into(),
+            format!("nats://127.0.0.1:4222?tokne={PASS}"),
+        ],
+        vec![
+            "--sink".into(),
+            format!("nats://127.0.0.1:4222?ca=/x&tokne={PASS}"),
+        ],
+        vec![
+            "--sink".into(),
+            format!("kafka://127.0.0.1:9092?kafka.sasl.oauthbearer.config=principal={PASS}"),
+        ],
+        vec![
+            "--route".into(),
+            format!("a.>=kafka://127.0.0.1:9092?kafka.sasl.oauthbearer.config={PASS}"),
+        ],
+    ];
+    for args in cases {
+        let out = outbox(&db)
+            .arg("relay")
+            .args(&args)
+            .arg("--drain")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert_clean(&format!("{args:?}"), &both(&out));
+    }
+}
+
+/// `sslpassword=` in a PostgreSQL URL (a client key's passphrase): the driver's notice
+/// about the parameter would name its value; at the default log level nothing does.
+#[test]
+fn a_database_url_parameter_never_shows_at_the_default_level() {
+    let url = format!("{}?sslpassword={PASS}", crate::common::PG);
+    let out = crate::common::outbox()
+        .env_remove("OUTBOX_LOG")
+        .env("OUTBOX_DATABASE_URL", &url)
+        .arg("status")
+        .output()
+        .unwrap();
+    assert_clean("status", &both(&out));
 }

@@ -1,8 +1,10 @@
 //! HTTP webhook sink (reqwest): one `POST` per message to a fixed endpoint.
 //!
 //! - URL = the endpoint (`http://` or `https://`, query string kept; userinfo is sent as
-//!   HTTP Basic credentials). `describe()` and error messages show it without the password
-//!   and the query ([`crate::redact::redact_url_without_query`]). Redirects are not followed: a `POST` must not silently become a `GET` elsewhere
+//!   HTTP Basic credentials). `describe()`, metrics labels and error messages show only its
+//!   scheme, user name, host and port, with a short hash for the path and query, which may
+//!   hold the endpoint's secret (`https://hooks.slack.com/…#3f2a9c1b`,
+//!   [`crate::redact::redact_url`]). Redirects are not followed: a `POST` must not silently become a `GET` elsewhere
 //!   (configure the final URL).
 //! - The topic never reaches the URL: every message goes to the one configured endpoint,
 //!   whatever its topic (`../admin`, `?x=`, `@host`, `#` in a topic change nothing), and
@@ -72,8 +74,9 @@
 //!   measures it against this host's clock;
 //! - `409` → transient too: with an `Idempotency-Key` it means "a request with this key is
 //!   still being processed" (the idempotency-key draft, §2.6), which a later retry resolves;
-//! - any other `4xx`, and `3xx` (not followed) → permanent, with the status and at most 200
-//!   bytes of the response body in the error;
+//! - any other `4xx`, and `3xx` (not followed) → permanent, with the status, its reason
+//!   phrase and the length of the response body in the error, never the body itself (an
+//!   endpoint may echo the payload back, and the error reaches logs and `last_error`);
 //! - connection refused, DNS failure, connect timeout, TLS handshake failure → unavailable
 //!   (the endpoint, not the message: the relay gives the attempt back).
 //!
@@ -101,7 +104,7 @@
 use super::{Confirmations, PublishError, Sink, SinkError};
 use crate::cloudevents::{Binding, CloudEvents, EnvelopeFormat, JSON_FORMAT, Mode};
 use crate::message::{OutgoingMessage, header};
-use crate::redact::redact_url_without_query;
+use crate::redact::{redact_url, redact_url_without_query};
 pub use crate::webhook::{SECRET_ENV, SECRET_FILE_ENV, WebhookSecret, WebhookSecretError};
 use async_trait::async_trait;
 use futures::StreamExt as _;
@@ -122,8 +125,10 @@ pub const LATE_CONFIRMATIONS: usize = 10_000;
 /// outstanding ([`super::IN_FLIGHT`]).
 const IN_FLIGHT_RETRY: Duration = Duration::from_secs(1);
 
-/// At most this many bytes of an error response's body go into the error message.
-pub const ERROR_BODY_BYTES: usize = 200;
+/// At most this many bytes of an error response's body are read (and counted, for its
+/// length in the error message); the body itself never goes into the error, since an
+/// endpoint may echo the payload back.
+pub const ERROR_BODY_BYTES: usize = 64 * 1024;
 
 /// Settings of the webhook sink.
 #[derive(Debug, Clone)]
@@ -302,7 +307,9 @@ impl WebhookSink {
             .map_err(|e| open_error(Box::new(e.without_url())))?;
         Ok(WebhookSink {
             client,
-            describe: format!("{}{}", redact_url_without_query(url), envelope.describe()),
+            // The endpoint as requested (outbox's own parameters taken out), so the same
+            // endpoint has the same hash whatever its timeout or TLS settings.
+            describe: format!("{}{}", redact_url(parsed.as_str()), envelope.describe()),
             envelope,
             url: parsed,
             secret: options.secret,
@@ -621,7 +628,7 @@ async fn classify_response(mut resp: reqwest::Response) -> Result<(), PublishErr
                 .unwrap_or_else(chrono::Utc::now);
             let retry_after =
                 header(reqwest::header::RETRY_AFTER).and_then(|v| parse_retry_after(v, server_now));
-            let body = read_prefix(&mut resp, ERROR_BODY_BYTES).await;
+            let body = body_length(&mut resp, ERROR_BODY_BYTES).await;
             let mut message = format!("HTTP {status}");
             if status.is_redirection() {
                 if let Some(loc) = resp
@@ -630,15 +637,20 @@ async fn classify_response(mut resp: reqwest::Response) -> Result<(), PublishErr
                     .and_then(|v| v.to_str().ok())
                 {
                     message.push_str(&format!(
-                        " (redirect to {loc:?} not followed: configure the final URL)"
+                        " (redirect to {:?} not followed: configure the final URL)",
+                        redact_url(loc)
                     ));
                 } else {
                     message.push_str(" (redirect not followed)");
                 }
             }
-            if !body.is_empty() {
-                message.push_str(": ");
-                message.push_str(&body);
+            // The status only: the body may be the payload echoed back.
+            match body {
+                (0, _) => {}
+                (n, false) => message.push_str(&format!(" (response body of {n} bytes not shown)")),
+                (n, true) => {
+                    message.push_str(&format!(" (response body over {n} bytes not shown)"));
+                }
             }
             let code = if status.is_server_error() {
                 "http_5xx"
@@ -662,28 +674,17 @@ async fn classify_response(mut resp: reqwest::Response) -> Result<(), PublishErr
     }
 }
 
-/// At most `limit` bytes of the body, as text: an incomplete trailing UTF-8 sequence is
-/// dropped, invalid bytes become U+FFFD, control characters become spaces.
-async fn read_prefix(resp: &mut reqwest::Response, limit: usize) -> String {
-    let mut buf: Vec<u8> = Vec::new();
-    while buf.len() < limit {
+/// How many bytes of the body there are, reading at most `limit` (so the connection can
+/// be reused); `true` when there were more.
+async fn body_length(resp: &mut reqwest::Response, limit: usize) -> (usize, bool) {
+    let mut read = 0usize;
+    while read <= limit {
         match resp.chunk().await {
-            Ok(Some(c)) => buf.extend_from_slice(&c[..c.len().min(limit - buf.len())]),
-            _ => break,
+            Ok(Some(c)) => read += c.len(),
+            _ => return (read, false),
         }
     }
-    let cut = match std::str::from_utf8(&buf) {
-        Ok(_) => buf.len(),
-        // An error at the very end with no `error_len` is a truncated sequence.
-        Err(e) if e.error_len().is_none() => e.valid_up_to(),
-        Err(_) => buf.len(),
-    };
-    String::from_utf8_lossy(&buf[..cut])
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect::<String>()
-        .trim()
-        .to_owned()
+    (limit, true)
 }
 
 /// `Retry-After` (RFC 9110 §10.2.3): delta-seconds, or an HTTP-date (IMF-fixdate, and the
@@ -1011,9 +1012,27 @@ mod tests {
         )
         .await
         .unwrap();
+        let d = sink.describe();
+        assert!(
+            d.starts_with("webhook https://user:***@hooks.example.com:8443/…#"),
+            "{d}"
+        );
+        assert!(!d.contains("/in") && !d.contains("abc"), "{d}");
+        // Plain http: nothing is dialled at connect. The path's secret never shows, and
+        // outbox's own parameters do not change the hash.
+        let slack = |url: &'static str| async move {
+            WebhookSink::connect_with(url, WebhookOptions::default())
+                .await
+                .unwrap()
+                .describe()
+        };
+        let d = slack("http://hooks.slack.com/services/T000/B000/XXXXSECRET?outbox_timeout_ms=500")
+            .await;
+        assert!(d.starts_with("webhook http://hooks.slack.com/…#"), "{d}");
+        assert!(!d.contains("XXXXSECRET"), "{d}");
         assert_eq!(
-            sink.describe(),
-            "webhook https://user:***@hooks.example.com:8443/in"
+            d,
+            slack("http://hooks.slack.com/services/T000/B000/XXXXSECRET").await
         );
         let e = WebhookSink::connect_with("http://u:pw@[bad/x?t=1", WebhookOptions::default())
             .await

@@ -231,11 +231,13 @@ pub enum SinkError {
     /// The URL's form is not one this build knows.
     #[error(
         "invalid sink URL {:?}: {reason} (expected stdout, file:PATH, nats://, kafka://, amqp://, redis://, mqtt:// or http(s)://)",
-        crate::redact::redact_url(url)
+        crate::redact::redact_url_without_query(url)
     )]
     InvalidUrl {
         /// The URL, redacted ([`crate::redact::redact_url`]; the message redacts it again,
-        /// whoever built the error).
+        /// whoever built the error, and leaves out its query: a mistyped parameter's value
+        /// may be a secret under a name that does not look like one, so the reason names
+        /// parameters, never their values).
         url: String,
         /// What is wrong with it.
         reason: String,
@@ -640,5 +642,10 @@ pub async fn open(url: &str) -> Result<Box<dyn Sink>, SinkError> {
         #[cfg(not(feature = "http"))]
         return Err(invalid("this build has no http feature"));
     }
-    Err(invalid("unknown scheme"))
+    // A mistyped scheme: what the URL's user name is cannot be known (NATS takes a token
+    // there), so the whole userinfo is hidden.
+    Err(SinkError::InvalidUrl {
+        url: crate::redact::redact_unknown_url(url),
+        reason: "unknown scheme".to_owned(),
+    })
 }

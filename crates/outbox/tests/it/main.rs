@@ -55,6 +55,7 @@ mod slow_destinations;
 mod sql_enqueue_headers;
 mod sqlite_e2e;
 mod store_outage;
+mod store_outage_log;
 mod store_tls;
 mod timeout_after_send;
 mod tls;

@@ -354,9 +354,13 @@ async fn status_codes_map_to_ok_transient_and_permanent() {
     let bad = by_topic["t.bad"].clone().unwrap_err();
     assert_eq!(bad.kind, ErrorKind::Permanent);
     assert!(bad.message.contains("400"), "{bad}");
-    let shown = bad.message.split_once(": ").unwrap().1;
-    assert!(shown.starts_with("bad request: xxx"), "{bad}");
-    assert_eq!(shown.len(), 200, "at most 200 bytes of the body: {shown:?}");
+    // The status and the body's length, never the body (it may echo the payload).
+    assert!(!bad.message.contains("bad request"), "{bad}");
+    assert!(
+        bad.message
+            .ends_with("400 Bad Request (response body of 413 bytes not shown)"),
+        "{bad}"
+    );
     assert_eq!(bad.retry_after, None);
     assert_eq!(
         by_topic["t.gone"].clone().unwrap_err().kind,
@@ -669,8 +673,9 @@ async fn relay_quarantines_a_400_after_one_attempt() {
     for r in db.rows().await {
         assert_eq!((r.status, r.attempts), (3, 1), "{r:?}");
         let err = r.last_error.unwrap();
+        // The status and the body's length; the body itself may be the payload.
         assert!(
-            err.contains("400") && err.contains("schema violation"),
+            err.contains("400 Bad Request") && err.contains("16 bytes") && !err.contains("schema"),
             "{err}"
         );
     }
