@@ -1525,12 +1525,12 @@ impl Store for MySqlStore {
             .bind(i64::try_from(self.inner.config.max_message_bytes).unwrap_or(i64::MAX))
             .execute(&mut *conn)
             .await?;
-            let unset: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-                "SELECT pattern FROM {p}_topic_pauses WHERE regex IS NULL"
+            let stored: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT pattern FROM {p}_topic_pauses"
             )))
             .fetch_all(&mut *conn)
             .await?;
-            for (pattern, regex) in super::pause_regexes(unset) {
+            for (pattern, regex) in super::pause_regexes(stored) {
                 sqlx::query(AssertSqlSafe(format!(
                     "UPDATE {p}_topic_pauses SET regex = ? WHERE pattern = ?"
                 )))
