@@ -55,7 +55,8 @@ pub(crate) async fn pause_switch_is_kept_on_the_database_clock<B: Backend>() {
 /// matched literally in SQL (quotes, backslashes, `LIKE` and regex metacharacters, `<`,
 /// which SQLite's `regex` crate would read as a word boundary were it escaped with a
 /// backslash), each pause holds exactly the topics the pattern matches in the relay
-/// ([`TopicPattern::matches`]), and text shaped like SQL stays a value.
+/// ([`TopicPattern::matches`]), and text shaped like SQL stays a value. The same table
+/// then selects the dead letters of those topics by pattern.
 pub(crate) async fn topic_pause_patterns_hold_the_same_topics_on_every_store<B: Backend>() {
     use outbox::sink::router::TopicPattern;
     let b = B::create("pausetable", DEFAULT_MAX).await;
@@ -140,4 +141,30 @@ pub(crate) async fn topic_pause_patterns_hold_the_same_topics_on_every_store<B: 
     }
     assert!(wrong.is_empty(), "{:?}: {wrong:#?}", B::KIND);
     assert_eq!(store.counts().await.unwrap().pending, topics.len() as i64);
+
+    // The same table selects dead letters by topic (the operator's `--topic`).
+    let c = claim(&store, "r", 1_000, LONG).await;
+    let dead: Vec<outbox::store::Dead> = c
+        .messages
+        .iter()
+        .map(|m| outbox::store::Dead {
+            id: m.id,
+            error: "permanent: table".into(),
+        })
+        .collect();
+    store.quarantine(c.token, &dead).await.unwrap();
+    for (pattern, held) in table {
+        let sel = outbox::store::DeadSelector {
+            topic: Some(TopicPattern::parse(pattern).unwrap()),
+            ..Default::default()
+        };
+        let n = store.count_dead(&sel).await.unwrap();
+        if n != held.len() as u64 {
+            wrong.push(format!(
+                "{pattern:?} selected {n} dead letters, not {}",
+                held.len()
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{:?}: {wrong:#?}", B::KIND);
 }
