@@ -404,6 +404,14 @@ fn api_round_trip(db: &Db) {
     assert_eq!(code, 403);
     let (code, v) = api.post("/api/pause", Some(DANA), &json!({"topic": "ok.>"}));
     assert_eq!(code, 400, "{v}");
+    // A pattern of 33 tokens is refused with its reason, and pauses nothing.
+    let (code, v) = api.post(
+        "/api/pause",
+        Some(DANA),
+        &json!({"topic": vec!["t"; 33].join("."), "reason": "x"}),
+    );
+    assert_eq!(code, 400, "{v}");
+    assert!(error_of(&v).contains("33 tokens, more than 32"), "{v}");
     let (code, v) = api.post(
         "/api/pause",
         Some(DANA),

@@ -250,6 +250,10 @@ fn dead_letters_round_trip_mariadb() {
 #[test]
 fn replay_refuses_broad_or_bad_selections() {
     let db = Db::sqlite();
+    // A 50,000-token pause pattern (PostgreSQL refuses its regex as too complex, failing
+    // every claim) and one of 33 short tokens.
+    let huge_pattern = vec!["*"; 50_000].join(".");
+    let many_tokens = vec!["t"; 33].join(".");
     run_ok(db.cmd().arg("migrate"));
     // 1,001 dead rows, written as SQL.
     let sql = (0..1_001)
@@ -374,6 +378,14 @@ fn replay_refuses_broad_or_bad_selections() {
         (
             vec!["pause", "--topic", "a.\u{1b}[31m", "--reason", "x"],
             "control characters",
+        ),
+        (
+            vec!["pause", "--topic", huge_pattern.as_str(), "--reason", "x"],
+            "longer than the 255 bytes",
+        ),
+        (
+            vec!["pause", "--topic", many_tokens.as_str(), "--reason", "x"],
+            "33 tokens, more than 32",
         ),
         (vec!["dead", "list", "--limit", "0"], "0 is not in 1.."),
         (

@@ -58,7 +58,18 @@ use futures::future::join_all;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
-/// A topic pattern (see the module docs).
+/// Longest topic pattern accepted, in bytes: [`crate::message::MAX_TOPIC_BYTES`]. Each
+/// token of a pattern matches at least as many bytes as it has, so a longer pattern could
+/// match no topic at all.
+pub const MAX_PATTERN_BYTES: usize = crate::message::MAX_TOPIC_BYTES;
+
+/// Most tokens a topic pattern may have. NATS advises keeping subjects to about 16
+/// tokens; 32 leaves room, and keeps the pattern's regex ([`TopicPattern::regex`]) far
+/// below what PostgreSQL refuses as "too complex" (some thousands of wildcards).
+pub const MAX_PATTERN_TOKENS: usize = 32;
+
+/// A topic pattern (see the module docs): at most [`MAX_PATTERN_BYTES`] bytes and
+/// [`MAX_PATTERN_TOKENS`] tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicPattern {
     text: String,
@@ -69,9 +80,22 @@ impl TopicPattern {
     /// Parses `pattern`.
     ///
     /// # Errors
-    /// A message when a token is empty, or `>` is not the last token, or a token mixes a
-    /// wildcard with other characters.
+    /// A message when the pattern is longer than [`MAX_PATTERN_BYTES`] or has more than
+    /// [`MAX_PATTERN_TOKENS`] tokens, holds whitespace or a control character, a token is
+    /// empty, `>` is not the last token, or a token mixes a wildcard with other characters.
     pub fn parse(pattern: &str) -> Result<Self, String> {
+        if pattern.len() > MAX_PATTERN_BYTES {
+            return Err(format!(
+                "topic pattern is {} bytes, longer than the {MAX_PATTERN_BYTES} bytes a topic may have",
+                pattern.len()
+            ));
+        }
+        let count = pattern.split('.').count();
+        if count > MAX_PATTERN_TOKENS {
+            return Err(format!(
+                "topic pattern has {count} tokens, more than {MAX_PATTERN_TOKENS}"
+            ));
+        }
         if let Some(c) = pattern
             .chars()
             .find(|c| c.is_whitespace() || c.is_control())
@@ -1063,5 +1087,23 @@ mod tests {
         for bad in ["", "a..b", "a.>.b", "a.b*", "a.>x", "."] {
             assert!(TopicPattern::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// Length and token count are bounded, so no pattern's regex is too complex for a
+    /// store; the largest accepted ones parse.
+    #[test]
+    fn patterns_are_bounded_in_length_and_tokens() {
+        let tokens = |n: usize, t: &str| vec![t; n].join(".");
+        let e = TopicPattern::parse(&tokens(50_000, "*")).unwrap_err();
+        assert!(e.contains("longer than the 255"), "{e}");
+        let e = TopicPattern::parse(&"a".repeat(256)).unwrap_err();
+        assert!(e.contains("256 bytes"), "{e}");
+        assert!(TopicPattern::parse(&"a".repeat(255)).is_ok());
+        let e = TopicPattern::parse(&tokens(33, "*")).unwrap_err();
+        assert!(e.contains("33 tokens, more than 32"), "{e}");
+        assert!(TopicPattern::parse(&tokens(32, "*")).is_ok());
+        let long_tokens = tokens(32, &"x".repeat(7));
+        assert_eq!(long_tokens.len(), 255);
+        assert!(TopicPattern::parse(&long_tokens).is_ok());
     }
 }

@@ -1047,9 +1047,13 @@ pub(crate) fn settled(s: &Settlement, mut changed: Vec<i64>) -> Settled {
     Settled { changed, lost }
 }
 
-/// The regex of each stored topic-pause pattern (for pauses written before the claim
-/// matched them in SQL); a pattern that no longer parses matches nothing (`$^`), so it
-/// pauses nothing and `outbox resume --topic` still removes it.
+/// The regex of each stored topic-pause pattern, written again by every `migrate`: for
+/// pauses written before the claim matched them in SQL, or before the regex's escaping
+/// was what it is now (`<` as `[<]`). A pattern that no longer parses matches nothing
+/// (`$^`), so it pauses nothing and `outbox resume --topic` still removes it: one longer
+/// than [`crate::sink::router::MAX_PATTERN_BYTES`] (accepted before patterns were
+/// bounded) matches no topic anyway, and its regex could be one PostgreSQL refuses as
+/// too complex, failing every claim.
 pub(crate) fn pause_regexes(patterns: Vec<String>) -> Vec<(String, String)> {
     patterns
         .into_iter()

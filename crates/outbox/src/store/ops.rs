@@ -451,7 +451,10 @@ impl TopicPattern {
     /// The pattern as an anchored regular expression over a whole topic, in the syntax
     /// PostgreSQL (`~`), MySQL/MariaDB and SQLite (`REGEXP`, the `regex` crate) share:
     /// `*` is `[^.]+`, a final `>` is `.+`, and every other character is matched
-    /// literally (punctuation escaped).
+    /// literally: ASCII letters, digits, `_` and non-ASCII characters as themselves, `<`
+    /// and `>` as a bracket (`[<]`: the `regex` crate reads `\<` and `\>` as word
+    /// boundaries, PostgreSQL and PCRE as the characters), other punctuation escaped with
+    /// a backslash, which all three read as the character itself.
     pub fn regex(&self) -> String {
         let mut re = String::from("^");
         for (i, t) in self.as_str().split('.').enumerate() {
@@ -465,6 +468,10 @@ impl TopicPattern {
                     for c in lit.chars() {
                         if c.is_ascii_alphanumeric() || !c.is_ascii() || c == '_' {
                             re.push(c);
+                        } else if c == '<' || c == '>' {
+                            re.push('[');
+                            re.push(c);
+                            re.push(']');
                         } else {
                             re.push('\\');
                             re.push(c);
@@ -593,6 +600,7 @@ mod tests {
             ("orders.>", "^orders\\..+$"),
             ("orders.*.v1", "^orders\\.[^.]+\\.v1$"),
             ("a-b+c", "^a\\-b\\+c$"),
+            ("orders.<v2", "^orders\\.[<]v2$"),
         ];
         for (p, re) in cases {
             assert_eq!(TopicPattern::parse(p).unwrap().regex(), re);

@@ -1354,12 +1354,12 @@ impl Store for PgStore {
         .bind(i32::try_from(self.inner.config.max_message_bytes).unwrap_or(i32::MAX))
         .execute(&mut *tx)
         .await?;
-        let unset: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT pattern FROM {s}.topic_pauses WHERE regex IS NULL"
+        let stored: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT pattern FROM {s}.topic_pauses"
         )))
         .fetch_all(&mut *tx)
         .await?;
-        for (pattern, regex) in super::pause_regexes(unset) {
+        for (pattern, regex) in super::pause_regexes(stored) {
             sqlx::query(AssertSqlSafe(format!(
                 "UPDATE {s}.topic_pauses SET regex = $2 WHERE pattern = $1"
             )))

@@ -1154,12 +1154,12 @@ impl Store for SqliteStore {
             .execute(&mut *tx)
             .await?;
         }
-        let unset: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT pattern FROM {p}_topic_pauses WHERE regex IS NULL"
+        let stored: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT pattern FROM {p}_topic_pauses"
         )))
         .fetch_all(&mut *tx)
         .await?;
-        for (pattern, regex) in super::pause_regexes(unset) {
+        for (pattern, regex) in super::pause_regexes(stored) {
             sqlx::query(AssertSqlSafe(format!(
                 "UPDATE {p}_topic_pauses SET regex = ?2 WHERE pattern = ?1"
             )))

@@ -3,7 +3,8 @@
 //! (quarantined at once). Rows that cannot be read as messages, text that is not UTF-8
 //! included, are quarantined as malformed while the rest flows. Oversized messages and
 //! text a store cannot hold are refused at enqueue: see the conformance suite
-//! (`payloads_and_headers_survive_byte_for_byte`).
+//! (`payloads_and_headers_survive_byte_for_byte`). A topic pause stored before patterns
+//! were bounded, too long to match any topic, stops no claim once migrated.
 
 #![allow(clippy::unwrap_used)]
 
@@ -724,4 +725,81 @@ async fn postgres_times_past_the_representable_range_do_not_break_status() {
     let overview = store.overview(10).await.unwrap();
     assert_eq!(overview.due, 1, "{overview:?}");
     assert!(overview.oldest_due_s.is_some_and(|a| a > 100_000_000_000));
+}
+
+/// A topic pause of 50,000 `*` tokens, written as versions without bounds on patterns
+/// wrote it (its pattern and its regex), fails the claim as a whole on PostgreSQL
+/// ("regular expression is too complex") and on SQLite (the `regex` crate's size limit):
+/// nothing is delivered on any topic. `migrate` writes every stored pause's regex again;
+/// such a pattern, longer than any topic, matches nothing, and the other topics flow while
+/// the pause stays listed, to be resumed. (MariaDB's `pattern` column never held more than
+/// 255 characters.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_too_long_for_any_topic_stops_no_claim_after_migrate() {
+    use outbox::store::ClaimRequest;
+    let pattern = vec!["*"; 50_000].join(".");
+    let regex = format!("^{}$", vec!["[^.]+"; 50_000].join("\\."));
+    let request = ClaimRequest {
+        relay_id: "r".into(),
+        batch_size: 10,
+        lease: Duration::from_secs(60),
+        skip_topics: Vec::new(),
+        ordering: Default::default(),
+    };
+
+    // PostgreSQL.
+    let (pg, schema) = crate::common::pg_store("hugepause").await;
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {}.topic_pauses (pattern, reason, paused_by, regex) VALUES ($1, 'x', 'old', $2)",
+        schema.name
+    )))
+    .bind(&pattern)
+    .bind(&regex)
+    .execute(pg.pool())
+    .await
+    .unwrap();
+    // SQLite.
+    let (lite, _dir) = crate::common::sqlite_store().await;
+    sqlx::query(
+        "INSERT INTO outbox_topic_pauses (pattern, reason, paused_by, regex, paused_at)
+         VALUES (?1, 'x', 'old', ?2, 0)",
+    )
+    .bind(&pattern)
+    .bind(&regex)
+    .execute(lite.pool())
+    .await
+    .unwrap();
+
+    let stores: [(&str, Arc<dyn outbox::Store>); 2] = [
+        ("PostgreSQL", Arc::new(pg.clone())),
+        ("SQLite", Arc::new(lite.clone())),
+    ];
+    let mut tx = pg.pool().begin().await.unwrap();
+    let m = pg
+        .enqueue(&mut tx, &Message::new("orders.v1", b"{}".to_vec()))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let mut tx = lite.pool().begin().await.unwrap();
+    let l = lite
+        .enqueue(&mut tx, &Message::new("orders.v1", b"{}".to_vec()))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    for ((name, store), id) in stores.iter().zip([m.id, l.id]) {
+        let before = store.claim(&request).await;
+        assert!(
+            before.is_err(),
+            "{name}: the stored regex fails the claim before migrate: {:?}",
+            before.map(|c| c.messages.len())
+        );
+        store.migrate().await.unwrap();
+        let c = store.claim(&request).await.unwrap();
+        let ids: Vec<i64> = c.messages.iter().map(|m| m.id).collect();
+        assert_eq!(ids, vec![id], "{name}: the other topic flows after migrate");
+        let p = store.pause_state().await.unwrap();
+        assert_eq!(p.topics.len(), 1, "{name}: the pause stays listed");
+        assert!(store.resume_topic(&pattern).await.unwrap(), "{name}");
+    }
 }

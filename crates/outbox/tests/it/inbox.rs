@@ -3,7 +3,7 @@
 //! application pool at the server's default `REPEATABLE READ`) and SQLite (a temp file).
 //!
 //! Each test runs one body of cases ([`suite`]): a race of two consumer transactions per
-//! message id, repeated; a duplicate after processing with a follow-up enqueued under
+//! message id, repeated; three consumer transactions on one id whose first rolls back; a duplicate after processing with a follow-up enqueued under
 //! `follow_up_id`; a rolled-back consumer; the SQL entry point; the purge by age in
 //! batches; and accept + commit latency (printed, not asserted: run with `--no-capture`).
 
@@ -120,6 +120,20 @@ trait Harness: Send + Sync + 'static {
 
     /// An invalid consumer name refused before SQL, with the transaction still usable.
     async fn refuses_bad_consumer(&self, consumer: &str) -> bool;
+
+    /// The SQL entry point inside the consumer's transaction `tx`: `Ok(true)` when fresh.
+    async fn sql_accept_in(
+        &self,
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
+        consumer: &str,
+        id: Uuid,
+    ) -> Result<bool, String>;
+
+    /// Returns once `n` transactions wait for a row lock on the inbox (PostgreSQL and
+    /// MariaDB read the server's lock waits; SQLite has one writer, whose waiters show
+    /// nowhere: a pause lets them reach the busy handler, and the case's outcome is the
+    /// same in any order).
+    async fn wait_for_inbox_waiters(&self, n: i64);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -128,6 +142,7 @@ trait Harness: Send + Sync + 'static {
 
 async fn suite<H: Harness>(h: Arc<H>) {
     race(&h).await;
+    three_consumers_after_a_rollback(&h).await;
     duplicate_after_processing(&h).await;
     rolled_back_consumer(&h).await;
     h.use_after_duplicate("after-dup", Uuid::now_v7()).await;
@@ -205,6 +220,89 @@ async fn race<H: Harness>(h: &Arc<H>) {
         "one business row per id"
     );
     assert_eq!(h.inbox_rows("race").await, n as i64);
+}
+
+/// Three consumer transactions on one message id: the first accepts it (fresh) and holds
+/// its uncommitted row while the two others wait on it, then rolls back. Of the two
+/// waiters exactly one is fresh and the other a duplicate, neither gets an error (on
+/// InnoDB, two waiters each holding a shared lock on the key and both wanting it
+/// exclusive would be a deadlock), and one business row remains. Repeated, through the
+/// library's accept and through the SQL entry point.
+async fn three_consumers_after_a_rollback<H: Harness>(h: &Arc<H>) {
+    for via_sql in [false, true] {
+        let mut errors = Vec::new();
+        for round in 0..30 {
+            let id = Uuid::now_v7();
+            let consumer = format!("three-{via_sql}");
+            let mut first = h.consumer_pool().begin().await.unwrap();
+            let fresh = if via_sql {
+                h.sql_accept_in(&mut first, &consumer, id).await.unwrap()
+            } else {
+                use outbox::inbox::Inbox as _;
+                h.typed()
+                    .accept_in(&mut first, &consumer, &id)
+                    .await
+                    .unwrap()
+                    .is_fresh()
+            };
+            assert!(fresh, "the first accept of {id} is fresh");
+            let waiters: Vec<_> = (0..2)
+                .map(|_| {
+                    let h = h.clone();
+                    let consumer = consumer.clone();
+                    tokio::spawn(async move {
+                        let mut tx = h.consumer_pool().begin().await.map_err(|e| e.to_string())?;
+                        let fresh = if via_sql {
+                            h.sql_accept_in(&mut tx, &consumer, id).await?
+                        } else {
+                            use outbox::inbox::Inbox as _;
+                            h.typed()
+                                .accept_in(&mut tx, &consumer, &id)
+                                .await
+                                .map_err(|e| e.to_string())?
+                                .is_fresh()
+                        };
+                        if fresh {
+                            h.insert_business(&mut tx, id, &consumer)
+                                .await
+                                .map_err(|e| e.to_string())?;
+                        }
+                        tx.commit().await.map_err(|e| e.to_string())?;
+                        Ok::<bool, String>(fresh)
+                    })
+                })
+                .collect();
+            h.wait_for_inbox_waiters(2).await;
+            first.rollback().await.unwrap();
+            let mut outcomes = Vec::new();
+            for w in waiters {
+                match w.await.unwrap() {
+                    Ok(fresh) => outcomes.push(fresh),
+                    Err(e) => errors.push(format!("round {round}, {id}: {e}")),
+                }
+            }
+            if outcomes.len() == 2 {
+                outcomes.sort_unstable();
+                assert_eq!(
+                    outcomes,
+                    vec![false, true],
+                    "{id}: one fresh, one duplicate"
+                );
+                assert_eq!(h.business_of(id).await, 1, "{id}: one business row");
+            }
+        }
+        assert!(
+            errors.is_empty(),
+            "{} ({}): {} of 30 rolled-back ids raised an error: {errors:?}",
+            H::NAME,
+            if via_sql {
+                "SQL entry point"
+            } else {
+                "accept_in"
+            },
+            errors.len()
+        );
+    }
 }
 
 /// A duplicate arriving after processing does nothing; the follow-up enqueued under
@@ -508,6 +606,42 @@ impl Harness for Pg {
         .map_err(|e| e.to_string())
     }
 
+    async fn sql_accept_in(
+        &self,
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
+        consumer: &str,
+        id: Uuid,
+    ) -> Result<bool, String> {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT {}.inbox_accept($1, $2)",
+            self.s()
+        )))
+        .bind(consumer)
+        .bind(id)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(|e| e.to_string())
+    }
+
+    async fn wait_for_inbox_waiters(&self, n: i64) {
+        let like = format!("%{}.inbox%", self.s());
+        for _ in 0..2_000 {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND query LIKE $1",
+            )
+            .bind(&like)
+            .fetch_one(self.store.pool())
+            .await
+            .unwrap();
+            if waiting >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("{n} inbox lock waiters never showed");
+    }
+
     async fn refuses_bad_consumer(&self, consumer: &str) -> bool {
         let mut tx = self.store.pool().begin().await.unwrap();
         let r = self
@@ -664,6 +798,54 @@ impl Harness for My {
         .map_err(|e| e.to_string())?;
         let fresh: i64 = row.try_get("fresh").map_err(|e| e.to_string())?;
         Ok(fresh == 1)
+    }
+
+    async fn sql_accept_in(
+        &self,
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
+        consumer: &str,
+        id: Uuid,
+    ) -> Result<bool, String> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "CALL {}_inbox_accept(?, ?)",
+            self.p()
+        )))
+        .bind(consumer)
+        .bind(id.hyphenated().to_string())
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(|e| e.to_string())?;
+        let fresh: i64 = row.try_get("fresh").map_err(|e| e.to_string())?;
+        Ok(fresh == 1)
+    }
+
+    async fn wait_for_inbox_waiters(&self, n: i64) {
+        // Sessions inside an accept of this prefix (the first transaction is idle):
+        // waiting on the row (InnoDB) or on the id's inbox lock (a user lock).
+        let like = format!("%{}%", self.p());
+        for _ in 0..2_000 {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.PROCESSLIST
+                 WHERE COMMAND <> 'Sleep' AND STATE IN ('Update', 'User lock')
+                   AND INFO LIKE ?",
+            )
+            .bind(&like)
+            .fetch_one(&self.app)
+            .await
+            .unwrap();
+            if waiting >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let seen: Vec<(String, String)> = sqlx::query_as(
+            "SELECT CAST(COALESCE(STATE, '') AS CHAR), CAST(COALESCE(INFO, '') AS CHAR)
+             FROM information_schema.PROCESSLIST WHERE COMMAND <> 'Sleep'",
+        )
+        .fetch_all(&self.app)
+        .await
+        .unwrap();
+        panic!("{n} inbox lock waiters never showed: {seen:?}");
     }
 
     async fn refuses_bad_consumer(&self, consumer: &str) -> bool {
@@ -826,6 +1008,33 @@ impl Harness for Lite {
             .map_err(|e| e.to_string())?;
         tx.commit().await.map_err(|e| e.to_string())?;
         Ok(changes == 1)
+    }
+
+    /// The documented plain statement and `changes()`, in the consumer's transaction.
+    async fn sql_accept_in(
+        &self,
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
+        consumer: &str,
+        id: Uuid,
+    ) -> Result<bool, String> {
+        sqlx::query(
+            "INSERT INTO outbox_inbox (consumer, message_id) VALUES (?1, ?2)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(id.hyphenated().to_string())
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| e.to_string())?;
+        let changes: i64 = sqlx::query_scalar("SELECT changes()")
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(changes == 1)
+    }
+
+    async fn wait_for_inbox_waiters(&self, _n: i64) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
     async fn refuses_bad_consumer(&self, consumer: &str) -> bool {

@@ -367,6 +367,7 @@ macro_rules! conformance_cases {
             dead_letters_are_listed_replayed_and_audited,
             relay_registry_heartbeats_and_expires,
             topic_pauses_hold_only_matching_topics,
+            topic_pause_patterns_hold_the_same_topics_on_every_store,
             overview_counts_due_expired_and_topics,
             a_deleting_settle_removes_only_confirmed_rows,
             an_unmigrated_store_is_named_not_guessed,
