@@ -66,11 +66,18 @@ pub const ORDERED_BLOCKED_KEYS: &str = "outbox_ordered_blocked_keys";
 pub const ORDERED_HELD: &str = "outbox_ordered_held_messages";
 /// Gauge (s): the oldest of them's age, database clock (store sample; 0 when none).
 pub const ORDERED_OLDEST_HELD_AGE: &str = "outbox_ordered_oldest_held_age_seconds";
+/// Gauge (s): the oldest open transaction of another session that holds back the
+/// cleanup of dead row versions (store sample; PostgreSQL and MySQL/MariaDB; 0 when none).
+pub const OLDEST_TRANSACTION_AGE: &str = "outbox_oldest_transaction_age_seconds";
+/// Gauge (transaction ids): the age of the oldest `xmin` holding back cleanup in the
+/// database: sessions, prepared transactions, replication slots (store sample;
+/// PostgreSQL only).
+pub const OLDEST_XMIN_AGE: &str = "outbox_oldest_xmin_age_transactions";
 /// Gauge (one-hot): each destination's `state` (`up`, `down`, `open`).
 pub const DESTINATION_STATE: &str = "outbox_destination_state";
 
 /// Every name above, for documentation checks.
-pub const ALL: [&str; 28] = [
+pub const ALL: [&str; 30] = [
     RELAY_INFO,
     PUBLISHES,
     QUARANTINED,
@@ -99,6 +106,8 @@ pub const ALL: [&str; 28] = [
     ORDERED_OLDEST_HELD_AGE,
     PAUSED,
     DESTINATION_STATE,
+    OLDEST_TRANSACTION_AGE,
+    OLDEST_XMIN_AGE,
 ];
 
 /// Counts `n` messages to `destination` with one publish outcome.
@@ -192,6 +201,18 @@ pub(crate) fn ordering_sample(h: &crate::store::HeldKeys) {
     gauge!(ORDERED_BLOCKED_KEYS).set(h.blocked_keys as f64);
     gauge!(ORDERED_HELD).set(h.held as f64);
     gauge!(ORDERED_OLDEST_HELD_AGE).set(h.oldest_held_age_seconds.unwrap_or(0) as f64);
+}
+
+/// Sets the cleanup horizon gauges from a store sample
+/// ([`crate::store::Store::cleanup_horizon`]); the xmin age only where the store tells it.
+pub(crate) fn horizon_sample(kind: &str, h: &crate::store::CleanupHorizon) {
+    if !matches!(kind, "postgres" | "mysql") {
+        return; // nothing to tell: no gauge rather than a 0 that would mean "none"
+    }
+    gauge!(OLDEST_TRANSACTION_AGE).set(h.oldest.as_ref().map_or(0.0, |t| t.age_s));
+    if let Some(x) = h.xmin_age {
+        gauge!(OLDEST_XMIN_AGE).set(x as f64);
+    }
 }
 
 /// The `messaging_system` label of a sink, from the scheme of its description (the
@@ -327,6 +348,15 @@ pub fn describe() {
     describe_gauge!(
         PAUSED,
         "1 while the global pause switch is on (store sample)."
+    );
+    describe_gauge!(
+        OLDEST_TRANSACTION_AGE,
+        Unit::Seconds,
+        "Age of the oldest open transaction of another session holding back the cleanup of dead row versions; claims slow down while it stays open; 0 when none (store sample; PostgreSQL, MySQL/MariaDB)."
+    );
+    describe_gauge!(
+        OLDEST_XMIN_AGE,
+        "Age in transaction ids of the oldest xmin holding back cleanup: sessions, prepared transactions, replication slots (store sample; PostgreSQL)."
     );
     describe_gauge!(
         DESTINATION_STATE,

@@ -993,6 +993,16 @@ impl Relay {
         if ordering.holds_dead() {
             crate::metrics::ordering_sample(&self.store.held_keys(ordering).await?);
         }
+        // A session that holds back cleanup slows every claim down without an error: the
+        // gauge is the signal (its own failure, e.g. no privilege to read the server's
+        // views, leaves the other gauges alone).
+        match self.store.cleanup_horizon().await {
+            Ok(h) => crate::metrics::horizon_sample(self.store.kind(), &h),
+            Err(e) => {
+                crate::metrics::store_error("sample");
+                tracing::debug!(error = %e, "reading what holds back the store's cleanup failed");
+            }
+        }
         Ok(())
     }
 

@@ -1215,3 +1215,86 @@ fn a_missing_default_ca_matters_only_to_tls_sinks() {
         "{err}"
     );
 }
+
+/// A session with a REPEATABLE READ snapshot held open (psql, idle in transaction) holds
+/// back the cleanup of the outbox's dispatched rows: `status` prints the oldest
+/// transaction's line and `--json` its `cleanup_horizon`, and a relay exports its age as
+/// `outbox_oldest_transaction_age_seconds`. Other tests share the server and may hold
+/// transactions of their own: ages are lower bounds.
+#[test]
+fn a_held_snapshot_shows_in_status_and_metrics() {
+    let db = Db::postgres();
+    run_ok(db.cmd().arg("migrate"));
+    let mut psql = Command::new("psql")
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", PG])
+        .env("PGAPPNAME", "held_snapshot_test")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("psql must be installed");
+    let mut stdin = psql.stdin.take().unwrap();
+    writeln!(
+        stdin,
+        "BEGIN ISOLATION LEVEL REPEATABLE READ;\nSELECT 'held:' || pg_backend_pid();"
+    )
+    .unwrap();
+    let mut line = String::new();
+    let mut out = std::io::BufReader::new(psql.stdout.take().unwrap());
+    while !line.contains("held:") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "psql ended");
+    }
+    let pid: i64 = line.trim().trim_start_matches("held:").parse().unwrap();
+    let began = Instant::now();
+    let held = Duration::from_secs(2);
+    std::thread::sleep(held);
+
+    let text = run_ok(db.cmd().arg("status"));
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("oldest transaction"))
+        .unwrap_or_else(|| panic!("no oldest transaction line:\n{text}"));
+    assert!(line.contains("pid "), "{line}");
+    if line.contains(&format!("pid {pid},")) {
+        assert!(line.contains("application held_snapshot_test"), "{line}");
+        assert!(line.contains("idle in transaction"), "{line}");
+    }
+    let j = db.status();
+    let oldest = &j["cleanup_horizon"]["oldest"];
+    assert!(
+        oldest["age_s"].as_f64().unwrap() >= held.as_secs_f64(),
+        "{j}"
+    );
+    assert!(j["cleanup_horizon"]["xmin_age"].as_i64().is_some(), "{j}");
+
+    let port = free_port();
+    let mut relay = db
+        .cmd()
+        .args([
+            "relay",
+            "--sink",
+            "stdout",
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let scrape = wait_for("the store sample", Duration::from_secs(30), || {
+        let (_, body) = http_get(port, "/metrics")?;
+        sample(&body, "outbox_oldest_transaction_age_seconds", &[]).map(|_| body)
+    });
+    let age = sample(&scrape, "outbox_oldest_transaction_age_seconds", &[]).unwrap();
+    assert!(
+        age >= held.as_secs_f64(),
+        "held {:?}, gauge {age}",
+        began.elapsed()
+    );
+    assert!(sample(&scrape, "outbox_oldest_xmin_age_transactions", &[]).is_some());
+    assert!(scrape.contains("# HELP outbox_oldest_transaction_age_seconds"));
+    sigterm(&relay);
+    relay.wait().unwrap();
+    drop(stdin);
+    psql.wait().unwrap();
+}
