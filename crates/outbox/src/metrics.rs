@@ -73,11 +73,13 @@ pub const OLDEST_TRANSACTION_AGE: &str = "outbox_oldest_transaction_age_seconds"
 /// database: sessions, prepared transactions, replication slots (store sample;
 /// PostgreSQL only).
 pub const OLDEST_XMIN_AGE: &str = "outbox_oldest_xmin_age_transactions";
+/// Counter: heartbeats that found this relay's id held by another live process.
+pub const RELAY_ID_CONFLICTS: &str = "outbox_relay_id_conflicts_total";
 /// Gauge (one-hot): each destination's `state` (`up`, `down`, `open`).
 pub const DESTINATION_STATE: &str = "outbox_destination_state";
 
 /// Every name above, for documentation checks.
-pub const ALL: [&str; 30] = [
+pub const ALL: [&str; 31] = [
     RELAY_INFO,
     PUBLISHES,
     QUARANTINED,
@@ -108,6 +110,7 @@ pub const ALL: [&str; 30] = [
     DESTINATION_STATE,
     OLDEST_TRANSACTION_AGE,
     OLDEST_XMIN_AGE,
+    RELAY_ID_CONFLICTS,
 ];
 
 /// Counts `n` messages to `destination` with one publish outcome.
@@ -282,6 +285,10 @@ pub fn describe() {
     describe_counter!(LEASE_RENEWALS, "Lease renewals of batches still in flight.");
     describe_counter!(STORE_ERRORS, "Store calls that failed, by operation.");
     describe_counter!(PURGE_ROWS, "Dispatched rows deleted by purge.");
+    describe_counter!(
+        RELAY_ID_CONFLICTS,
+        "Heartbeats that found this relay's id held by another live process (two relays under one --relay-id)."
+    );
     describe_counter!(PURGE_RUNS, "Purge batches run.");
     describe_histogram!(
         CLAIM_DURATION,
@@ -369,6 +376,7 @@ pub fn describe() {
         LEASE_RENEWALS,
         PURGE_ROWS,
         PURGE_RUNS,
+        RELAY_ID_CONFLICTS,
     ] {
         counter!(name).absolute(0);
     }
