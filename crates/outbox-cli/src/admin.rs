@@ -1115,6 +1115,75 @@ pub(crate) struct StatusReport {
     pub(crate) due_held: Option<outbox::store::DueHeld>,
     /// The verdict.
     pub(crate) verdict: Verdict,
+    /// What on the database server holds back the cleanup of dead row versions
+    /// ([`Store::cleanup_horizon`]): `None` where the store cannot tell (SQLite), the
+    /// error text where reading it failed (a missing privilege: status goes on).
+    pub(crate) horizon: Option<Result<outbox::store::CleanupHorizon, String>>,
+}
+
+/// An open transaction this old holds back cleanup long enough for claims to slow down
+/// measurably on a busy outbox: `status` says so beside its line (the alert
+/// OutboxCleanupHeldBack fires at 300 s).
+pub(crate) const HORIZON_WARN: Duration = Duration::from_secs(60);
+
+/// The `status` line for what holds back the cleanup, or `None` where the store cannot
+/// tell.
+pub(crate) fn horizon_line(
+    horizon: Option<&Result<outbox::store::CleanupHorizon, String>>,
+) -> Option<String> {
+    let h = match horizon? {
+        Ok(h) => h,
+        Err(e) => {
+            return Some(format!(
+                "oldest transaction  unknown ({}): the server's transaction views are not readable",
+                safe(e)
+            ));
+        }
+    };
+    let mut line = match &h.oldest {
+        None => "oldest transaction  none open in another session".to_owned(),
+        Some(t) => {
+            let mut who = Vec::new();
+            if let Some(pid) = t.pid {
+                who.push(format!("pid {pid}"));
+            }
+            if let Some(u) = &t.user {
+                who.push(format!("user {}", safe(u)));
+            }
+            if let Some(a) = &t.application {
+                who.push(format!("application {}", safe(a)));
+            }
+            if let Some(st) = &t.state {
+                who.push(safe(st));
+            }
+            if let Some(g) = &t.gid {
+                who.push(format!("prepared transaction {}", safe(g)));
+            }
+            let mut l = format!(
+                "oldest transaction  {} ({})",
+                human(t.age_s as i64),
+                who.join(", ")
+            );
+            if t.age_s >= HORIZON_WARN.as_secs_f64() {
+                l.push_str(": holds back cleanup; claims slow down until it ends");
+            }
+            l
+        }
+    };
+    if let Some(x) = h.xmin_age {
+        line.push_str(&format!("; xmin age {} transactions", group(x)));
+    }
+    if let Some((slot, age)) = &h.slot {
+        line.push_str(&format!(
+            "\nreplication slot    {} holds xmin {} transactions back",
+            safe(slot),
+            group(*age)
+        ));
+    }
+    if let Some(n) = h.history_length {
+        line.push_str(&format!("; history list length {}", group(n)));
+    }
+    Some(line)
 }
 
 impl StatusReport {
@@ -1142,7 +1211,14 @@ impl StatusReport {
             None
         };
         let verdict = verdict(&overview, &relays, &pause, &held, due_held.as_ref(), limits);
+        let horizon = match store.kind() {
+            "postgres" | "mysql" => {
+                Some(store.cleanup_horizon().await.map_err(|e| format!("{e:#}")))
+            }
+            _ => None,
+        };
         Ok(StatusReport {
+            horizon,
             overview,
             pause,
             relays,
@@ -1188,6 +1264,11 @@ impl StatusReport {
             "ordered_due_held": self.due_held.as_ref().map(|d| d.held),
             "verdict": self.verdict,
         });
+        match &self.horizon {
+            Some(Ok(h)) => j["cleanup_horizon"] = serde_json::to_value(h)?,
+            Some(Err(e)) => j["cleanup_horizon_error"] = serde_json::Value::from(e.as_str()),
+            None => {}
+        }
         if by_topic {
             j["pending_by_topic"] = serde_json::to_value(&o.pending_by_topic)?;
             j["dead_by_topic"] = serde_json::to_value(&o.dead_by_topic)?;
@@ -1255,6 +1336,10 @@ pub(crate) async fn status(
                 r.in_flight,
                 r.last_seen_ago_s
             ));
+        }
+        if let Some(line) = horizon_line(report.horizon.as_ref()) {
+            t.push('\n');
+            t.push_str(&line);
         }
         for c in &orphaned {
             t.push_str(&format!(

@@ -884,7 +884,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 relay
             };
             let sink = open().await?;
-            let stats = relay(sink).run(cancel.clone()).await?;
+            let stats = match relay(sink).run(cancel.clone()).await {
+                Err(e @ outbox::RelayError::IdTaken { .. }) => {
+                    eprintln!("error: {e}");
+                    return Ok(ExitCode::from(2));
+                }
+                r => r?,
+            };
             if !config.drain {
                 return Ok(ExitCode::SUCCESS);
             }

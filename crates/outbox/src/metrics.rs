@@ -74,11 +74,20 @@ pub const ORDERED_BLOCKED_KEYS: &str = "outbox_ordered_blocked_keys";
 pub const ORDERED_HELD: &str = "outbox_ordered_held_messages";
 /// Gauge (s): the oldest of them's age, database clock (store sample; 0 when none).
 pub const ORDERED_OLDEST_HELD_AGE: &str = "outbox_ordered_oldest_held_age_seconds";
+/// Gauge (s): the oldest open transaction of another session that holds back the
+/// cleanup of dead row versions (store sample; PostgreSQL and MySQL/MariaDB; 0 when none).
+pub const OLDEST_TRANSACTION_AGE: &str = "outbox_oldest_transaction_age_seconds";
+/// Gauge (transaction ids): the age of the oldest `xmin` holding back cleanup in the
+/// database: sessions, prepared transactions, replication slots (store sample;
+/// PostgreSQL only).
+pub const OLDEST_XMIN_AGE: &str = "outbox_oldest_xmin_age_transactions";
+/// Counter: heartbeats that found this relay's id held by another live process.
+pub const RELAY_ID_CONFLICTS: &str = "outbox_relay_id_conflicts_total";
 /// Gauge (one-hot): each destination's `state` (`up`, `down`, `open`).
 pub const DESTINATION_STATE: &str = "outbox_destination_state";
 
 /// Every name above, for documentation checks.
-pub const ALL: [&str; 29] = [
+pub const ALL: [&str; 32] = [
     RELAY_INFO,
     PUBLISHES,
     PUBLISH_TIMEOUTS,
@@ -108,6 +117,9 @@ pub const ALL: [&str; 29] = [
     ORDERED_OLDEST_HELD_AGE,
     PAUSED,
     DESTINATION_STATE,
+    OLDEST_TRANSACTION_AGE,
+    OLDEST_XMIN_AGE,
+    RELAY_ID_CONFLICTS,
 ];
 
 /// Counts `n` messages to `destination` with one publish outcome.
@@ -212,6 +224,18 @@ pub(crate) fn ordering_sample(h: &crate::store::HeldKeys) {
     gauge!(ORDERED_OLDEST_HELD_AGE).set(h.oldest_held_age_seconds.unwrap_or(0) as f64);
 }
 
+/// Sets the cleanup horizon gauges from a store sample
+/// ([`crate::store::Store::cleanup_horizon`]); the xmin age only where the store tells it.
+pub(crate) fn horizon_sample(kind: &str, h: &crate::store::CleanupHorizon) {
+    if !matches!(kind, "postgres" | "mysql") {
+        return; // nothing to tell: no gauge rather than a 0 that would mean "none"
+    }
+    gauge!(OLDEST_TRANSACTION_AGE).set(h.oldest.as_ref().map_or(0.0, |t| t.age_s));
+    if let Some(x) = h.xmin_age {
+        gauge!(OLDEST_XMIN_AGE).set(x as f64);
+    }
+}
+
 /// The `messaging_system` label of a sink, from the scheme of its description (the
 /// OpenTelemetry `messaging.system` names where one exists: `kafka`, `rabbitmq`; else the
 /// sink's own: `nats`, `redis`, `mqtt`, `http`, `file`).
@@ -279,6 +303,10 @@ pub fn describe() {
     describe_counter!(LEASE_RENEWALS, "Lease renewals of batches still in flight.");
     describe_counter!(STORE_ERRORS, "Store calls that failed, by operation.");
     describe_counter!(PURGE_ROWS, "Dispatched rows deleted by purge.");
+    describe_counter!(
+        RELAY_ID_CONFLICTS,
+        "Heartbeats that found this relay's id held by another live process (two relays under one --relay-id)."
+    );
     describe_counter!(PURGE_RUNS, "Purge batches run.");
     describe_histogram!(
         CLAIM_DURATION,
@@ -347,6 +375,15 @@ pub fn describe() {
         "1 while the global pause switch is on (store sample)."
     );
     describe_gauge!(
+        OLDEST_TRANSACTION_AGE,
+        Unit::Seconds,
+        "Age of the oldest open transaction of another session holding back the cleanup of dead row versions; claims slow down while it stays open; 0 when none (store sample; PostgreSQL, MySQL/MariaDB)."
+    );
+    describe_gauge!(
+        OLDEST_XMIN_AGE,
+        "Age in transaction ids of the oldest xmin holding back cleanup: sessions, prepared transactions, replication slots (store sample; PostgreSQL)."
+    );
+    describe_gauge!(
         DESTINATION_STATE,
         "Each destination's state, one-hot: up, down (failing), open (breaker open)."
     );
@@ -357,6 +394,7 @@ pub fn describe() {
         LEASE_RENEWALS,
         PURGE_ROWS,
         PURGE_RUNS,
+        RELAY_ID_CONFLICTS,
     ] {
         counter!(name).absolute(0);
     }

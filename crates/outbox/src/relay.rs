@@ -190,6 +190,24 @@ pub enum RelayError {
     /// The relay's configuration cannot work.
     #[error("invalid relay configuration: {0}")]
     Config(String),
+    /// Another live process already runs a relay under this relay id (the registry has
+    /// its fresh heartbeat): two relays under one id would show as one in `outbox status`
+    /// and their claims (`claimed_by`) could not be told apart. Refused at start; a
+    /// registry row whose process is gone (same host, that pid no longer running, as after
+    /// a `kill -9` and a restart) does not count.
+    #[error(
+        "relay id {relay_id:?} is in use by a live relay on {host} (pid {pid}, heartbeat {seen_ago_s:.1} s ago): give each relay its own --relay-id, or stop that one (a stopped relay's registry row expires 15 s after its last heartbeat)"
+    )]
+    IdTaken {
+        /// The relay id asked for.
+        relay_id: String,
+        /// The host of the process that holds it.
+        host: String,
+        /// Its process id.
+        pid: i64,
+        /// Seconds since its last heartbeat (database clock).
+        seen_ago_s: f64,
+    },
     /// The relay's task panicked (a bug) or was cancelled from outside its handle. What it
     /// had claimed comes back by lease expiry; nothing it confirmed was lost (confirmed
     /// rows it could not mark are published again: at least once).
@@ -726,7 +744,7 @@ impl Relay {
         // Each worker claims, publishes and settles its own batches; SKIP LOCKED keeps
         // their claims apart, and one worker's publish overlaps another's claim and mark.
         crate::metrics::relay_info(&self.store_kind(), &self.router.describe());
-        self.warn_if_id_taken().await;
+        self.refuse_if_id_taken().await?;
         self.health.turned();
         // Parked rows this relay's ordering does not hold come back before the first
         // claim (so a drain sees them due).
@@ -766,25 +784,47 @@ impl Relay {
         Ok(stats)
     }
 
-    /// Warns when a live relay of another process already uses this relay's id: the
-    /// registry would show the two as one, and `claimed_by` could not tell them apart.
-    async fn warn_if_id_taken(&self) {
+    /// Refuses to start when a live relay of another process already uses this relay's
+    /// id ([`RelayError::IdTaken`]). A registry that cannot be read does not stop the
+    /// relay (the heartbeat checks again).
+    async fn refuse_if_id_taken(&self) -> Result<(), RelayError> {
         if self.config.heartbeat_interval.is_zero() {
-            return;
+            return Ok(());
         }
+        let Ok(relays) = self.store.relays(crate::store::RELAY_EXPIRY).await else {
+            return Ok(());
+        };
+        match id_holder(
+            &relays,
+            &self.config.relay_id,
+            &host_name(),
+            std::process::id(),
+        ) {
+            Some(other) => Err(RelayError::IdTaken {
+                relay_id: self.config.relay_id.clone(),
+                host: other.host.clone(),
+                pid: other.pid,
+                seen_ago_s: other.last_seen_ago_s,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// At a heartbeat: logs an ERROR and counts `outbox_relay_id_conflicts_total` when the
+    /// registry row of this relay's id was last written by another live process (two
+    /// relays started under one id at the same moment both passed the start check, or one
+    /// was started with heartbeats off). Both keep running; the operator renames one.
+    async fn check_id_at_heartbeat(&self, host: &str) {
         let Ok(relays) = self.store.relays(crate::store::RELAY_EXPIRY).await else {
             return;
         };
-        let me = (host_name(), i64::from(std::process::id()));
-        if let Some(other) = relays
-            .iter()
-            .find(|r| r.relay_id == self.config.relay_id && (r.host.clone(), r.pid) != me)
-        {
-            tracing::warn!(
+        if let Some(other) = id_holder(&relays, &self.config.relay_id, host, std::process::id()) {
+            crate::metrics::add(crate::metrics::RELAY_ID_CONFLICTS, 1);
+            tracing::error!(
                 relay_id = %self.config.relay_id,
                 other_host = %other.host,
                 other_pid = other.pid,
-                "another live relay uses this relay id: give each relay its own --relay-id (the registry and claimed_by cannot tell them apart)"
+                "another live relay runs under this relay id: the registry shows the two as one and their claims cannot be told apart; give each relay its own --relay-id"
             );
         }
     }
@@ -886,6 +926,7 @@ impl Relay {
                         })
                         .collect(),
                 };
+                self.check_id_at_heartbeat(&host).await;
                 let began = Instant::now();
                 match self.store.heartbeat(&beat).await {
                     Ok(()) => self.lock_failing().recovered(began),
@@ -1006,6 +1047,16 @@ impl Relay {
         let ordering = &self.config.ordering;
         if ordering.holds_dead() {
             crate::metrics::ordering_sample(&self.store.held_keys(ordering).await?);
+        }
+        // A session that holds back cleanup slows every claim down without an error: the
+        // gauge is the signal (its own failure, e.g. no privilege to read the server's
+        // views, leaves the other gauges alone).
+        match self.store.cleanup_horizon().await {
+            Ok(h) => crate::metrics::horizon_sample(self.store.kind(), &h),
+            Err(e) => {
+                crate::metrics::store_error("sample");
+                tracing::debug!(error = %e, "reading what holds back the store's cleanup failed");
+            }
         }
         Ok(())
     }
@@ -1658,6 +1709,26 @@ fn quarantine_reason(error: &str) -> &'static str {
     } else {
         "permanent"
     }
+}
+
+/// The live registry row of `relay_id` that another process wrote, if any: not this
+/// process (`host`, `pid`), and not a process of this host that is gone (a registry row
+/// outlives a `kill -9` by up to its expiry; `/proc` tells whether the pid still runs,
+/// where there is one).
+fn id_holder<'a>(
+    relays: &'a [crate::store::RelayRecord],
+    relay_id: &str,
+    host: &str,
+    pid: u32,
+) -> Option<&'a crate::store::RelayRecord> {
+    let proc_fs = std::path::Path::new("/proc/self").exists();
+    relays.iter().find(|r| {
+        r.relay_id == relay_id
+            && (r.host != host || r.pid != i64::from(pid))
+            && !(r.host == host
+                && proc_fs
+                && !std::path::Path::new(&format!("/proc/{}", r.pid)).exists())
+    })
 }
 
 /// This host's name (`HOSTNAME`, else `/etc/hostname`, else `localhost`).

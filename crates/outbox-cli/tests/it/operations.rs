@@ -1227,3 +1227,243 @@ fn a_missing_default_ca_matters_only_to_tls_sinks() {
         "{err}"
     );
 }
+
+/// A session with a REPEATABLE READ snapshot held open (psql, idle in transaction) holds
+/// back the cleanup of the outbox's dispatched rows: `status` prints the oldest
+/// transaction's line and `--json` its `cleanup_horizon`, and a relay exports its age as
+/// `outbox_oldest_transaction_age_seconds`. Other tests share the server and may hold
+/// transactions of their own: ages are lower bounds.
+#[test]
+fn a_held_snapshot_shows_in_status_and_metrics() {
+    let db = Db::postgres();
+    run_ok(db.cmd().arg("migrate"));
+    let mut psql = Command::new("psql")
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", PG])
+        .env("PGAPPNAME", "held_snapshot_test")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("psql must be installed");
+    let mut stdin = psql.stdin.take().unwrap();
+    writeln!(
+        stdin,
+        "BEGIN ISOLATION LEVEL REPEATABLE READ;\nSELECT 'held:' || pg_backend_pid();"
+    )
+    .unwrap();
+    let mut line = String::new();
+    let mut out = std::io::BufReader::new(psql.stdout.take().unwrap());
+    while !line.contains("held:") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "psql ended");
+    }
+    let pid: i64 = line.trim().trim_start_matches("held:").parse().unwrap();
+    let began = Instant::now();
+    let held = Duration::from_secs(2);
+    std::thread::sleep(held);
+
+    let text = run_ok(db.cmd().arg("status"));
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("oldest transaction"))
+        .unwrap_or_else(|| panic!("no oldest transaction line:\n{text}"));
+    assert!(line.contains("pid "), "{line}");
+    if line.contains(&format!("pid {pid},")) {
+        assert!(line.contains("application held_snapshot_test"), "{line}");
+        assert!(line.contains("idle in transaction"), "{line}");
+    }
+    let j = db.status();
+    let oldest = &j["cleanup_horizon"]["oldest"];
+    assert!(
+        oldest["age_s"].as_f64().unwrap() >= held.as_secs_f64(),
+        "{j}"
+    );
+    assert!(j["cleanup_horizon"]["xmin_age"].as_i64().is_some(), "{j}");
+
+    let port = free_port();
+    let mut relay = db
+        .cmd()
+        .args([
+            "relay",
+            "--sink",
+            "stdout",
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let scrape = wait_for("the store sample", Duration::from_secs(30), || {
+        let (_, body) = http_get(port, "/metrics")?;
+        sample(&body, "outbox_oldest_transaction_age_seconds", &[]).map(|_| body)
+    });
+    let age = sample(&scrape, "outbox_oldest_transaction_age_seconds", &[]).unwrap();
+    assert!(
+        age >= held.as_secs_f64(),
+        "held {:?}, gauge {age}",
+        began.elapsed()
+    );
+    assert!(sample(&scrape, "outbox_oldest_xmin_age_transactions", &[]).is_some());
+    assert!(scrape.contains("# HELP outbox_oldest_transaction_age_seconds"));
+    sigterm(&relay);
+    relay.wait().unwrap();
+    drop(stdin);
+    psql.wait().unwrap();
+}
+
+/// The relays of the registry under `relay_id`, as `status --json` lists them: (host, pid).
+fn registered(db: &Db, relay_id: &str) -> Vec<(String, i64)> {
+    db.status()["relays"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["relay_id"] == relay_id)
+        .map(|r| {
+            (
+                r["host"].as_str().unwrap().to_owned(),
+                r["pid"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A second relay process under the id of a live one is refused at start (exit 2, naming
+/// the holder); after a `kill -9` a restart under the same id on this host starts at once
+/// (the dead pid's registry row does not hold the id) and the registry shows the new
+/// process.
+#[test]
+fn a_second_relay_under_a_live_id_is_refused() {
+    let db = Db::postgres();
+    run_ok(db.cmd().arg("migrate"));
+    let start = || {
+        db.cmd()
+            .args(["relay", "--sink", "stdout", "--relay-id", "dup-relay"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut first = start();
+    let first_pid = i64::from(first.id());
+    wait_for(
+        "the first relay registered",
+        Duration::from_secs(20),
+        || {
+            registered(&db, "dup-relay")
+                .iter()
+                .any(|r| r.1 == first_pid)
+                .then_some(())
+        },
+    );
+
+    let mut second = start();
+    let exited = wait_for("the second relay to exit", Duration::from_secs(20), || {
+        let done = second.try_wait().unwrap().is_some();
+        if !done && registered(&db, "dup-relay").len() > 1 {
+            let _ = second.kill();
+        }
+        Some(done)
+            .filter(|d| *d)
+            .or_else(|| (registered(&db, "dup-relay").len() > 1).then_some(false))
+    });
+    if !exited {
+        let _ = second.kill();
+        let _ = first.kill();
+        panic!("a second relay under a live relay's id was not refused");
+    }
+    let second = second.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("relay id \"dup-relay\" is in use by a live relay")
+            && err.contains(&format!("(pid {first_pid},")),
+        "{err}"
+    );
+    assert_eq!(
+        registered(&db, "dup-relay")
+            .iter()
+            .map(|r| r.1)
+            .collect::<Vec<_>>(),
+        vec![first_pid]
+    );
+
+    // kill -9: the registry row stays fresh for up to 15 s; the restart is not refused.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let mut third = start();
+    let third_pid = i64::from(third.id());
+    wait_for(
+        "the restarted relay registered",
+        Duration::from_secs(20),
+        || {
+            assert!(
+                third.try_wait().unwrap().is_none(),
+                "the restart under the dead relay's id exited"
+            );
+            (registered(&db, "dup-relay")
+                .iter()
+                .map(|r| r.1)
+                .collect::<Vec<_>>()
+                == vec![third_pid])
+            .then_some(())
+        },
+    );
+    sigterm(&third);
+    third.wait().unwrap();
+}
+
+/// Two relays that both passed the start check (here: the registry row rewritten as
+/// another host's process would write it, with a fresh heartbeat) are seen at the next
+/// heartbeat: an ERROR log line and `outbox_relay_id_conflicts_total`.
+#[test]
+fn a_relay_id_taken_after_start_is_reported_at_the_next_heartbeat() {
+    let db = Db::postgres();
+    run_ok(db.cmd().arg("migrate"));
+    let port = free_port();
+    let relay = db
+        .cmd()
+        .args([
+            "relay",
+            "--sink",
+            "stdout",
+            "--relay-id",
+            "raced-relay",
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the relay registered", Duration::from_secs(20), || {
+        (!registered(&db, "raced-relay").is_empty()).then_some(())
+    });
+    let scrape = wait_for("the scrape", Duration::from_secs(20), || {
+        http_get(port, "/metrics").map(|r| r.1)
+    });
+    assert_eq!(
+        sample(&scrape, "outbox_relay_id_conflicts_total", &[]),
+        Some(0.0),
+        "{scrape}"
+    );
+    let sql = format!(
+        "UPDATE {}.relays SET host = 'elsewhere', pid = 4242, last_seen = now() WHERE relay_id = 'raced-relay'",
+        db.schema
+    );
+    let psql = Command::new("psql")
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", PG, "-c", &sql])
+        .output()
+        .unwrap();
+    assert!(psql.status.success(), "{psql:?}");
+    wait_for("the conflict counted", Duration::from_secs(20), || {
+        let (_, body) = http_get(port, "/metrics")?;
+        (sample(&body, "outbox_relay_id_conflicts_total", &[])? >= 1.0).then_some(())
+    });
+    sigterm(&relay);
+    let out = relay.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ERROR") && err.contains("another live relay runs under this relay id"),
+        "{err}"
+    );
+}

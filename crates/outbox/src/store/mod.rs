@@ -36,9 +36,9 @@ pub mod postgres;
 pub mod sqlite;
 
 pub use ops::{
-    AuditEntry, ClaimsBy, DeadLetter, DeadSelector, DestinationState, Overview, Refused,
-    RelayHeartbeat, RelayRecord, ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest,
-    TopicPause,
+    AuditEntry, ClaimsBy, CleanupHorizon, DeadLetter, DeadSelector, DestinationState,
+    OldTransaction, Overview, Refused, RelayHeartbeat, RelayRecord, ReplayAction, ReplayOutcome,
+    ReplayRecord, ReplayRequest, TopicPause,
 };
 
 /// SQLite's database clock in integer milliseconds (UTC); constant within one statement.
@@ -617,6 +617,18 @@ pub trait Store: Send + Sync + 'static {
     /// (database clock). One statement; meant for the sampled gauges.
     async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys>;
 
+    /// What on the database server holds back the cleanup of the outbox's dead row
+    /// versions ([`CleanupHorizon`]): the oldest open transaction of another session, and
+    /// on PostgreSQL replication slots and prepared transactions. One or two reads of the
+    /// server's views (PostgreSQL: `pg_stat_activity`, which shows other roles' sessions
+    /// only to a superuser or a member of `pg_read_all_stats`; MySQL/MariaDB:
+    /// `information_schema.innodb_trx`, which needs the `PROCESS` privilege); meant for
+    /// the sampled gauges and `outbox status`. The default (and SQLite, whose readers are
+    /// in other processes' files and not visible to a query) tells nothing.
+    async fn cleanup_horizon(&self) -> Result<CleanupHorizon> {
+        Ok(CleanupHorizon::default())
+    }
+
     /// What per-key ordering holds back of the rows due now: how many due rows (pending,
     /// or claimed under an expired lease) of `ordering`'s keys wait behind their key's
     /// first row not dispatched (nor dead, with `skip_dead`) because that row is dead or
@@ -859,6 +871,9 @@ impl Store for AnyStore {
     }
     async fn overview(&self, top_n: u32) -> Result<Overview> {
         self.inner().overview(top_n).await
+    }
+    async fn cleanup_horizon(&self) -> Result<CleanupHorizon> {
+        self.inner().cleanup_horizon().await
     }
     async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
         self.inner().held_keys(ordering).await

@@ -2153,6 +2153,63 @@ impl Store for MySqlStore {
         Ok(r.rows_affected() > 0)
     }
 
+    async fn cleanup_horizon(&self) -> Result<super::CleanupHorizon> {
+        let pool = &self.inner.pool;
+        // The oldest InnoDB transaction of another connection: its read view keeps purge
+        // from removing the undo records (and delete-marked rows) of every later change.
+        // `trx_started` and NOW() are both in the session's time zone.
+        let oldest: Option<(
+            i64,
+            Option<i64>,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+        )> = sqlx::query_as(
+            "SELECT TIMESTAMPDIFF(SECOND, t.trx_started, NOW()),
+                        CAST(t.trx_mysql_thread_id AS SIGNED),
+                        CAST(p.USER AS CHAR), CAST(p.HOST AS CHAR), CAST(t.trx_state AS CHAR)
+                 FROM information_schema.INNODB_TRX t
+                 LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id
+                 WHERE t.trx_mysql_thread_id <> CONNECTION_ID()
+                 ORDER BY t.trx_started LIMIT 1",
+        )
+        .fetch_optional(pool)
+        .await?;
+        // The history list length, where the server tells it (MariaDB's status variable;
+        // MySQL's INNODB_METRICS counter); unreadable is None, not an error.
+        let history: Option<i64> = match sqlx::query_scalar::<_, String>(
+            "SELECT CAST(VARIABLE_VALUE AS CHAR) FROM information_schema.GLOBAL_STATUS
+             WHERE VARIABLE_NAME = 'INNODB_HISTORY_LIST_LENGTH'",
+        )
+        .fetch_optional(pool)
+        .await
+        {
+            Ok(Some(v)) => v.trim().parse().ok(),
+            _ => sqlx::query_scalar::<_, i64>(
+                "SELECT CAST(`COUNT` AS SIGNED) FROM information_schema.INNODB_METRICS
+                 WHERE NAME = 'trx_rseg_history_len'",
+            )
+            .fetch_optional(pool)
+            .await
+            .ok()
+            .flatten(),
+        };
+        Ok(super::CleanupHorizon {
+            oldest: oldest.map(|(age_s, pid, user, host, state)| super::OldTransaction {
+                kind: "session".to_owned(),
+                age_s: age_s.max(0) as f64,
+                pid,
+                user,
+                application: host,
+                state,
+                gid: None,
+            }),
+            xmin_age: None,
+            slot: None,
+            history_length: history,
+        })
+    }
+
     async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
         if !ordering.is_on() {
             return Ok(HeldKeys::default());

@@ -447,6 +447,53 @@ pub struct Overview {
     pub dead_by_topic: Vec<(String, i64)>,
 }
 
+/// What holds back the cleanup of dead row versions on the database server, read by
+/// [`super::Store::cleanup_horizon`]. Every dispatched, rescheduled or deleted outbox row
+/// leaves a dead version behind; while a transaction that started before it is open (or a
+/// replication slot or prepared transaction pins the same horizon), the server may not
+/// remove it, so the claim's index scan walks more and more of them: claims slow down
+/// with no error. Sampled every 15 s by the relay into the gauges
+/// `outbox_oldest_transaction_age_seconds` and `outbox_oldest_xmin_age_transactions`, and
+/// shown by `outbox status`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CleanupHorizon {
+    /// The oldest open transaction of another session (or prepared transaction) that
+    /// holds the horizon back; `None` when there is none.
+    pub oldest: Option<OldTransaction>,
+    /// PostgreSQL: the age, in transaction ids, of the oldest `xmin` that holds back
+    /// cleanup in this database: sessions (`pg_stat_activity.backend_xmin`/`backend_xid`),
+    /// prepared transactions (`pg_prepared_xacts`) and replication slots
+    /// (`pg_replication_slots.xmin`). `None` elsewhere.
+    pub xmin_age: Option<i64>,
+    /// PostgreSQL: the replication slot with the oldest `xmin`, as (slot name, age in
+    /// transaction ids); a slot whose consumer is gone holds the horizon for ever.
+    pub slot: Option<(String, i64)>,
+    /// MySQL/MariaDB: InnoDB's history list length (undo log records not purged yet),
+    /// when the server tells it.
+    pub history_length: Option<i64>,
+}
+
+/// One open transaction that holds back cleanup ([`CleanupHorizon::oldest`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OldTransaction {
+    /// `session` (an open transaction of a connection) or `prepared` (a two-phase
+    /// transaction prepared and neither committed nor rolled back).
+    pub kind: String,
+    /// Seconds since the transaction began (database clock; whole seconds on MariaDB).
+    pub age_s: f64,
+    /// The server's process or connection id (`pg_stat_activity.pid`, MySQL's
+    /// `PROCESSLIST` id): `SELECT pg_terminate_backend(pid)` / `KILL id` ends it.
+    pub pid: Option<i64>,
+    /// The database user it runs as (the owner of a prepared transaction).
+    pub user: Option<String>,
+    /// The client's `application_name` (PostgreSQL) or host (MySQL), when it gave one.
+    pub application: Option<String>,
+    /// The session's state (`idle in transaction`, `active`, …; InnoDB's `trx_state`).
+    pub state: Option<String>,
+    /// The global transaction id of a prepared transaction (`COMMIT PREPARED 'gid'`).
+    pub gid: Option<String>,
+}
+
 impl TopicPattern {
     /// The pattern as an anchored regular expression over a whole topic, in the syntax
     /// PostgreSQL (`~`), MySQL/MariaDB and SQLite (`REGEXP`, the `regex` crate) share:

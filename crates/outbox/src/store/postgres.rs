@@ -1913,6 +1913,69 @@ impl Store for PgStore {
         Ok(r.rows_affected() > 0)
     }
 
+    async fn cleanup_horizon(&self) -> Result<super::CleanupHorizon> {
+        let pool = &self.inner.pool;
+        // Sessions of this database (since PostgreSQL 14 only they hold back the cleanup of
+        // its tables) with a snapshot or a transaction id, and prepared transactions; this
+        // connection's own statement excluded.
+        let oldest: Option<(
+            String,
+            f64,
+            Option<i64>,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+        )> = sqlx::query_as(
+            "SELECT kind, age_s, pid, usr, app, state, gid FROM (
+                   SELECT 'session'::text AS kind,
+                          extract(epoch FROM clock_timestamp() - xact_start)::float8 AS age_s,
+                          pid::int8 AS pid, usename::text AS usr,
+                          nullif(application_name, '')::text AS app, state::text AS state,
+                          NULL::text AS gid
+                   FROM pg_stat_activity
+                   WHERE datname = current_database() AND pid <> pg_backend_pid()
+                     AND xact_start IS NOT NULL
+                     AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+                   UNION ALL
+                   SELECT 'prepared', extract(epoch FROM clock_timestamp() - prepared)::float8,
+                          NULL, owner::text, NULL, NULL, gid
+                   FROM pg_prepared_xacts WHERE database = current_database()
+                 ) h ORDER BY age_s DESC LIMIT 1",
+        )
+        .fetch_optional(pool)
+        .await?;
+        let (xmin_age, slot, slot_age): (Option<i64>, Option<String>, Option<i64>) =
+            sqlx::query_as(
+                "SELECT greatest(a.x, p.x, s.x)::int8, s.slot_name::text, s.x FROM
+                   (SELECT max(greatest(age(backend_xmin), age(backend_xid)))::int8 AS x
+                    FROM pg_stat_activity
+                    WHERE datname = current_database() AND pid <> pg_backend_pid()) a
+                   CROSS JOIN (SELECT max(age(transaction))::int8 AS x FROM pg_prepared_xacts
+                               WHERE database = current_database()) p
+                   LEFT JOIN (SELECT slot_name, age(xmin)::int8 AS x FROM pg_replication_slots
+                              WHERE xmin IS NOT NULL ORDER BY age(xmin) DESC LIMIT 1) s ON true",
+            )
+            .fetch_one(pool)
+            .await?;
+        Ok(super::CleanupHorizon {
+            oldest: oldest.map(|(kind, age_s, pid, user, application, state, gid)| {
+                super::OldTransaction {
+                    kind,
+                    age_s: age_s.max(0.0),
+                    pid,
+                    user,
+                    application,
+                    state,
+                    gid,
+                }
+            }),
+            xmin_age,
+            slot: slot.zip(slot_age),
+            history_length: None,
+        })
+    }
+
     async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
         if !ordering.is_on() {
             return Ok(HeldKeys::default());

@@ -22,6 +22,7 @@ mod publisher_conformance;
 
 mod bad_input;
 mod broker_outage;
+mod cleanup_horizon;
 mod cloudevents;
 mod concurrent_relays;
 mod confirm_crash;
