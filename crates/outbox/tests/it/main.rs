@@ -29,6 +29,7 @@ mod conformance_mysql;
 mod conformance_postgres;
 mod conformance_sqlite;
 mod consumer_e2e;
+mod hostile_sizes;
 mod idle_relay;
 mod inbox;
 mod ordering;
