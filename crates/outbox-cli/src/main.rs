@@ -180,8 +180,8 @@ enum Command {
         /// are released, in ms.
         #[arg(long, env = "OUTBOX_SHUTDOWN_GRACE_MS", default_value_t = 10_000)]
         shutdown_grace_ms: u64,
-        /// Name written to claimed_by (default HOSTNAME:PID:RANDOM).
-        #[arg(long, env = "OUTBOX_RELAY_ID")]
+        /// Name written to claimed_by (default HOSTNAME:PID:RANDOM), 1-255 bytes.
+        #[arg(long, env = "OUTBOX_RELAY_ID", value_parser = parse_relay_id)]
         relay_id: Option<String>,
         /// The most batches in flight at once: while one waits for its confirmations,
         /// another is claimed or marked. While little is due one is in flight; more join
@@ -428,6 +428,16 @@ fn parse_rate(s: &str) -> Result<f64, String> {
             "rate {s:?} must be a positive number per second, e.g. 50 or 50/s"
         )),
     }
+}
+
+/// A relay id of 1 to [`outbox::relay::MAX_RELAY_ID_BYTES`] bytes (what the stores'
+/// `claimed_by` holds).
+fn parse_relay_id(s: &str) -> Result<String, String> {
+    let max = outbox::relay::MAX_RELAY_ID_BYTES;
+    if s.is_empty() || s.len() > max {
+        return Err(format!("a relay id must be 1-{max} bytes, got {}", s.len()));
+    }
+    Ok(s.to_owned())
 }
 
 fn parse_header(s: &str) -> Result<(String, String), String> {

@@ -37,10 +37,16 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+/// The longest [`RelayConfig::relay_id`], in bytes: what every store's `claimed_by` column
+/// and relay registry hold (MariaDB's are `VARCHAR(255)`). A longer or empty id is refused
+/// with [`RelayError::Config`] before anything is claimed.
+pub const MAX_RELAY_ID_BYTES: usize = 255;
+
 /// Settings of one relay. `Default` gives production values.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
-    /// Written to `claimed_by` (default `HOSTNAME:PID:RANDOM`).
+    /// Written to `claimed_by` (default `HOSTNAME:PID:RANDOM`); 1 to
+    /// [`MAX_RELAY_ID_BYTES`] bytes.
     pub relay_id: String,
     /// The most rows per claim (default 1,000). Claims start at [`Self::min_batch_size`]
     /// rows and follow the backlog: the size doubles after a claim that came back full
@@ -738,6 +744,12 @@ impl Relay {
             return Err(RelayError::Config(
                 "in_flight_batches must be at least 1".into(),
             ));
+        }
+        if cfg.relay_id.is_empty() || cfg.relay_id.len() > MAX_RELAY_ID_BYTES {
+            return Err(RelayError::Config(format!(
+                "relay_id must be 1-{MAX_RELAY_ID_BYTES} bytes, got {}",
+                cfg.relay_id.len()
+            )));
         }
         self.store.check_schema().await?;
         tracing::info!(relay_id = %cfg.relay_id, sink = %self.router.describe(), batch_size = cfg.batch_size, min_batch_size = cfg.claim_bounds().0, in_flight_batches = cfg.in_flight_batches, ordered = %cfg.ordering, "relay started");

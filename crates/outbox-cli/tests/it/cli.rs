@@ -565,7 +565,7 @@ async fn a_purge_that_finds_another_purger_exits_0() {
 
 /// Relay settings out of range (`--min-batch-size` outside 1..=`--batch-size`, a zero
 /// batch size, in-flight count, publish timeout or attempt limit, a lease under 30 ms, a
-/// largest backoff below the first) are refused by flag name, exit 2, before anything is
+/// largest backoff below the first, a relay id empty or over 255 bytes) are refused by flag name, exit 2, before anything is
 /// claimed; a `--batch-size` below the default minimum alone is fine (the minimum
 /// follows it).
 #[test]
@@ -610,7 +610,10 @@ fn relay_refuses_settings_out_of_range() {
         assert!(out.stdout.is_empty(), "nothing published");
     }
     // Other settings out of range: refused by name, before anything is claimed.
+    let long_relay_id = "r".repeat(10 * 1024);
     for (bad, flag) in [
+        (&["--relay-id", &long_relay_id][..], "--relay-id"),
+        (&["--relay-id", ""][..], "--relay-id"),
         (&["--batch-size", "0"][..], "--batch-size"),
         (&["--lease-ms", "10"][..], "--lease-ms"),
         (&["--in-flight-batches", "0"][..], "--in-flight-batches"),

@@ -40,7 +40,7 @@ fn us(col: &str) -> String {
 }
 
 impl MySqlBackend {
-    fn p(&self) -> &str {
+    pub(crate) fn p(&self) -> &str {
         &self.prefix.name
     }
 

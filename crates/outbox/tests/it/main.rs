@@ -31,6 +31,7 @@ mod conformance_postgres;
 mod conformance_sqlite;
 mod consumer_e2e;
 mod control_topics;
+mod hostile_sizes;
 mod idle_relay;
 mod inbox;
 mod ordering;
