@@ -483,9 +483,9 @@ fn raise_open_files_limit() {
 }
 
 /// The command line, parsed with every environment value hidden from `--help` (URLs,
-/// routes and tokens come from there). On a usage error, `--help` or `--version`, what clap
-/// prints is printed here with every URL it quotes redacted ([`redact_urls_in`]), with
-/// clap's exit code: 2 for a usage error, 0 for `--help` and `--version`.
+/// routes and tokens come from there). A usage error is printed with every URL it quotes
+/// redacted ([`redact_urls_in`]); `--help` and `--version` as clap prints them. The exit
+/// code is clap's: 2 for a usage error, 0 for `--help` and `--version`.
 fn parse_args() -> Result<Cli, ExitCode> {
     use clap::{CommandFactory as _, FromArgMatches as _};
     let command = hide_env_values(Cli::command());
@@ -493,11 +493,12 @@ fn parse_args() -> Result<Cli, ExitCode> {
         .try_get_matches_from(std::env::args_os())
         .and_then(|m| Cli::from_arg_matches(&m))
         .map_err(|e| {
-            let text = redact_urls_in(&e.render().to_string());
             if e.use_stderr() {
-                eprint!("{text}");
+                eprint!("{}", redact_urls_in(&e.render().to_string()));
             } else {
-                print!("{text}");
+                // --help and --version: text of the program's own, environment values
+                // hidden.
+                let _ = e.print();
             }
             ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2))
         })
@@ -1310,6 +1311,22 @@ async fn shutdown_on_signal(cancel: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::log_filter_directives;
+
+    /// Every URL a usage error quotes loses its secrets; the words around it stay.
+    #[test]
+    fn usage_errors_are_redacted_word_by_word() {
+        let text = "error: unexpected argument 'nats://u:SEKRIT@h' found\n  tip: '--sink=nats://TOKSEKRIT@h:4222' or \"a.>=amqp://g:SEKRIT@h/v\" or https://hooks.example/services/T/B/SEKRIT\n";
+        let out = super::redact_urls_in(text);
+        assert!(!out.contains("SEKRIT"), "{out}");
+        assert!(
+            out.starts_with("error: unexpected argument 'nats://"),
+            "{out}"
+        );
+        assert!(out.contains("'--sink=nats://***@h:4222'"), "{out}");
+        assert!(out.contains("\"a.>=amqp://"), "{out}");
+        assert!(out.contains("https://hooks.example/…#"), "{out}");
+        assert!(out.contains("@h' found\n  tip: '--sink="), "{out}");
+    }
 
     #[test]
     fn a_bad_route_never_shows_its_password() {
