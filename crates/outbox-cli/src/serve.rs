@@ -626,3 +626,39 @@ mod tests {
         cancel.cancel();
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod write_timeout_tests {
+    use super::WriteTimeout;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    /// A write that makes no progress fails with `TimedOut` after the timeout, counted
+    /// from when it stalled; a read on the other side between stalls restarts the count.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_write_times_out_and_progress_restarts_the_timer() {
+        let (near, mut far) = tokio::io::duplex(16);
+        let mut near = WriteTimeout::new(near, Duration::from_secs(10));
+        near.write_all(&[1; 16]).await.unwrap();
+        let started = tokio::time::Instant::now();
+        // Stalled for 6 s, then the far side reads: progress, the write completes.
+        let reader = async {
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            let mut buf = [0u8; 16];
+            far.read_exact(&mut buf).await.unwrap();
+            far
+        };
+        let (written, mut far) = tokio::join!(near.write_all(&[2; 16]), reader);
+        written.unwrap();
+        assert_eq!(started.elapsed(), Duration::from_secs(6));
+        // Stalled again: 10 s from now, not from the first stall.
+        let stalled = tokio::time::Instant::now();
+        let e = near.write_all(&[3; 1]).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(stalled.elapsed(), Duration::from_secs(10));
+        let mut buf = [0u8; 16];
+        far.read_exact(&mut buf).await.unwrap();
+        assert_eq!(buf, [2; 16]);
+    }
+}
