@@ -482,13 +482,79 @@ fn raise_open_files_limit() {
     }
 }
 
+/// The command line, parsed with every environment value hidden from `--help` (URLs,
+/// routes and tokens come from there). A usage error is printed with every URL it quotes
+/// redacted ([`redact_urls_in`]); `--help` and `--version` as clap prints them. The exit
+/// code is clap's: 2 for a usage error, 0 for `--help` and `--version`.
+fn parse_args() -> Result<Cli, ExitCode> {
+    use clap::{CommandFactory as _, FromArgMatches as _};
+    let command = hide_env_values(Cli::command());
+    command
+        .try_get_matches_from(std::env::args_os())
+        .and_then(|m| Cli::from_arg_matches(&m))
+        .map_err(|e| {
+            if e.use_stderr() {
+                eprint!("{}", redact_urls_in(&e.render().to_string()));
+            } else {
+                // --help and --version: text of the program's own, environment values
+                // hidden.
+                let _ = e.print();
+            }
+            ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2))
+        })
+}
+
+/// `command` with every argument's environment value hidden from the help text, its
+/// subcommands' too.
+fn hide_env_values(command: clap::Command) -> clap::Command {
+    command
+        .mut_args(|a| a.hide_env_values(true))
+        .mut_subcommands(hide_env_values)
+}
+
+/// `text` (clap's rendered error) with every word that looks like a URL or carries a user
+/// (`://` or `@` in it) redacted by [`outbox::redact::redact_unknown_url`]; an option
+/// prefix (`--sink=`, a route's `pattern=`) is kept before the URL.
+fn redact_urls_in(text: &str) -> String {
+    let is_break = |c: char| c.is_whitespace() || matches!(c, '\'' | '"' | '`' | '[' | ']');
+    let mut out = String::with_capacity(text.len());
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        if word.contains("://") || word.contains('@') {
+            let url_at = word.find("://").unwrap_or(word.len());
+            let (prefix, url) = match word[..url_at].rfind('=') {
+                Some(eq) => word.split_at(eq + 1),
+                None => ("", word.as_str()),
+            };
+            out.push_str(prefix);
+            out.push_str(&outbox::redact::redact_unknown_url(url));
+        } else {
+            out.push_str(word);
+        }
+        word.clear();
+    };
+    for c in text.chars() {
+        if is_break(c) {
+            flush(&mut word, &mut out);
+            out.push(c);
+        } else {
+            word.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
 fn main() -> ExitCode {
     // Before any thread exists: outbox.toml values become OUTBOX_* defaults.
     if let Err(e) = config::apply_config_file(&<Cli as clap::CommandFactory>::command()) {
         eprintln!("error: {e:#}");
         return ExitCode::from(2);
     }
-    let cli = Cli::parse();
+    let cli = match parse_args() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     // Before the runtime: the exporter's HTTP client is a blocking one.
     let tracer = match &cli.command {
         Command::Relay {
@@ -1245,6 +1311,22 @@ async fn shutdown_on_signal(cancel: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::log_filter_directives;
+
+    /// Every URL a usage error quotes loses its secrets; the words around it stay.
+    #[test]
+    fn usage_errors_are_redacted_word_by_word() {
+        let text = "error: unexpected argument 'nats://u:SEKRIT@h' found\n  tip: '--sink=nats://TOKSEKRIT@h:4222' or \"a.>=amqp://g:SEKRIT@h/v\" or https://hooks.example/services/T/B/SEKRIT\n";
+        let out = super::redact_urls_in(text);
+        assert!(!out.contains("SEKRIT"), "{out}");
+        assert!(
+            out.starts_with("error: unexpected argument 'nats://"),
+            "{out}"
+        );
+        assert!(out.contains("'--sink=nats://***@h:4222'"), "{out}");
+        assert!(out.contains("\"a.>=amqp://"), "{out}");
+        assert!(out.contains("https://hooks.example/…#"), "{out}");
+        assert!(out.contains("@h' found\n  tip: '--sink="), "{out}");
+    }
 
     #[test]
     fn a_bad_route_never_shows_its_password() {

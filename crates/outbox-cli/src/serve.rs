@@ -5,8 +5,10 @@
 //!
 //! Both listeners bound what a client can hold ([`ListenerLimits`]): at most
 //! [`MAX_CONNECTIONS`] open connections each (beyond it the listener stops accepting until
-//! one closes), a header-read timeout that also closes idle keep-alive connections, and a
-//! time limit on each request (its body included). With the connection limits well below
+//! one closes), a header-read timeout that also closes idle keep-alive connections, a
+//! time limit on each request (its body included), and a write timeout: a connection whose
+//! answers make no progress towards the client for [`WRITE_TIMEOUT`] is closed, so a client
+//! that pipelines requests and never reads the answers holds no connection for long. With the connection limits well below
 //! the process's file descriptors (raised to the hard limit at start), a client that
 //! opens connections and holds them cannot take the descriptors the relay's own store and
 //! broker connections need.
@@ -63,6 +65,16 @@ fn open_files_limit() -> Option<u64> {
 /// connection stays open, unless `OUTBOX_HTTP_HEADER_TIMEOUT` says otherwise.
 pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long writing to a connection may make no progress (the client reads none of what
+/// was sent) before the connection is closed, unless `OUTBOX_HTTP_WRITE_TIMEOUT` says
+/// otherwise.
+pub(crate) const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The send buffer of each accepted connection (bytes; Linux reserves twice this). Fixed,
+/// so the kernel does not grow it (up to 4 MiB) for a client that reads nothing: its
+/// answers stop leaving, and the write timeout closes the connection, within this much.
+pub(crate) const SEND_BUFFER: usize = 256 * 1024;
+
 /// How long one request may take, reading its body and answering included (408 after):
 /// 5 minutes, room for a large replay; a client that sends a body slowly frees its
 /// connection then at the latest.
@@ -78,36 +90,155 @@ pub(crate) struct ListenerLimits {
     pub(crate) header_timeout: Duration,
     /// Time for a whole request, its body read and its answer made ([`REQUEST_TIMEOUT`]).
     pub(crate) request_timeout: Duration,
+    /// Longest a write to the client may make no progress before the connection is closed
+    /// ([`WRITE_TIMEOUT`], `OUTBOX_HTTP_WRITE_TIMEOUT`).
+    pub(crate) write_timeout: Duration,
 }
 
 impl ListenerLimits {
     /// The defaults: the connection limit for this process's open-files limit, the
-    /// header-read timeout from `OUTBOX_HTTP_HEADER_TIMEOUT` when set (a duration:
-    /// `500ms`, `10s`, `1m`).
+    /// header-read timeout from `OUTBOX_HTTP_HEADER_TIMEOUT` and the write timeout from
+    /// `OUTBOX_HTTP_WRITE_TIMEOUT` when set (a duration: `500ms`, `10s`, `1m`).
     ///
     /// # Errors
-    /// `OUTBOX_HTTP_HEADER_TIMEOUT` is not a duration, is zero or is over an hour.
+    /// `OUTBOX_HTTP_HEADER_TIMEOUT` or `OUTBOX_HTTP_WRITE_TIMEOUT` is not a duration, is
+    /// zero or is over an hour.
     pub(crate) fn from_env() -> anyhow::Result<Self> {
-        let header_timeout = match std::env::var("OUTBOX_HTTP_HEADER_TIMEOUT") {
-            Ok(v) if !v.trim().is_empty() => {
-                let d = humantime::parse_duration(v.trim()).map_err(|e| {
-                    anyhow::anyhow!(
-                        "OUTBOX_HTTP_HEADER_TIMEOUT {v:?} is not a duration (500ms, 10s, 1m): {e}"
-                    )
-                })?;
-                anyhow::ensure!(
-                    !d.is_zero() && d <= Duration::from_secs(3600),
-                    "OUTBOX_HTTP_HEADER_TIMEOUT {v:?} must be more than 0 and at most 1h"
-                );
-                d
-            }
-            _ => HEADER_TIMEOUT,
-        };
         Ok(ListenerLimits {
             max_connections: connection_limit(open_files_limit()),
-            header_timeout,
+            header_timeout: duration_env("OUTBOX_HTTP_HEADER_TIMEOUT", HEADER_TIMEOUT)?,
             request_timeout: REQUEST_TIMEOUT,
+            write_timeout: duration_env("OUTBOX_HTTP_WRITE_TIMEOUT", WRITE_TIMEOUT)?,
         })
+    }
+}
+
+/// The duration in the environment variable `name`, or `default` when it is unset or
+/// empty.
+///
+/// # Errors
+/// Not a duration, zero or over an hour.
+fn duration_env(name: &str, default: Duration) -> anyhow::Result<Duration> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => {
+            let d = humantime::parse_duration(v.trim()).map_err(|e| {
+                anyhow::anyhow!("{name} {v:?} is not a duration (500ms, 10s, 1m): {e}")
+            })?;
+            anyhow::ensure!(
+                !d.is_zero() && d <= Duration::from_secs(3600),
+                "{name} {v:?} must be more than 0 and at most 1h"
+            );
+            Ok(d)
+        }
+        _ => Ok(default),
+    }
+}
+
+/// A connection's stream whose writes (and flushes) fail with
+/// [`std::io::ErrorKind::TimedOut`] once they have made no progress for `timeout`: a
+/// timer starts when a write cannot go on (the client's window and the socket's send
+/// buffer are full) and stops at the next write that goes through. A flush that returns
+/// at once is no progress (a TCP stream's flush does nothing): it leaves the timer running.
+struct WriteTimeout<S> {
+    inner: S,
+    timeout: Duration,
+    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> WriteTimeout<S> {
+    fn new(inner: S, timeout: Duration) -> Self {
+        WriteTimeout {
+            inner,
+            timeout,
+            stalled: None,
+        }
+    }
+
+    /// `polled` (the outcome of a write, or of a flush or shutdown when `wrote` is false)
+    /// as is when ready, a write stopping the timer; when pending, pending until the timer
+    /// armed at the first pending call fires, then `TimedOut`.
+    fn progress<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        polled: std::task::Poll<std::io::Result<T>>,
+        wrote: bool,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::future::Future as _;
+        use std::task::Poll;
+        if polled.is_ready() {
+            if wrote {
+                self.stalled = None;
+            }
+            return polled;
+        }
+        let timeout = self.timeout;
+        let timer = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                self.stalled = None;
+                Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("the client read nothing for {timeout:?}"),
+                )))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WriteTimeout<S> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteTimeout<S> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.progress(cx, polled, true)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.progress(cx, polled, true)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.inner).poll_flush(cx);
+        this.progress(cx, polled, false)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.inner).poll_shutdown(cx);
+        this.progress(cx, polled, false)
     }
 }
 
@@ -218,7 +349,8 @@ pub(crate) fn probes(handle: PrometheusHandle, ready: Arc<Ready>) -> Router {
 /// Serves `app` on `listener` until `cancel` (in a task of its own; `what` names the
 /// server in the logs), within `limits`: HTTP/1.1, a connection at a time per task, at most
 /// `limits.max_connections` of them; headers not read within `limits.header_timeout` close
-/// the connection, a request not answered within `limits.request_timeout` gets 408.
+/// the connection, a request not answered within `limits.request_timeout` gets 408, a
+/// connection whose answers make no progress for `limits.write_timeout` is closed.
 pub(crate) fn spawn(
     listener: tokio::net::TcpListener,
     app: Router,
@@ -277,7 +409,7 @@ pub(crate) fn spawn(
     });
 }
 
-/// Serves one connection until it closes, its headers time out or `cancel` (then it
+/// Serves one connection until it closes, its headers or a write time out or `cancel` (then it
 /// finishes the request in hand); `_slot` is its place under the connection limit.
 async fn connection(
     stream: tokio::net::TcpStream,
@@ -287,6 +419,7 @@ async fn connection(
     _slot: tokio::sync::OwnedSemaphorePermit,
 ) {
     let _ = stream.set_nodelay(true);
+    let _ = socket2::SockRef::from(&stream).set_send_buffer_size(SEND_BUFFER);
     let service =
         hyper::service::service_fn(move |req: axum::extract::Request<hyper::body::Incoming>| {
             let call = tower::ServiceExt::oneshot(app.clone(), req);
@@ -314,6 +447,7 @@ async fn connection(
     builder
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
+    let stream = WriteTimeout::new(stream, limits.write_timeout);
     let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
     let mut conn = std::pin::pin!(conn);
     let served = tokio::select! {
@@ -333,7 +467,8 @@ async fn connection(
 /// `cancel`, within [`ListenerLimits::from_env`].
 ///
 /// # Errors
-/// A bad `OUTBOX_HTTP_HEADER_TIMEOUT`; the address cannot be bound.
+/// A bad `OUTBOX_HTTP_HEADER_TIMEOUT` or `OUTBOX_HTTP_WRITE_TIMEOUT`; the address cannot
+/// be bound.
 pub(crate) async fn start(
     addr: &str,
     handle: PrometheusHandle,
@@ -353,8 +488,14 @@ pub(crate) async fn start(
     Ok(())
 }
 
-async fn metrics(State(handle): State<PrometheusHandle>) -> String {
-    handle.render()
+/// The scrape, not to be kept by a browser or a proxy (`Cache-Control: no-store`).
+async fn metrics(
+    State(handle): State<PrometheusHandle>,
+) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    (
+        [(axum::http::header::CACHE_CONTROL, "no-store")],
+        handle.render(),
+    )
 }
 
 async fn readyz(State(ready): State<Arc<Ready>>) -> (StatusCode, String) {
@@ -430,6 +571,7 @@ mod tests {
             max_connections: 2,
             header_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
         };
         spawn(
             listener,
@@ -482,5 +624,41 @@ mod tests {
         let closed = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
         assert!(closed.is_ok(), "still open after the header-read timeout");
         cancel.cancel();
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod write_timeout_tests {
+    use super::WriteTimeout;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    /// A write that makes no progress fails with `TimedOut` after the timeout, counted
+    /// from when it stalled; a read on the other side between stalls restarts the count.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_write_times_out_and_progress_restarts_the_timer() {
+        let (near, mut far) = tokio::io::duplex(16);
+        let mut near = WriteTimeout::new(near, Duration::from_secs(10));
+        near.write_all(&[1; 16]).await.unwrap();
+        let started = tokio::time::Instant::now();
+        // Stalled for 6 s, then the far side reads: progress, the write completes.
+        let reader = async {
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            let mut buf = [0u8; 16];
+            far.read_exact(&mut buf).await.unwrap();
+            far
+        };
+        let (written, mut far) = tokio::join!(near.write_all(&[2; 16]), reader);
+        written.unwrap();
+        assert_eq!(started.elapsed(), Duration::from_secs(6));
+        // Stalled again: 10 s from now, not from the first stall.
+        let stalled = tokio::time::Instant::now();
+        let e = near.write_all(&[3; 1]).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(stalled.elapsed(), Duration::from_secs(10));
+        let mut buf = [0u8; 16];
+        far.read_exact(&mut buf).await.unwrap();
+        assert_eq!(buf, [2; 16]);
     }
 }

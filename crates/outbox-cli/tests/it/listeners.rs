@@ -333,3 +333,192 @@ fn guessable_tokens_are_refused_at_start() {
         );
     }
 }
+
+/// Opens `n` connections to `port` with a 1 KiB receive buffer, each with `requests`
+/// pipelined `GET {path}` to send (non-blocking: [`push`] sends what the server takes).
+fn pipeliners(port: u16, n: usize, path: &str, token: &str, requests: usize) -> Vec<Pipeliner> {
+    let one = format!(
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\r\n"
+    );
+    // Requests back to back, a 64 KiB write's worth and one more to start anywhere in one.
+    let many = std::rc::Rc::new(one.repeat(64 * 1024 / one.len() + 2).into_bytes());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    (0..n)
+        .map(|_| {
+            let stream = runtime.block_on(async {
+                let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                socket.set_recv_buffer_size(1024).unwrap();
+                socket
+                    .connect(([127, 0, 0, 1], port).into())
+                    .await
+                    .unwrap()
+                    .into_std()
+                    .unwrap()
+            });
+            stream.set_nonblocking(true).unwrap();
+            Pipeliner {
+                stream,
+                left: one.len() * requests,
+                one: one.len(),
+                many: many.clone(),
+                closed: false,
+            }
+        })
+        .collect()
+}
+
+/// A connection that sends pipelined requests and never reads.
+struct Pipeliner {
+    stream: TcpStream,
+    /// The length of one request.
+    one: usize,
+    /// Requests back to back.
+    many: std::rc::Rc<Vec<u8>>,
+    /// Bytes still to send.
+    left: usize,
+    /// A write failed: the server closed the connection.
+    closed: bool,
+}
+
+/// Sends each of `all` what the server takes now; true while some still have bytes to
+/// send.
+fn push(all: &mut [Pipeliner]) -> bool {
+    let mut busy = false;
+    for p in all.iter_mut().filter(|p| !p.closed && p.left > 0) {
+        loop {
+            let at = (p.one - p.left % p.one) % p.one;
+            let chunk = &p.many[at..(at + 64 * 1024).min(at + p.left)];
+            match p.stream.write(chunk) {
+                Ok(n) => p.left -= n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    p.closed = true;
+                    break;
+                }
+            }
+            if p.left == 0 {
+                break;
+            }
+        }
+        busy |= !p.closed && p.left > 0;
+    }
+    busy
+}
+
+/// Connections that never read, on each listener: more than its connection limit (32 in
+/// the relay below).
+const ATTACKERS: usize = 40;
+
+/// 40 connections on each listener (more than its connection limit) that pipeline
+/// more requests than the socket buffers hold answers for and never read them: with a
+/// write timeout of 1 s (and a header-read timeout of an hour) the
+/// server closes each once its answers stop leaving, `/healthz` from a new connection
+/// answers, and every one of them is closed.
+#[test]
+fn clients_that_never_read_do_not_hold_the_listeners() {
+    let db = Db::new(None);
+    run_ok(db.cmd().arg("migrate"));
+    let (admin, metrics) = (free_port(), free_port());
+    // 128 descriptors: a connection limit of 32 per listener, few enough answers to make
+    // for every connection to stall soon.
+    let relay = db.cmd();
+    let _relay = Server {
+        port: admin,
+        child: std::process::Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -n 128 && exec \"$0\" \"$@\"")
+            .arg(relay.get_program())
+            .args(relay.get_args())
+            .envs(
+                relay
+                    .get_envs()
+                    .filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned()))),
+            )
+            .args(["relay", "--sink", "stdout", "--poll-interval-ms", "200"])
+            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+            .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
+            .env_remove("OUTBOX_ADMIN_TOKEN")
+            .env_remove("OUTBOX_ADMIN_TOKENS_FILE")
+            .env("OUTBOX_ADMIN_READ_TOKEN", READER)
+            .env("OUTBOX_HTTP_WRITE_TIMEOUT", "1s")
+            // Only the write timeout may free them.
+            .env("OUTBOX_HTTP_HEADER_TIMEOUT", "1h")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    };
+    for port in [admin, metrics] {
+        wait_for("the listeners", || {
+            request(port, "GET", "/healthz", None, None, &[]).filter(|r| r.0 == 200)
+        });
+    }
+    let mut attackers = pipeliners(admin, ATTACKERS, "/healthz", READER, 200_000);
+    attackers.extend(pipeliners(metrics, ATTACKERS, "/metrics", READER, 2_000));
+    // Until every connection is stuck: nothing more goes out for a while.
+    let start = Instant::now();
+    let mut quiet_since = Instant::now();
+    while start.elapsed() < Duration::from_secs(20) {
+        let before: usize = attackers.iter().map(|p| p.left).sum();
+        if !push(&mut attackers) {
+            break;
+        }
+        let after: usize = attackers.iter().map(|p| p.left).sum();
+        if after != before {
+            quiet_since = Instant::now();
+        } else if quiet_since.elapsed() > Duration::from_millis(300) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for port in [metrics, admin] {
+        let asked = Instant::now();
+        let answer = request(port, "GET", "/healthz", None, None, &[]);
+        assert_eq!(
+            answer,
+            Some((200, "ok\n".to_owned())),
+            "/healthz on {port} while clients that never read hold it ({:?})",
+            asked.elapsed()
+        );
+        assert!(
+            asked.elapsed() < Duration::from_secs(8),
+            "/healthz on {port} took {:?}",
+            asked.elapsed()
+        );
+    }
+    // Every attacker connection is closed by the server (its writes fail) soon after.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        for p in attackers.iter_mut().filter(|p| !p.closed) {
+            for _ in 0..2 {
+                match p.stream.write(b"GET /healthz HTTP/1.1\r\n\r\n") {
+                    Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => p.closed = true,
+                    _ => {}
+                }
+            }
+        }
+        let open = attackers.iter().filter(|p| !p.closed).count();
+        if open == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{open} of {} connections that never read still open",
+            attackers.len()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // `/metrics` is not kept by a browser or a proxy, on either listener.
+    for port in [admin, metrics] {
+        let (code, head, _) = get(port, "/metrics", READER);
+        assert_eq!(code, 200, "{head}");
+        assert_eq!(
+            header(&head, "cache-control"),
+            Some("no-store"),
+            "/metrics on {port}: {head}"
+        );
+    }
+}

@@ -711,3 +711,47 @@ fn a_database_url_parameter_never_shows_at_the_default_level() {
         .unwrap();
     assert_clean("status", &both(&out));
 }
+
+/// `--help` lists each option's environment variable but never its value: URLs, routes
+/// and tokens taken from the environment stay out of the help text.
+#[test]
+fn help_never_shows_the_environment_values() {
+    let out = crate::common::outbox()
+        .args(["relay", "--help"])
+        .env("OUTBOX_DATABASE_URL", format!("postgres://u:{PASS}1@h/db"))
+        .env("OUTBOX_SINK", format!("nats://u:{PASS}2@h"))
+        .env("OUTBOX_ROUTE", format!("a=nats://u:{PASS}3@h"))
+        .env("OUTBOX_OTLP_ENDPOINT", format!("http://u:{PASS}4@h"))
+        .env("OUTBOX_ADMIN_TOKEN", format!("{PASS}5-0123456789abcdef"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    let text = both(&out);
+    assert!(text.contains("OUTBOX_SINK"), "{text}");
+    assert_clean("relay --help", &text);
+}
+
+/// A URL given where clap expects none (a misplaced or mistyped argument) is quoted in
+/// the usage error redacted; the exit code stays 2.
+#[test]
+fn a_usage_error_redacts_the_urls_it_quotes() {
+    for args in [
+        vec!["relay".to_owned(), format!("nats://u:{PASS}@h")],
+        vec!["relay".to_owned(), format!("--snk=nats://u:{PASS}@h")],
+        vec![
+            "relay".to_owned(),
+            "--batch-size".to_owned(),
+            format!("https://hooks.example/services/T0/B0/{PASS}"),
+        ],
+    ] {
+        let out = crate::common::outbox()
+            .args(&args)
+            .env_remove("OUTBOX_ROUTE")
+            .output()
+            .unwrap();
+        let text = both(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {text}");
+        assert!(text.contains("error:"), "{args:?}: {text}");
+        assert_clean(&format!("{args:?}"), &text);
+    }
+}
