@@ -106,7 +106,9 @@ async fn wait_all_settled(what: &str, store: &Arc<dyn Store>, n: i64) {
     wait_until(what, BOUND, || {
         let s = store.clone();
         async move {
-            let c = s.counts().await.unwrap();
+            // A read may wait out the pool's acquire timeout while the relay moves a
+            // 64 MiB row on a busy machine: that is a later look, not a failure.
+            let c = s.counts().await.map_err(|e| e.to_string())?;
             if c.dispatched + c.dead == n && c.pending == 0 && c.claimed == 0 {
                 Ok(())
             } else {
