@@ -313,11 +313,10 @@ impl RabbitMqSink {
         } else {
             options.exchange.clone()
         };
-        let exchange =
-            ShortString::try_new(wire_name).map_err(|e| SinkError::InvalidUrl {
-                url: redact(url),
-                reason: format!("exchange name: {e}"),
-            })?;
+        let exchange = ShortString::try_new(wire_name).map_err(|e| SinkError::InvalidUrl {
+            url: redact(url),
+            reason: format!("exchange name: {e}"),
+        })?;
         let host = &uri.authority.host;
         let host = if host.contains(':') {
             format!("[{host}]")
