@@ -32,6 +32,13 @@
 //!   - **not known to be sent** (the sink says nothing about it): an outage
 //!     ([`ErrorKind::Unavailable`]), the attempt given back, however often.
 //!
+//!   A sent request that keeps running past the wait (the sink's
+//!   [`Confirmations::mark_sent_until`]) puts the message's `retry_after` at that
+//!   request's end, so no relay over the same store claims it while it is outstanding.
+//!   A connection closed before any response ([`super::CLOSED_BEFORE_RESPONSE`]) is
+//!   judged like a timeout not known to be taken: the message's fault when the
+//!   destination confirmed others meanwhile, else an outage.
+//!
 //!   The refunds are counted per message in this router's memory (a restart, or another
 //!   relay, starts again from zero; bounded, see [`TIMEOUT_REFUNDS`]).
 //! - **One copy in flight.** A sink that keeps a timed-out request running to its own
