@@ -196,11 +196,12 @@ pub enum RelayError {
     /// The relay's configuration cannot work.
     #[error("invalid relay configuration: {0}")]
     Config(String),
-    /// Another live process already runs a relay under this relay id (the registry has
-    /// its fresh heartbeat): two relays under one id would show as one in `outbox status`
-    /// and their claims (`claimed_by`) could not be told apart. Refused at start; a
-    /// registry row whose process is gone (same host, that pid no longer running, as after
-    /// a `kill -9` and a restart) does not count.
+    /// Another live relay already runs under this relay id: another process (the
+    /// registry has its fresh heartbeat), or another `Relay` of this program (then `host`
+    /// and `pid` are this process's). Two relays under one id could not be told apart by
+    /// their claims (`claimed_by`). Refused at start; a registry row whose process is
+    /// gone (same host, that pid no longer running, as after a `kill -9` and a restart)
+    /// does not count, and is removed.
     #[error(
         "relay id {relay_id:?} is in use by a live relay on {host} (pid {pid}, heartbeat {seen_ago_s:.1} s ago): give each relay its own --relay-id, or stop that one (a stopped relay's registry row expires 15 s after its last heartbeat)"
     )]
@@ -1076,9 +1077,9 @@ impl Relay {
         let sampler = !registry
             || relays
                 .iter()
-                .map(|r| r.relay_id.as_str())
+                .map(|r| (r.relay_id.as_str(), r.instance.as_str()))
                 .min()
-                .is_none_or(|first| first == self.config.relay_id);
+                .is_none_or(|first| first == (&self.config.relay_id, &self.instance));
         if !sampler {
             return Ok(());
         }
