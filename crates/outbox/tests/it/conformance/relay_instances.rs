@@ -131,9 +131,14 @@ pub(crate) async fn a_second_relay_in_one_program_under_its_id_is_refused<B: Bac
     )
     .await;
     let (sink, _seen) = RecordingSink::new();
-    let second = Relay::new(store.clone(), sink, cfg.clone())
-        .run(tokio_util::sync::CancellationToken::new())
-        .await;
+    // Refused at once; a relay that is not refused runs on (and is stopped here).
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopper = stop.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        stopper.cancel();
+    });
+    let second = Relay::new(store.clone(), sink, cfg.clone()).run(stop).await;
     assert!(
         matches!(&second, Err(RelayError::IdTaken { relay_id, pid, .. })
             if relay_id == "relay-twice" && *pid == i64::from(std::process::id())),
