@@ -1228,6 +1228,61 @@ impl StatusReport {
         })
     }
 
+    /// Relay ids that more than one live relay instance runs under (two processes, or two
+    /// relays of one program, started under one `--relay-id`), each once, in order.
+    pub(crate) fn id_conflicts(&self) -> Vec<&str> {
+        let mut ids: Vec<&str> = Vec::new();
+        for r in &self.relays {
+            let n = self
+                .relays
+                .iter()
+                .filter(|o| o.relay_id == r.relay_id)
+                .count();
+            if n > 1 && !ids.contains(&r.relay_id.as_str()) {
+                ids.push(&r.relay_id);
+            }
+        }
+        ids
+    }
+
+    /// Rows claimed by one live relay instance (its own claims, not an earlier process's
+    /// of the same id).
+    pub(crate) fn claims_of(&self, r: &RelayRecord) -> i64 {
+        self.overview
+            .claims_by
+            .iter()
+            .filter(|c| c.relay_id == r.relay_id && c.instance.as_deref() == Some(&r.instance))
+            .map(|c| c.claimed)
+            .sum()
+    }
+
+    /// Claims under the id of a live relay that none of its live instances made: an
+    /// earlier process of that id (killed without releasing them) made them; they come
+    /// back when their lease ends.
+    pub(crate) fn earlier(&self) -> Vec<&outbox::store::ClaimsBy> {
+        let live = |id: &str| self.relays.iter().any(|r| r.relay_id == id);
+        self.overview
+            .claims_by
+            .iter()
+            .filter(|c| c.instance.is_none() && live(&c.relay_id))
+            .collect()
+    }
+
+    /// The live relays as `status --json` lists them: each registry row (one per relay
+    /// instance) with its own claims (`claimed`) and whether another live instance runs
+    /// under its id (`id_conflict`).
+    fn relays_json(&self) -> anyhow::Result<serde_json::Value> {
+        let conflicts = self.id_conflicts();
+        let mut list = Vec::new();
+        for r in &self.relays {
+            let mut j = serde_json::to_value(r)?;
+            j["claimed"] = self.claims_of(r).into();
+            j["id_conflict"] = conflicts.contains(&r.relay_id.as_str()).into();
+            list.push(j);
+        }
+        Ok(serde_json::Value::Array(list))
+    }
+
     /// Claims held by relays that are not alive.
     pub(crate) fn orphaned(&self) -> Vec<&outbox::store::ClaimsBy> {
         let live = |id: &str| self.relays.iter().any(|r| r.relay_id == id);
@@ -1255,9 +1310,11 @@ impl StatusReport {
             "oldest_due_seconds": o.oldest_due_s,
             "expired_claims": o.expired_claims,
             "parked": o.parked,
-            "relays": self.relays,
+            "relays": self.relays_json()?,
+            "relay_id_conflicts": self.id_conflicts(),
             "claims_by": o.claims_by,
             "claims_of_gone_relays": self.orphaned(),
+            "claims_of_earlier_processes": self.earlier(),
             "topic_pauses": pause.topics,
             "ordered_blocked_keys": held.blocked_keys,
             "ordered_held": held.held,
@@ -1327,14 +1384,31 @@ pub(crate) async fn status(
                 format!("last claim {} ago", human(s as i64))
             });
             t.push_str(&format!(
-                "\n  {}  {} pid {}  v{}  {}  in flight {}  seen {:.1} s ago  {claim}",
+                "\n  {}  {} pid {}  started {}  v{}  {}  in flight {}  claims {}  seen {:.1} s ago  {claim}",
                 safe(&r.relay_id),
                 safe(&r.host),
                 r.pid,
+                r.started_at.format("%Y-%m-%d %H:%M:%S"),
                 safe(&r.version),
                 safe(&r.sink),
                 r.in_flight,
+                report.claims_of(r),
                 r.last_seen_ago_s
+            ));
+        }
+        for id in report.id_conflicts() {
+            t.push_str(&format!(
+                "\nRELAY ID CONFLICT: {} relays run under {} (listed above): their claims cannot be told apart by claimed_by; give each its own --relay-id",
+                relays.iter().filter(|r| r.relay_id == id).count(),
+                safe(id)
+            ));
+        }
+        for c in report.earlier() {
+            t.push_str(&format!(
+                "\nclaimed by an earlier process of {}: {}, {} with an ended lease (the others come back when their lease ends)",
+                safe(&c.relay_id),
+                counted(c.claimed, "row"),
+                c.expired
             ));
         }
         if let Some(line) = horizon_line(report.horizon.as_ref()) {
@@ -1428,6 +1502,7 @@ mod tests {
     fn relay(last_claim_ago_s: Option<i64>, now: DateTime<Utc>) -> RelayRecord {
         RelayRecord {
             relay_id: "r1".into(),
+            instance: String::new(),
             host: "h".into(),
             pid: 1,
             version: "0".into(),

@@ -196,11 +196,12 @@ pub enum RelayError {
     /// The relay's configuration cannot work.
     #[error("invalid relay configuration: {0}")]
     Config(String),
-    /// Another live process already runs a relay under this relay id (the registry has
-    /// its fresh heartbeat): two relays under one id would show as one in `outbox status`
-    /// and their claims (`claimed_by`) could not be told apart. Refused at start; a
-    /// registry row whose process is gone (same host, that pid no longer running, as after
-    /// a `kill -9` and a restart) does not count.
+    /// Another live relay already runs under this relay id: another process (the
+    /// registry has its fresh heartbeat), or another `Relay` of this program (then `host`
+    /// and `pid` are this process's). Two relays under one id could not be told apart by
+    /// their claims (`claimed_by`). Refused at start; a registry row whose process is
+    /// gone (same host, that pid no longer running, as after a `kill -9` and a restart)
+    /// does not count, and is removed.
     #[error(
         "relay id {relay_id:?} is in use by a live relay on {host} (pid {pid}, heartbeat {seen_ago_s:.1} s ago): give each relay its own --relay-id, or stop that one (a stopped relay's registry row expires 15 s after its last heartbeat)"
     )]
@@ -361,6 +362,10 @@ impl RelayHealth {
 /// ```
 pub struct Relay {
     store: Arc<dyn Store>,
+    /// This relay's instance (a UUID drawn in [`Relay::with_router`]): its registry row
+    /// is keyed by (relay id, instance), so two relays under one id (two processes, or two
+    /// `Relay`s in one program) each keep theirs and see each other.
+    instance: String,
     router: Arc<Router>,
     config: RelayConfig,
     counters: Arc<Counters>,
@@ -676,6 +681,7 @@ impl Relay {
     pub fn with_router(store: Arc<dyn Store>, router: Router, config: RelayConfig) -> Self {
         Relay {
             store,
+            instance: uuid::Uuid::new_v4().to_string(),
             router: Arc::new(router),
             counters: Arc::new(Counters::default()),
             pause: tokio::sync::Mutex::new(PauseCache::default()),
@@ -756,7 +762,7 @@ impl Relay {
         // Each worker claims, publishes and settles its own batches; SKIP LOCKED keeps
         // their claims apart, and one worker's publish overlaps another's claim and mark.
         crate::metrics::relay_info(&self.store_kind(), &self.router.describe());
-        self.refuse_if_id_taken().await?;
+        let _running = self.refuse_if_id_taken().await?;
         self.health.turned();
         // Parked rows this relay's ordering does not hold come back before the first
         // claim (so a drain sees them due).
@@ -799,26 +805,64 @@ impl Relay {
     /// Refuses to start when a live relay of another process already uses this relay's
     /// id ([`RelayError::IdTaken`]). A registry that cannot be read does not stop the
     /// relay (the heartbeat checks again).
-    async fn refuse_if_id_taken(&self) -> Result<(), RelayError> {
+    async fn refuse_if_id_taken(&self) -> Result<Running, RelayError> {
+        let host = host_name();
+        let running = Running::enter(&self.config.relay_id, &self.instance).map_err(|_| {
+            RelayError::IdTaken {
+                relay_id: self.config.relay_id.clone(),
+                host: host.clone(),
+                pid: i64::from(std::process::id()),
+                seen_ago_s: 0.0,
+            }
+        })?;
         if self.config.heartbeat_interval.is_zero() {
-            return Ok(());
+            return Ok(running);
         }
         let Ok(relays) = self.store.relays(crate::store::RELAY_EXPIRY).await else {
-            return Ok(());
+            return Ok(running);
         };
-        match id_holder(
-            &relays,
-            &self.config.relay_id,
-            &host_name(),
-            std::process::id(),
-        ) {
-            Some(other) => Err(RelayError::IdTaken {
+        if let Some(other) = id_holder(&relays, &self.config.relay_id, &self.instance, &host) {
+            return Err(RelayError::IdTaken {
                 relay_id: self.config.relay_id.clone(),
                 host: other.host.clone(),
                 pid: other.pid,
                 seen_ago_s: other.last_seen_ago_s,
-            }),
-            None => Ok(()),
+            });
+        }
+        // The rows of this id left by processes of this host that are gone (a kill -9
+        // and a restart): not a second relay, so not listed as one.
+        for gone in relays.iter().filter(|r| {
+            r.relay_id == self.config.relay_id && r.instance != self.instance && gone(r, &host)
+        }) {
+            let _ = self.store.deregister(&gone.relay_id, &gone.instance).await;
+        }
+        // Registered before the first claim: the row's `started_at` precedes every claim
+        // of this instance, which tells its claims from an earlier process's.
+        let _ = self.store.heartbeat(&self.beat(&host)).await;
+        Ok(running)
+    }
+
+    /// The registry row this relay writes at a heartbeat.
+    fn beat(&self, host: &str) -> crate::store::RelayHeartbeat {
+        crate::store::RelayHeartbeat {
+            relay_id: self.config.relay_id.clone(),
+            instance: self.instance.clone(),
+            host: host.to_owned(),
+            pid: i64::from(std::process::id()),
+            lease: self.config.lease,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            sink: self.router.describe(),
+            in_flight: self.health.in_flight(),
+            last_claim_ago: self.health.since_last_claim(),
+            destinations: self
+                .router
+                .destination_states()
+                .into_iter()
+                .map(|(name, state)| crate::store::DestinationState {
+                    name,
+                    state: state.to_owned(),
+                })
+                .collect(),
         }
     }
 
@@ -830,7 +874,7 @@ impl Relay {
         let Ok(relays) = self.store.relays(crate::store::RELAY_EXPIRY).await else {
             return;
         };
-        if let Some(other) = id_holder(&relays, &self.config.relay_id, host, std::process::id()) {
+        if let Some(other) = id_holder(&relays, &self.config.relay_id, &self.instance, host) {
             crate::metrics::add(crate::metrics::RELAY_ID_CONFLICTS, 1);
             tracing::error!(
                 relay_id = %self.config.relay_id,
@@ -920,24 +964,7 @@ impl Relay {
                 && now >= at
             {
                 next_beat = Some(now + interval);
-                let beat = crate::store::RelayHeartbeat {
-                    relay_id: cfg.relay_id.clone(),
-                    host: host.clone(),
-                    pid: i64::from(std::process::id()),
-                    version: env!("CARGO_PKG_VERSION").to_owned(),
-                    sink: self.router.describe(),
-                    in_flight: self.health.in_flight(),
-                    last_claim_ago: self.health.since_last_claim(),
-                    destinations: self
-                        .router
-                        .destination_states()
-                        .into_iter()
-                        .map(|(name, state)| crate::store::DestinationState {
-                            name,
-                            state: state.to_owned(),
-                        })
-                        .collect(),
-                };
+                let beat = self.beat(&host);
                 self.check_id_at_heartbeat(&host).await;
                 let began = Instant::now();
                 match self.store.heartbeat(&beat).await {
@@ -1006,8 +1033,11 @@ impl Relay {
         // The last log lines tell the pause state the relay stopped in.
         let _ = tokio::time::timeout(Duration::from_secs(2), self.note_pause()).await;
         if registry {
-            match tokio::time::timeout(Duration::from_secs(2), self.store.deregister(&cfg.relay_id))
-                .await
+            match tokio::time::timeout(
+                Duration::from_secs(2),
+                self.store.deregister(&cfg.relay_id, &self.instance),
+            )
+            .await
             {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
@@ -1047,9 +1077,9 @@ impl Relay {
         let sampler = !registry
             || relays
                 .iter()
-                .map(|r| r.relay_id.as_str())
+                .map(|r| (r.relay_id.as_str(), r.instance.as_str()))
                 .min()
-                .is_none_or(|first| first == self.config.relay_id);
+                .is_none_or(|first| first == (&self.config.relay_id, &self.instance));
         if !sampler {
             return Ok(());
         }
@@ -1723,24 +1753,76 @@ fn quarantine_reason(error: &str) -> &'static str {
     }
 }
 
-/// The live registry row of `relay_id` that another process wrote, if any: not this
-/// process (`host`, `pid`), and not a process of this host that is gone (a registry row
-/// outlives a `kill -9` by up to its expiry; `/proc` tells whether the pid still runs,
-/// where there is one).
+/// The live registry row of `relay_id` that another relay instance wrote, if any: not
+/// this one (`instance`; another `Relay` of this process counts), and not a process of
+/// this host that is gone ([`gone`]).
 fn id_holder<'a>(
     relays: &'a [crate::store::RelayRecord],
     relay_id: &str,
+    instance: &str,
     host: &str,
-    pid: u32,
 ) -> Option<&'a crate::store::RelayRecord> {
-    let proc_fs = std::path::Path::new("/proc/self").exists();
-    relays.iter().find(|r| {
-        r.relay_id == relay_id
-            && (r.host != host || r.pid != i64::from(pid))
-            && !(r.host == host
-                && proc_fs
-                && !std::path::Path::new(&format!("/proc/{}", r.pid)).exists())
-    })
+    relays
+        .iter()
+        .find(|r| r.relay_id == relay_id && r.instance != instance && !gone(r, host))
+}
+
+/// Whether the registry row was written by a process of this host (`host`) that no longer
+/// runs: a registry row outlives a `kill -9` by up to its expiry. A row of this pid is
+/// gone unless its instance runs in this process (a restarted process may get the pid of
+/// the one that died, as a container's first process does); for another pid, `/proc`
+/// tells whether it still runs, where there is one.
+fn gone(r: &crate::store::RelayRecord, host: &str) -> bool {
+    if r.host != host {
+        return false;
+    }
+    if r.pid == i64::from(std::process::id()) {
+        return !Running::runs(&r.instance);
+    }
+    std::path::Path::new("/proc/self").exists()
+        && !std::path::Path::new(&format!("/proc/{}", r.pid)).exists()
+}
+
+/// The relays running in this process, as (relay id, instance): a second `Relay` of this
+/// program under a relay id already running here is refused at once, whatever the
+/// registry says (heartbeats off, or the first one's row not written yet).
+static RUNNING: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// A relay's entry in [`RUNNING`], removed when its run ends.
+struct Running(String);
+
+impl Running {
+    /// Enters `instance` under `relay_id`; `Err` when another instance of this process
+    /// runs under that id.
+    fn enter(relay_id: &str, instance: &str) -> Result<Running, ()> {
+        let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+        if running
+            .iter()
+            .any(|(id, i)| id == relay_id && i != instance)
+        {
+            return Err(());
+        }
+        running.push((relay_id.to_owned(), instance.to_owned()));
+        Ok(Running(instance.to_owned()))
+    }
+
+    /// Whether `instance` runs in this process.
+    fn runs(instance: &str) -> bool {
+        RUNNING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|(_, i)| i == instance)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(_, i)| *i != self.0);
+    }
 }
 
 /// This host's name (`HOSTNAME`, else `/etc/hostname`, else `localhost`).

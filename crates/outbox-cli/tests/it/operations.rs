@@ -1412,8 +1412,8 @@ fn a_second_relay_under_a_live_id_is_refused() {
     third.wait().unwrap();
 }
 
-/// Two relays that both passed the start check (here: the registry row rewritten as
-/// another host's process would write it, with a fresh heartbeat) are seen at the next
+/// Two relays that both passed the start check (here: a registry row of another relay
+/// instance, as another host's process would write it, with a fresh heartbeat) are seen at the next
 /// heartbeat: an ERROR log line and `outbox_relay_id_conflicts_total`.
 #[test]
 fn a_relay_id_taken_after_start_is_reported_at_the_next_heartbeat() {
@@ -1446,15 +1446,10 @@ fn a_relay_id_taken_after_start_is_reported_at_the_next_heartbeat() {
         Some(0.0),
         "{scrape}"
     );
-    let sql = format!(
-        "UPDATE {}.relays SET host = 'elsewhere', pid = 4242, last_seen = now() WHERE relay_id = 'raced-relay'",
-        db.schema
+    db.sql(
+        "INSERT INTO {relays} (relay_id, instance, host, pid, version, sink, in_flight)
+         VALUES ('raced-relay', 'an-instance-elsewhere', 'elsewhere', 4242, '0.1.0', 'stdout', 0);",
     );
-    let psql = Command::new("psql")
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", PG, "-c", &sql])
-        .output()
-        .unwrap();
-    assert!(psql.status.success(), "{psql:?}");
     wait_for("the conflict counted", Duration::from_secs(20), || {
         let (_, body) = http_get(port, "/metrics")?;
         (sample(&body, "outbox_relay_id_conflicts_total", &[])? >= 1.0).then_some(())
@@ -1466,4 +1461,229 @@ fn a_relay_id_taken_after_start_is_reported_at_the_next_heartbeat() {
         err.contains("ERROR") && err.contains("another live relay runs under this relay id"),
         "{err}"
     );
+}
+
+impl Db {
+    /// Runs `sql` on this outbox's database with its shell client (`sqlite3`, `psql`,
+    /// `mariadb`); `{relays}` in it names the registry table.
+    fn sql(&self, sql: &str) {
+        if self.url.starts_with("sqlite:") {
+            // Waits for the relay's write lock instead of failing on it.
+            let sql = format!(
+                ".timeout 10000\n{}",
+                sql.replace("{relays}", "outbox_relays")
+            );
+            return self.sqlite_exec(&sql);
+        }
+        let (program, args, table): (&str, Vec<&str>, String) = if self.url.starts_with("mysql:") {
+            (
+                "mariadb",
+                vec!["-h", "127.0.0.1", "-u", "root", "test"],
+                format!("{}_relays", self.schema),
+            )
+        } else {
+            (
+                "psql",
+                vec!["-X", "-q", "-v", "ON_ERROR_STOP=1", PG],
+                format!("{}.relays", self.schema),
+            )
+        };
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(sql.replace("{relays}", &table).as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{program}: {out:?}");
+    }
+
+    /// The database clock as the registry keeps it (an SQL expression).
+    fn now_sql(&self) -> &'static str {
+        if self.url.starts_with("sqlite:") {
+            "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
+        } else if self.url.starts_with("mysql:") {
+            "UTC_TIMESTAMP(6)"
+        } else {
+            "now()"
+        }
+    }
+}
+
+/// Two relays under one id that both passed the start check (here: a live registry row
+/// of another relay instance on another host, written as that relay would) are listed
+/// each with its host, pid and start, and the id is marked as conflicting; stopping the
+/// local relay removes only its own row.
+fn two_relays_under_one_id_are_each_listed(db: &Db) {
+    run_ok(db.cmd().arg("migrate"));
+    let relay = db
+        .cmd()
+        .args(["relay", "--sink", "stdout", "--relay-id", "twin-relay"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = i64::from(relay.id());
+    wait_for("the relay registered", Duration::from_secs(20), || {
+        (!registered(db, "twin-relay").is_empty()).then_some(())
+    });
+    let now = db.now_sql();
+    db.sql(&format!(
+        "INSERT INTO {{relays}} (relay_id, instance, host, pid, version, sink, in_flight,
+                                started_at, last_seen)
+         VALUES ('twin-relay', 'an-instance-elsewhere', 'elsewhere', 4242, '0.1.0', 'stdout', 0,
+                 {now}, {now});"
+    ));
+    let s = db.status();
+    let mut listed = registered(db, "twin-relay");
+    listed.sort();
+    assert_eq!(
+        listed,
+        vec![("elsewhere".to_owned(), 4242), (host(), pid)],
+        "{s}"
+    );
+    assert_eq!(
+        s["relay_id_conflicts"],
+        serde_json::json!(["twin-relay"]),
+        "{s}"
+    );
+    for r in s["relays"].as_array().unwrap() {
+        assert_eq!(r["id_conflict"], true, "{s}");
+        assert!(r["started_at"].is_string(), "{s}");
+    }
+    let text = run_ok(db.cmd().arg("status"));
+    assert!(
+        text.contains("RELAY ID CONFLICT: 2 relays run under twin-relay")
+            && text.contains(&format!("pid {pid}  started "))
+            && text.contains("elsewhere pid 4242  started "),
+        "{text}"
+    );
+
+    sigterm(&relay);
+    relay.wait_with_output().unwrap();
+    assert_eq!(
+        registered(db, "twin-relay"),
+        vec![("elsewhere".to_owned(), 4242)],
+        "a relay leaves only its own row"
+    );
+}
+
+/// This host's name as the relay writes it.
+fn host() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+#[test]
+fn two_relays_under_one_id_are_each_listed_sqlite() {
+    two_relays_under_one_id_are_each_listed(&Db::sqlite());
+}
+
+#[test]
+fn two_relays_under_one_id_are_each_listed_postgres() {
+    two_relays_under_one_id_are_each_listed(&Db::postgres());
+}
+
+#[test]
+fn two_relays_under_one_id_are_each_listed_mariadb() {
+    two_relays_under_one_id_are_each_listed(&Db::mariadb());
+}
+
+/// After a `kill -9` and a restart under the same id, `status` lists the new process
+/// only, counts as its claims only the rows it claimed, and shows the dead process's
+/// claims (still under their lease) as an earlier process's.
+fn a_restarted_relay_is_not_given_the_dead_ones_claims(db: &Db) {
+    run_ok(db.cmd().arg("migrate"));
+    db.enqueue("phoenix.v1", 3);
+    let (port, _hole) = black_hole();
+    let start = || {
+        db.cmd()
+            .args([
+                "relay",
+                "--sink",
+                &format!("http://127.0.0.1:{port}/hook"),
+                "--relay-id",
+                "phoenix-relay",
+                "--lease-ms",
+                "120000",
+                "--publish-timeout-ms",
+                "120000",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut dead = start();
+    wait_for("the first relay's claims", Duration::from_secs(20), || {
+        let s = db.status();
+        (s["claimed"] == 3 && s["relays"].as_array()?.len() == 1).then_some(())
+    });
+    dead.kill().unwrap();
+    dead.wait().unwrap();
+
+    let mut live = start();
+    let pid = i64::from(live.id());
+    wait_for("the restart registered", Duration::from_secs(20), || {
+        (registered(db, "phoenix-relay") == vec![(host(), pid)]).then_some(())
+    });
+    db.enqueue("phoenix.v1", 2);
+    let s = wait_for("the restart's claims", Duration::from_secs(20), || {
+        let s = db.status();
+        (s["claimed"] == 5).then_some(s)
+    });
+    assert_eq!(registered(db, "phoenix-relay"), vec![(host(), pid)], "{s}");
+    assert_eq!(s["relays"][0]["claimed"], 2, "its own claims only: {s}");
+    assert_eq!(s["relays"][0]["id_conflict"], false, "{s}");
+    let earlier = s["claims_of_earlier_processes"].as_array().unwrap();
+    assert_eq!(earlier.len(), 1, "{s}");
+    assert_eq!(earlier[0]["relay_id"], "phoenix-relay");
+    assert_eq!(
+        (
+            earlier[0]["claimed"].as_i64(),
+            earlier[0]["expired"].as_i64()
+        ),
+        (Some(3), Some(0)),
+        "{s}"
+    );
+    let text = run_ok(db.cmd().arg("status"));
+    assert!(
+        text.contains(&format!("pid {pid}  started "))
+            && text.contains("claims 2  ")
+            && text.contains(
+                "claimed by an earlier process of phoenix-relay: 3 rows, 0 with an ended lease"
+            ),
+        "{text}"
+    );
+    live.kill().unwrap();
+    live.wait().unwrap();
+}
+
+#[test]
+fn a_restarted_relay_is_not_given_the_dead_ones_claims_sqlite() {
+    a_restarted_relay_is_not_given_the_dead_ones_claims(&Db::sqlite());
+}
+
+#[test]
+fn a_restarted_relay_is_not_given_the_dead_ones_claims_postgres() {
+    a_restarted_relay_is_not_given_the_dead_ones_claims(&Db::postgres());
+}
+
+#[test]
+fn a_restarted_relay_is_not_given_the_dead_ones_claims_mariadb() {
+    a_restarted_relay_is_not_given_the_dead_ones_claims(&Db::mariadb());
 }

@@ -596,8 +596,9 @@ pub trait Store: Send + Sync + 'static {
     /// write) and deletes rows not seen for an hour.
     async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()>;
 
-    /// Deletes the relay's registry row (clean exit).
-    async fn deregister(&self, relay_id: &str) -> Result<()>;
+    /// Deletes the registry row of one relay instance (clean exit, or a process of this
+    /// host that is gone); the rows of other instances under the same id stay.
+    async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()>;
 
     /// Registry rows seen within `within` (database clock), oldest first.
     async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>>;
@@ -857,8 +858,8 @@ impl Store for AnyStore {
     async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()> {
         self.inner().heartbeat(beat).await
     }
-    async fn deregister(&self, relay_id: &str) -> Result<()> {
-        self.inner().deregister(relay_id).await
+    async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()> {
+        self.inner().deregister(relay_id, instance).await
     }
     async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {
         self.inner().relays(within).await

@@ -47,7 +47,7 @@ use uuid::Uuid;
 /// topic pauses carry their regex, so the claim itself honours them; 6: `order_key` and its
 /// index, for per-key ordering; 7: the relay registry keeps destinations; 8:
 /// `{prefix}_inbox_accept` takes the id's inbox lock, as `MySqlStore::inbox_accept` does).
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
@@ -188,27 +188,34 @@ impl Sql {
             // MariaDB alike.
             heartbeat: q(format!(
                 "INSERT INTO {p}_relays (relay_id, host, pid, version, sink, in_flight, started_at,
-                                         last_seen, last_claim_at, destinations)
-                 VALUES (?, ?, ?, ?, ?, ?, {n}, {n}, TIMESTAMPADD(MICROSECOND, -? * 1000, {n}), ?)
+                                         last_seen, last_claim_at, destinations, instance,
+                                         lease_ms)
+                 VALUES (?, ?, ?, ?, ?, ?, {n}, {n}, TIMESTAMPADD(MICROSECOND, -? * 1000, {n}), ?,
+                         ?, ?)
                  ON DUPLICATE KEY UPDATE host = VALUES(host), pid = VALUES(pid),
+                     lease_ms = VALUES(lease_ms),
                      version = VALUES(version), sink = VALUES(sink), in_flight = VALUES(in_flight),
                      last_seen = VALUES(last_seen), last_claim_at = VALUES(last_claim_at),
                      destinations = VALUES(destinations)"
             )),
             relays_stale: q(format!(
-                "SELECT relay_id FROM {p}_relays WHERE last_seen < TIMESTAMPADD(HOUR, -1, {n})"
+                "SELECT relay_id, instance FROM {p}_relays
+                 WHERE last_seen < TIMESTAMPADD(HOUR, -1, {n})"
             )),
             relay_expire: q(format!(
                 "DELETE FROM {p}_relays
-                 WHERE relay_id = ? AND last_seen < TIMESTAMPADD(HOUR, -1, {n})"
+                 WHERE relay_id = ? AND instance = ?
+                   AND last_seen < TIMESTAMPADD(HOUR, -1, {n})"
             )),
-            deregister: q(format!("DELETE FROM {p}_relays WHERE relay_id = ?")),
+            deregister: q(format!(
+                "DELETE FROM {p}_relays WHERE relay_id = ? AND instance = ?"
+            )),
             relays: q(format!(
                 "SELECT relay_id, host, pid, version, sink, in_flight, started_at, last_seen,
                         CAST(TIMESTAMPDIFF(MICROSECOND, last_seen, {n}) AS SIGNED), last_claim_at,
-                        destinations
+                        destinations, instance
                  FROM {p}_relays WHERE last_seen >= TIMESTAMPADD(MICROSECOND, -? * 1000, {n})
-                 ORDER BY started_at, relay_id"
+                 ORDER BY started_at, relay_id, instance"
             )),
             pause_topic: q(format!(
                 "INSERT INTO {p}_topic_pauses (pattern, reason, paused_by, paused_at, regex)
@@ -224,8 +231,19 @@ impl Sql {
                  FROM {p}_messages WHERE live_at <= {n}"
             )),
             claims_by: q(format!(
-                "SELECT claimed_by, COUNT(*), CAST(COALESCE(SUM(available_at <= {n}), 0) AS SIGNED)
-                 FROM {p}_messages WHERE status = 1 GROUP BY claimed_by ORDER BY claimed_by"
+                // Each claim goes to the latest-started live instance of its relay id
+                // whose start plus lease is not after the claim's lease end (none: an
+                // earlier process's).
+                "SELECT m.claimed_by,
+                        (SELECT r.instance FROM {p}_relays r
+                         WHERE r.relay_id = m.claimed_by
+                           AND r.last_seen >= TIMESTAMPADD(MICROSECOND, -{expiry} * 1000, {n})
+                           AND TIMESTAMPADD(MICROSECOND, r.lease_ms * 1000, r.started_at)
+                               <= m.available_at
+                         ORDER BY r.started_at DESC, r.instance LIMIT 1) AS inst,
+                        COUNT(*), CAST(COALESCE(SUM(m.available_at <= {n}), 0) AS SIGNED)
+                 FROM {p}_messages m WHERE m.status = 1 GROUP BY 1, 2 ORDER BY 1, 2",
+                expiry = super::RELAY_EXPIRY.as_millis()
             )),
             by_topic: q(format!(
                 "SELECT topic, COUNT(*) FROM {p}_messages WHERE status = ?
@@ -422,7 +440,18 @@ fn migrations(p: &str) -> Vec<Vec<String>> {
         &format!("ALTER TABLE {p}_relays ADD COLUMN destinations TEXT NULL"),
     ),
     // v8: the SQL entry point takes the id's inbox lock (`inbox_lock_name`).
-    inbox_accept_v8(p)]
+    inbox_accept_v8(p),
+    // v9: a registry row per relay instance (two relays under one id each keep theirs),
+    // with the instance's lease (which claims are whose). Guarded, as v3 is.
+    alter_unless_column(
+        &format!("{p}_relays"),
+        "instance",
+        &format!(
+            "ALTER TABLE {p}_relays ADD COLUMN instance VARCHAR(64) NOT NULL,
+             ADD COLUMN lease_ms BIGINT NOT NULL DEFAULT 0,
+             DROP PRIMARY KEY, ADD PRIMARY KEY (relay_id, instance)"
+        ),
+    )]
 }
 
 /// The name of the inbox lock of (`consumer`, `message_id`), SQL expressions (the
@@ -2074,25 +2103,29 @@ impl Store for MySqlStore {
             .bind(beat.in_flight)
             .bind(beat.last_claim_ago.map(millis))
             .bind(super::ops::destinations_json(&beat.destinations))
+            .bind(&beat.instance)
+            .bind(millis(beat.lease))
             .execute(&self.inner.pool)
             .await?;
         // Rows not seen for an hour: found by a plain read, deleted by primary key (still
         // stale), so no range of the registry is ever locked.
-        let stale: Vec<String> = sqlx::query_scalar(self.inner.sql.relays_stale.clone())
+        let stale: Vec<(String, String)> = sqlx::query_as(self.inner.sql.relays_stale.clone())
             .fetch_all(&self.inner.pool)
             .await?;
-        for relay_id in stale {
+        for (relay_id, instance) in stale {
             sqlx::query(self.inner.sql.relay_expire.clone())
                 .bind(relay_id)
+                .bind(instance)
                 .execute(&self.inner.pool)
                 .await?;
         }
         Ok(())
     }
 
-    async fn deregister(&self, relay_id: &str) -> Result<()> {
+    async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()> {
         sqlx::query(self.inner.sql.deregister.clone())
             .bind(relay_id)
+            .bind(instance)
             .execute(&self.inner.pool)
             .await?;
         Ok(())
@@ -2111,6 +2144,7 @@ impl Store for MySqlStore {
             i64,
             Option<NaiveDateTime>,
             Option<String>,
+            String,
         );
         let rows: Vec<Row> = sqlx::query_as(self.inner.sql.relays.clone())
             .bind(millis(within))
@@ -2120,6 +2154,7 @@ impl Store for MySqlStore {
             .into_iter()
             .map(|r| RelayRecord {
                 relay_id: r.0,
+                instance: r.11,
                 host: r.1,
                 pid: r.2,
                 version: r.3,
@@ -2368,9 +2403,10 @@ impl Store for MySqlStore {
         let counts = self.counts().await?;
         let (due, oldest_due, expired): (i64, Option<i64>, i64) =
             sqlx::query_as(sql.due.clone()).fetch_one(pool).await?;
-        let claims_by: Vec<(Option<String>, i64, i64)> = sqlx::query_as(sql.claims_by.clone())
-            .fetch_all(pool)
-            .await?;
+        let claims_by: Vec<(Option<String>, Option<String>, i64, i64)> =
+            sqlx::query_as(sql.claims_by.clone())
+                .fetch_all(pool)
+                .await?;
         let p = &self.inner.config.schema;
         let parked: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT COUNT(*) FROM {p}_messages WHERE live_at = '{PARKED}'"
@@ -2392,8 +2428,9 @@ impl Store for MySqlStore {
             parked,
             claims_by: claims_by
                 .into_iter()
-                .map(|(r, claimed, expired)| ClaimsBy {
+                .map(|(r, instance, claimed, expired)| ClaimsBy {
                     relay_id: r.unwrap_or_default(),
+                    instance,
                     claimed,
                     expired,
                 })

@@ -320,10 +320,18 @@ pub struct ReplayRecord {
 pub struct RelayHeartbeat {
     /// The relay's id (also written to `claimed_by` of its claims).
     pub relay_id: String,
+    /// This relay's instance: a UUID drawn when the `Relay` was made, so two relays
+    /// under one id (two processes, or two `Relay`s in one program) keep a registry row
+    /// each (the registry is keyed by `(relay_id, instance)`).
+    pub instance: String,
     /// Host name.
     pub host: String,
     /// Process id.
     pub pid: i64,
+    /// The relay's lease: a claim whose lease ends at least this long after the
+    /// instance's `started_at` was made by it or a later instance, not by an earlier
+    /// process of the same id ([`ClaimsBy::instance`]).
+    pub lease: Duration,
     /// The build's version.
     pub version: String,
     /// Where it publishes, without secrets (`Router::describe`).
@@ -376,6 +384,9 @@ pub struct AuditEntry {
 pub struct RelayRecord {
     /// The relay's id.
     pub relay_id: String,
+    /// The relay's instance ([`RelayHeartbeat::instance`]; empty for a row written
+    /// before the registry kept instances).
+    pub instance: String,
     /// Host name.
     pub host: String,
     /// Process id.
@@ -417,6 +428,12 @@ pub struct TopicPause {
 pub struct ClaimsBy {
     /// `claimed_by` (a relay id).
     pub relay_id: String,
+    /// The live registry row ([`RelayRecord::instance`]) of this relay id whose lifetime
+    /// holds these claims: the latest-started one whose `started_at` plus lease is not
+    /// after the claims' lease end. `None` when no live relay has this id, or when the
+    /// claims were made before every live instance of it started (by an earlier process
+    /// of the id, killed without releasing them: they come back when their lease ends).
+    pub instance: Option<String>,
     /// Claimed rows.
     pub claimed: i64,
     /// Of those, rows whose lease has ended (database clock).

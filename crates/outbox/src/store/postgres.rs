@@ -27,7 +27,7 @@ use uuid::Uuid;
 /// skips its header checks for a message without headers; 6: topic pauses carry their
 /// regex, so the claim itself honours them; 7: the `messages_key` index of per-key
 /// ordering).
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// SQL text built once per store from the validated schema name.
 struct Sql {
@@ -631,6 +631,14 @@ $fn$;
         ),
         // v8: the registry keeps each relay's destinations and their state (JSON).
         format!("ALTER TABLE {s}.relays ADD COLUMN IF NOT EXISTS destinations text;"),
+        // v9: a registry row per relay instance (two relays under one id each keep
+        // theirs), with the instance's lease (which claims are whose).
+        format!(
+            "ALTER TABLE {s}.relays ADD COLUMN IF NOT EXISTS instance text NOT NULL DEFAULT '';
+             ALTER TABLE {s}.relays ADD COLUMN IF NOT EXISTS lease_ms bigint NOT NULL DEFAULT 0;
+             ALTER TABLE {s}.relays DROP CONSTRAINT IF EXISTS relays_pkey;
+             ALTER TABLE {s}.relays ADD PRIMARY KEY (relay_id, instance);"
+        ),
     ]
 }
 
@@ -1803,9 +1811,9 @@ impl Store for PgStore {
         sqlx::query(AssertSqlSafe(format!(
             "WITH up AS (
                INSERT INTO {s}.relays (relay_id, host, pid, version, sink, in_flight, last_claim_at,
-                                       destinations)
-               VALUES ($1, $2, $3, $4, $5, $6, now() - $7 * interval '1 millisecond', $8)
-               ON CONFLICT (relay_id) DO UPDATE SET
+                                       destinations, instance, lease_ms)
+               VALUES ($1, $2, $3, $4, $5, $6, now() - $7 * interval '1 millisecond', $8, $9, $10)
+               ON CONFLICT (relay_id, instance) DO UPDATE SET lease_ms = excluded.lease_ms,
                    host = excluded.host, pid = excluded.pid, version = excluded.version,
                    sink = excluded.sink, in_flight = excluded.in_flight, last_seen = now(),
                    last_claim_at = excluded.last_claim_at, destinations = excluded.destinations
@@ -1820,17 +1828,20 @@ impl Store for PgStore {
         .bind(beat.in_flight)
         .bind(beat.last_claim_ago.map(millis))
         .bind(super::ops::destinations_json(&beat.destinations))
+        .bind(&beat.instance)
+        .bind(millis(beat.lease))
         .execute(&self.inner.pool)
         .await?;
         Ok(())
     }
 
-    async fn deregister(&self, relay_id: &str) -> Result<()> {
+    async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()> {
         let s = self.s();
         sqlx::query(AssertSqlSafe(format!(
-            "DELETE FROM {s}.relays WHERE relay_id = $1"
+            "DELETE FROM {s}.relays WHERE relay_id = $1 AND instance = $2"
         )))
         .bind(relay_id)
+        .bind(instance)
         .execute(&self.inner.pool)
         .await?;
         Ok(())
@@ -1850,12 +1861,14 @@ impl Store for PgStore {
             f64,
             Option<DateTime<Utc>>,
             Option<String>,
+            String,
         );
         let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT relay_id, host, pid, version, sink, in_flight, started_at, last_seen,
-                    extract(epoch FROM now() - last_seen)::float8, last_claim_at, destinations
+                    extract(epoch FROM now() - last_seen)::float8, last_claim_at, destinations,
+                    instance
              FROM {s}.relays WHERE last_seen >= now() - $1 * interval '1 millisecond'
-             ORDER BY started_at, relay_id"
+             ORDER BY started_at, relay_id, instance"
         )))
         .bind(millis(within))
         .fetch_all(&self.inner.pool)
@@ -1864,6 +1877,7 @@ impl Store for PgStore {
             .into_iter()
             .map(|r| RelayRecord {
                 relay_id: r.0,
+                instance: r.11,
                 host: r.1,
                 pid: r.2,
                 version: r.3,
@@ -2120,10 +2134,20 @@ impl Store for PgStore {
         )))
         .fetch_one(pool)
         .await?;
-        let claims_by: Vec<(Option<String>, i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT claimed_by, count(*), count(*) FILTER (WHERE available_at <= now())
-             FROM {s}.messages WHERE status = 1 GROUP BY claimed_by ORDER BY claimed_by"
-        )))
+        // Each claim goes to the latest-started live instance of its relay id whose start
+        // plus lease is not after the claim's lease end (none: an earlier process's).
+        let claims_by: Vec<(Option<String>, Option<String>, i64, i64)> =
+            sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT m.claimed_by,
+                        (SELECT r.instance FROM {s}.relays r
+                         WHERE r.relay_id = m.claimed_by
+                           AND r.last_seen >= now() - {expiry} * interval '1 millisecond'
+                           AND r.started_at + r.lease_ms * interval '1 millisecond' <= m.available_at
+                         ORDER BY r.started_at DESC, r.instance LIMIT 1) AS instance,
+                        count(*), count(*) FILTER (WHERE m.available_at <= now())
+                 FROM {s}.messages m WHERE m.status = 1 GROUP BY 1, 2 ORDER BY 1, 2",
+                expiry = super::RELAY_EXPIRY.as_millis()
+            )))
         .fetch_all(pool)
         .await?;
         let by_topic = async |status: i16| -> Result<Vec<(String, i64)>> {
@@ -2148,8 +2172,9 @@ impl Store for PgStore {
             parked,
             claims_by: claims_by
                 .into_iter()
-                .map(|(r, claimed, expired)| ClaimsBy {
+                .map(|(r, instance, claimed, expired)| ClaimsBy {
                     relay_id: r.unwrap_or_default(),
+                    instance,
                     claimed,
                     expired,
                 })

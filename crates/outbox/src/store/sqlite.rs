@@ -37,7 +37,7 @@ use uuid::Uuid;
 /// Schema version this build creates and expects (4: the consumer inbox; 5: topic pauses
 /// carry their regex, so the claim itself honours them; 6: the `messages_key` index of
 /// per-key ordering).
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// The database clock in integer milliseconds (UTC); constant within one statement.
 const NOW_MS: &str = super::SQLITE_NOW_MS;
@@ -392,6 +392,32 @@ CREATE INDEX IF NOT EXISTS {p}_inbox_received ON {p}_inbox (received_at);
         ),
         // v7: the registry keeps each relay's destinations and their state (JSON).
         format!("ALTER TABLE {p}_relays ADD COLUMN destinations TEXT;"),
+        // v8: a registry row per relay instance (two relays under one id each keep
+        // theirs), with the instance's lease (which claims are whose). SQLite cannot
+        // change a primary key: the table is rebuilt.
+        format!(
+            "CREATE TABLE {p}_relays_v8 (
+                 relay_id      TEXT NOT NULL,
+                 instance      TEXT NOT NULL DEFAULT '',
+                 host          TEXT NOT NULL,
+                 pid           INTEGER NOT NULL,
+                 version       TEXT NOT NULL,
+                 sink          TEXT NOT NULL,
+                 in_flight     INTEGER NOT NULL DEFAULT 0,
+                 started_at    INTEGER NOT NULL,
+                 last_seen     INTEGER NOT NULL,
+                 last_claim_at INTEGER,
+                 destinations  TEXT,
+                 lease_ms      INTEGER NOT NULL DEFAULT 0,
+                 PRIMARY KEY (relay_id, instance)
+             );
+             INSERT INTO {p}_relays_v8 (relay_id, host, pid, version, sink, in_flight, started_at,
+                                        last_seen, last_claim_at, destinations)
+             SELECT relay_id, host, pid, version, sink, in_flight, started_at, last_seen,
+                    last_claim_at, destinations FROM {p}_relays;
+             DROP TABLE {p}_relays;
+             ALTER TABLE {p}_relays_v8 RENAME TO {p}_relays;"
+        ),
     ]
 }
 
@@ -1575,9 +1601,10 @@ impl Store for SqliteStore {
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO {p}_relays (relay_id, host, pid, version, sink, in_flight, started_at,
-                                     last_seen, last_claim_at, destinations)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, {n}, {n}, CASE WHEN ?7 IS NULL THEN NULL ELSE {n} - ?7 END, ?8)
-             ON CONFLICT (relay_id) DO UPDATE SET
+                                     last_seen, last_claim_at, destinations, instance, lease_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, {n}, {n}, CASE WHEN ?7 IS NULL THEN NULL ELSE {n} - ?7 END, ?8,
+                     ?9, ?10)
+             ON CONFLICT (relay_id, instance) DO UPDATE SET lease_ms = excluded.lease_ms,
                  host = excluded.host, pid = excluded.pid, version = excluded.version,
                  sink = excluded.sink, in_flight = excluded.in_flight,
                  last_seen = excluded.last_seen, last_claim_at = excluded.last_claim_at,
@@ -1591,6 +1618,8 @@ impl Store for SqliteStore {
         .bind(beat.in_flight)
         .bind(beat.last_claim_ago.map(millis))
         .bind(super::ops::destinations_json(&beat.destinations))
+        .bind(&beat.instance)
+        .bind(millis(beat.lease))
         .execute(&mut *tx)
         .await?;
         sqlx::query(AssertSqlSafe(format!(
@@ -1602,12 +1631,13 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    async fn deregister(&self, relay_id: &str) -> Result<()> {
+    async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()> {
         let p = self.p();
         sqlx::query(AssertSqlSafe(format!(
-            "DELETE FROM {p}_relays WHERE relay_id = ?1"
+            "DELETE FROM {p}_relays WHERE relay_id = ?1 AND instance = ?2"
         )))
         .bind(relay_id)
+        .bind(instance)
         .execute(&self.inner.pool)
         .await?;
         Ok(())
@@ -1628,11 +1658,13 @@ impl Store for SqliteStore {
             i64,
             Option<i64>,
             Option<String>,
+            String,
         );
         let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT relay_id, host, pid, version, sink, in_flight, started_at, last_seen,
-                    {n} - last_seen, last_claim_at, destinations
-             FROM {p}_relays WHERE last_seen >= {n} - ?1 ORDER BY started_at, relay_id"
+                    {n} - last_seen, last_claim_at, destinations, instance
+             FROM {p}_relays WHERE last_seen >= {n} - ?1
+             ORDER BY started_at, relay_id, instance"
         )))
         .bind(millis(within))
         .fetch_all(&self.inner.pool)
@@ -1641,6 +1673,7 @@ impl Store for SqliteStore {
             .into_iter()
             .map(|r| RelayRecord {
                 relay_id: r.0,
+                instance: r.11,
                 host: r.1,
                 pid: r.2,
                 version: r.3,
@@ -1833,12 +1866,21 @@ impl Store for SqliteStore {
         )))
         .fetch_one(pool)
         .await?;
-        let claims_by: Vec<(Option<String>, i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT claimed_by, count(*), coalesce(sum(available_at <= {n}), 0)
-             FROM {p}_messages WHERE status = 1 GROUP BY claimed_by ORDER BY claimed_by"
-        )))
-        .fetch_all(pool)
-        .await?;
+        // Each claim goes to the latest-started live instance of its relay id whose start
+        // plus lease is not after the claim's lease end (none: an earlier process's).
+        let claims_by: Vec<(Option<String>, Option<String>, i64, i64)> =
+            sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT m.claimed_by,
+                        (SELECT r.instance FROM {p}_relays r
+                         WHERE r.relay_id = m.claimed_by AND r.last_seen >= {n} - {expiry}
+                           AND r.started_at + r.lease_ms <= m.available_at
+                         ORDER BY r.started_at DESC, r.instance LIMIT 1) AS instance,
+                        count(*), coalesce(sum(m.available_at <= {n}), 0)
+                 FROM {p}_messages m WHERE m.status = 1 GROUP BY 1, 2 ORDER BY 1, 2",
+                expiry = super::RELAY_EXPIRY.as_millis()
+            )))
+            .fetch_all(pool)
+            .await?;
         let by_topic = async |status: i16| -> Result<Vec<(String, i64)>> {
             let rows: Vec<(Vec<u8>, i64)> = sqlx::query_as(AssertSqlSafe(format!(
                 "SELECT CAST(topic AS BLOB), count(*) FROM {p}_messages WHERE status = ?1
@@ -1861,8 +1903,9 @@ impl Store for SqliteStore {
             parked,
             claims_by: claims_by
                 .into_iter()
-                .map(|(r, claimed, expired)| ClaimsBy {
+                .map(|(r, instance, claimed, expired)| ClaimsBy {
                     relay_id: r.unwrap_or_default(),
+                    instance,
                     claimed,
                     expired,
                 })

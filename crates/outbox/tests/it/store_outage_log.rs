@@ -124,9 +124,9 @@ impl outbox::Store for Flaky {
         self.check()?;
         self.inner.heartbeat(beat).await
     }
-    async fn deregister(&self, relay_id: &str) -> outbox::Result<()> {
+    async fn deregister(&self, relay_id: &str, instance: &str) -> outbox::Result<()> {
         self.check()?;
-        self.inner.deregister(relay_id).await
+        self.inner.deregister(relay_id, instance).await
     }
     async fn relays(&self, within: Duration) -> outbox::Result<Vec<outbox::store::RelayRecord>> {
         self.check()?;

@@ -146,8 +146,8 @@ impl outbox::Store for Counting {
     async fn heartbeat(&self, beat: &outbox::store::RelayHeartbeat) -> outbox::Result<()> {
         self.inner.heartbeat(beat).await
     }
-    async fn deregister(&self, relay_id: &str) -> outbox::Result<()> {
-        self.inner.deregister(relay_id).await
+    async fn deregister(&self, relay_id: &str, instance: &str) -> outbox::Result<()> {
+        self.inner.deregister(relay_id, instance).await
     }
     async fn relays(&self, within: Duration) -> outbox::Result<Vec<outbox::store::RelayRecord>> {
         self.inner.relays(within).await

@@ -35,6 +35,8 @@ mod plans;
 pub(crate) use plans::*;
 mod operations;
 pub(crate) use operations::*;
+mod relay_instances;
+pub(crate) use relay_instances::*;
 mod schema;
 pub(crate) use schema::*;
 mod wakeups;
@@ -366,6 +368,8 @@ macro_rules! conformance_cases {
             leases_count_live_claims_until_their_last_end,
             dead_letters_are_listed_replayed_and_audited,
             relay_registry_heartbeats_and_expires,
+            relay_instances_are_kept_apart,
+            a_second_relay_in_one_program_under_its_id_is_refused,
             topic_pauses_hold_only_matching_topics,
             topic_pause_patterns_hold_the_same_topics_on_every_store,
             overview_counts_due_expired_and_topics,

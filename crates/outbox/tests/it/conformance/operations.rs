@@ -328,8 +328,10 @@ pub(crate) async fn dead_letters_are_listed_replayed_and_audited<B: Backend>() {
 fn beat(id: &str, last_claim_ago: Option<Duration>) -> RelayHeartbeat {
     RelayHeartbeat {
         relay_id: id.into(),
+        instance: format!("{id}-a"),
         host: "host-a".into(),
         pid: 42,
+        lease: Duration::from_secs(30),
         version: "0.1.0".into(),
         sink: "nats://127.0.0.1:4222".into(),
         in_flight: 7,
@@ -403,8 +405,8 @@ pub(crate) async fn relay_registry_heartbeats_and_expires<B: Backend>() {
     let ids: Vec<&str> = fresh.iter().map(|r| r.relay_id.as_str()).collect();
     assert_eq!(ids, vec!["r2"]);
 
-    store.deregister("r1").await.unwrap();
-    store.deregister("r2").await.unwrap();
+    store.deregister("r1", "r1-a").await.unwrap();
+    store.deregister("r2", "r2-a").await.unwrap();
     assert!(store.relays(RELAY_EXPIRY).await.unwrap().is_empty());
 
     // A running relay registers itself, and leaves on a clean exit.
