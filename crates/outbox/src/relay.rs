@@ -758,11 +758,12 @@ impl Relay {
             )));
         }
         self.store.check_schema().await?;
-        tracing::info!(relay_id = %cfg.relay_id, sink = %self.router.describe(), batch_size = cfg.batch_size, min_batch_size = cfg.claim_bounds().0, in_flight_batches = cfg.in_flight_batches, ordered = %cfg.ordering, "relay started");
         // Each worker claims, publishes and settles its own batches; SKIP LOCKED keeps
         // their claims apart, and one worker's publish overlaps another's claim and mark.
         crate::metrics::relay_info(&self.store_kind(), &self.router.describe());
+        // Logged once the id is ours: a refused relay never says it started.
         let _running = self.refuse_if_id_taken().await?;
+        tracing::info!(relay_id = %cfg.relay_id, sink = %self.router.describe(), batch_size = cfg.batch_size, min_batch_size = cfg.claim_bounds().0, in_flight_batches = cfg.in_flight_batches, ordered = %cfg.ordering, "relay started");
         self.health.turned();
         // Parked rows this relay's ordering does not hold come back before the first
         // claim (so a drain sees them due).

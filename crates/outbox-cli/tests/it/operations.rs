@@ -1338,6 +1338,8 @@ fn a_second_relay_under_a_live_id_is_refused() {
     let start = || {
         db.cmd()
             .args(["relay", "--sink", "stdout", "--relay-id", "dup-relay"])
+            // At info, so the test sees whether a refused relay says it started.
+            .env("OUTBOX_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -1378,6 +1380,10 @@ fn a_second_relay_under_a_live_id_is_refused() {
         err.contains("relay id \"dup-relay\" is in use by a live relay")
             && err.contains(&format!("(pid {first_pid},")),
         "{err}"
+    );
+    assert!(
+        !err.contains("relay started"),
+        "a refused relay must not log that it started: {err}"
     );
     assert_eq!(
         registered(&db, "dup-relay")
