@@ -63,13 +63,8 @@
 //!   §15.6.4) → unavailable: the endpoint is rate limiting or overloaded, which says
 //!   nothing about the message (the relay gives the attempt back and the destination backs
 //!   off), with [`PublishError::retry_after`] from `Retry-After`;
-//! - `408`, other `5xx` → transient, with `retry_after` from `Retry-After` too;
-//! - a connection closed or reset before any response (an L4 proxy whose backend is down
-//!   accepts and closes) → [`super::ErrorKind::TimedOut`] with code
-//!   [`super::CLOSED_BEFORE_RESPONSE`], "connection closed before any response": the
-//!   router judges it like a timeout, the message's fault (an attempt) when the
-//!   destination confirmed other messages meanwhile, else an outage (attempt given back,
-//!   the breaker); a connection broken after the response began → transient;
+//! - `408`, other `5xx`, a connection broken mid-exchange → transient, with
+//!   `retry_after` from `Retry-After` too;
 //! - a timeout after the request was sent (the connection was made, no answer within the
 //!   request timeout) → [`PublishError::timed_out_after_send`]: the endpoint is slow, not
 //!   down; the router gives the attempt back for the first few and counts the rest;
@@ -487,18 +482,13 @@ impl WebhookSink {
             let request = self
                 .requests
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let until = tokio::time::Instant::now() + self.timeout;
-            outstanding.insert(id, (request, until));
-            (
-                OutstandingGuard {
-                    outstanding: self.outstanding.clone(),
-                    id,
-                    request,
-                },
-                until,
-            )
+            outstanding.insert(id, (request, tokio::time::Instant::now() + self.timeout));
+            OutstandingGuard {
+                outstanding: self.outstanding.clone(),
+                id,
+                request,
+            }
         };
-        let (guard, until) = guard;
         let request_number = guard.request;
         let request = self
             .client
@@ -530,9 +520,7 @@ impl WebhookSink {
             // Late answer recorded before the message stops being outstanding.
             drop(guard);
         });
-        // Other relays cannot see this process's outstanding requests: the message's retry
-        // waits until this request has surely ended.
-        confirm.mark_sent_until(i, until);
+        confirm.mark_sent(i);
         let result = rx.await;
         // The request has ended (its task may not have finished tidying up). Not when this
         // future is dropped first: then the request stays outstanding until its task ends.
@@ -564,18 +552,6 @@ fn classify_error(e: reqwest::Error, describe: &str, timeout: Duration) -> Publi
         // The connection was made and the request sent; no response came within the
         // timeout: slow, not unreachable (the router judges what that costs).
         PublishError::timed_out_after_send(format!("{describe} did not answer within {timeout:?}"))
-    } else if text.closed_before_response {
-        // Accepted and closed (or reset) without a word: judged like a timeout by the
-        // router (an outage unless the destination confirmed other messages meanwhile).
-        PublishError {
-            kind: super::ErrorKind::TimedOut,
-            message: format!(
-                "connection closed before any response from {describe}: {}",
-                text.text
-            ),
-            retry_after: None,
-            code: super::CLOSED_BEFORE_RESPONSE,
-        }
     } else {
         PublishError::transient(format!("POST to {describe} failed: {}", text.text))
     }
@@ -585,29 +561,13 @@ struct ErrorText {
     text: String,
     connect: bool,
     timeout: bool,
-    /// The connection was closed or reset before a response came (hyper's incomplete
-    /// message before the response head, or a reset / broken pipe / EOF while writing the
-    /// request or waiting for the head). `classify_error` only sees errors from `send`,
-    /// which ends at the response head, so no response byte was taken as an answer.
-    closed_before_response: bool,
 }
 
 /// The error and its causes, deduplicated, as one line (no URL: `without_url` was applied).
 fn error_chain(e: &reqwest::Error) -> ErrorText {
     let mut parts: Vec<String> = Vec::new();
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    let mut closed_before_response = false;
     while let Some(err) = cur {
-        if let Some(h) = err.downcast_ref::<hyper::Error>() {
-            closed_before_response |= h.is_incomplete_message();
-        }
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            use std::io::ErrorKind as K;
-            closed_before_response |= matches!(
-                io.kind(),
-                K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof
-            );
-        }
         let s = err.to_string();
         if !parts.iter().any(|p| p.contains(&s)) {
             parts.push(s);
@@ -618,7 +578,6 @@ fn error_chain(e: &reqwest::Error) -> ErrorText {
         text: parts.join(": "),
         connect: e.is_connect(),
         timeout: e.is_timeout(),
-        closed_before_response,
     }
 }
 

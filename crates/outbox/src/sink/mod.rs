@@ -63,13 +63,6 @@ pub enum ErrorKind {
 /// ([`PublishError::timed_out_after_send`]), also once the router has judged it.
 pub const TIMED_OUT_AFTER_SEND: &str = "timed_out_after_send";
 
-/// The reason code of a request whose connection was closed or reset before any response
-/// came back ([`ErrorKind::TimedOut`]): the router judges it like a timeout of a message
-/// not known to be taken, the message's fault when the destination confirmed other
-/// messages meanwhile, else an outage (an L4 proxy whose backend is down accepts and
-/// closes).
-pub const CLOSED_BEFORE_RESPONSE: &str = "closed_before_response";
-
 /// The reason code of a message not sent because an earlier request or publish of the
 /// same message to the same destination is still outstanding (the sink keeps at most one
 /// copy of a message in flight); an [`ErrorKind::Unavailable`] with a `retry_after`.
@@ -269,9 +262,6 @@ struct Slots {
     at: Vec<Option<std::time::Instant>>,
     /// Messages the sink handed to the destination ([`Confirmations::mark_sent`]).
     sent: Vec<bool>,
-    /// When a sent message's request reaches its own bound, if the sink keeps it running
-    /// past the relay's wait ([`Confirmations::mark_sent_until`]).
-    busy_until: Vec<Option<tokio::time::Instant>>,
 }
 
 /// One outcome slot per message of a batch: slot `i` belongs to `batch[i]`.
@@ -300,7 +290,6 @@ impl Confirmations {
                 outcome: vec![None; n],
                 at: vec![None; n],
                 sent: vec![false; n],
-                busy_until: vec![None; n],
             })),
             filled: std::sync::Arc::new(tokio::sync::Notify::new()),
             map: None,
@@ -365,29 +354,6 @@ impl Confirmations {
         {
             *s = true;
         }
-    }
-
-    /// [`Confirmations::mark_sent`], and the request keeps running (to its own bound) until
-    /// `until` even when the relay stops waiting for it: the router then retries the
-    /// message no earlier than `until` (its `retry_after`), so no relay, this one or
-    /// another over the same store, sends a second copy while the first is outstanding.
-    pub fn mark_sent_until(&self, i: usize, until: tokio::time::Instant) {
-        if let Some(g) = self.global(i) {
-            let mut slots = self.lock();
-            if let Some(s) = slots.sent.get_mut(g) {
-                *s = true;
-            }
-            if let Some(b) = slots.busy_until.get_mut(g) {
-                *b = Some(until);
-            }
-        }
-    }
-
-    /// When message `i`'s request ends at the latest, if the sink said
-    /// ([`Confirmations::mark_sent_until`]).
-    pub fn busy_until(&self, i: usize) -> Option<tokio::time::Instant> {
-        self.global(i)
-            .and_then(|g| self.lock().busy_until.get(g).copied().flatten())
     }
 
     /// Whether message `i` was marked sent ([`Confirmations::mark_sent`]).

@@ -18,7 +18,7 @@
 //!   string (so non-ASCII text arrives as its UTF-8 bytes). Consumers deduplicate on
 //!   `message_id`.
 //! - Control topics: on the default exchange (`exchange` unset or empty; `amq.default`
-//!   is taken as its name too, and published to as `""` without declaring anything) the routing key names the queue
+//!   is taken as its name too) the routing key names the queue
 //!   (<https://www.rabbitmq.com/tutorials/amqp-concepts#exchange-default>), and queue names
 //!   starting with `amq.` are the broker's
 //!   (<https://www.rabbitmq.com/docs/queues#names>): server-named exclusive queues
@@ -305,18 +305,11 @@ impl RabbitMqSink {
     }
 
     fn with_options(uri: AMQPUri, options: RabbitMqOptions, url: &str) -> Result<Self, SinkError> {
-        // `amq.default` is the default exchange's name in RabbitMQ's tools, not an exchange
-        // the broker can declare (a passive declare answers 404 NOT_FOUND): it is `""` on the
-        // wire.
-        let wire_name = if options.exchange == "amq.default" {
-            String::new()
-        } else {
-            options.exchange.clone()
-        };
-        let exchange = ShortString::try_new(wire_name).map_err(|e| SinkError::InvalidUrl {
-            url: redact(url),
-            reason: format!("exchange name: {e}"),
-        })?;
+        let exchange =
+            ShortString::try_new(options.exchange.clone()).map_err(|e| SinkError::InvalidUrl {
+                url: redact(url),
+                reason: format!("exchange name: {e}"),
+            })?;
         let host = &uri.authority.host;
         let host = if host.contains(':') {
             format!("[{host}]")

@@ -32,13 +32,6 @@
 //!   - **not known to be sent** (the sink says nothing about it): an outage
 //!     ([`ErrorKind::Unavailable`]), the attempt given back, however often.
 //!
-//!   A sent request that keeps running past the wait (the sink's
-//!   [`Confirmations::mark_sent_until`]) puts the message's `retry_after` at that
-//!   request's end, so no relay over the same store claims it while it is outstanding.
-//!   A connection closed before any response ([`super::CLOSED_BEFORE_RESPONSE`]) is
-//!   judged like a timeout not known to be taken: the message's fault when the
-//!   destination confirmed others meanwhile, else an outage.
-//!
 //!   The refunds are counted per message in this router's memory (a restart, or another
 //!   relay, starts again from zero; bounded, see [`TIMEOUT_REFUNDS`]).
 //! - **One copy in flight.** A sink that keeps a timed-out request running to its own
@@ -529,16 +522,6 @@ impl Router {
         // another batch meanwhile)? Then a timeout here is about the message.
         let alive = health.last_confirmed.is_some_and(|t| t >= sent);
         let sent_marks: Vec<bool> = (0..msgs.len()).map(|i| confirm.was_sent(i)).collect();
-        // A sent request that keeps running past this wait: the message is retried no
-        // earlier than its end, by any relay (the row's next try is persisted).
-        let busy: Vec<Option<Duration>> = (0..msgs.len())
-            .map(|i| {
-                confirm
-                    .busy_until(i)
-                    .map(|t| t.saturating_duration_since(Instant::now()))
-                    .filter(|d| !d.is_zero())
-            })
-            .collect();
         if health.refunded_timeouts.len() > TIMEOUT_MEMORY {
             health.refunded_timeouts.clear();
         }
@@ -549,29 +532,11 @@ impl Router {
         let (mut after_send, mut after_send_refunded, mut counted, mut outage) = (0, 0, 0, 0);
         let mut j = 0;
         confirm.update_each(|slot, _| {
-            let (id, was_sent, busy) = (msgs[j].message_id, sent_marks[j], busy[j]);
+            let (id, was_sent) = (msgs[j].message_id, sent_marks[j]);
             j += 1;
             match slot {
                 Some(Err(e)) if e.kind == ErrorKind::TimedOut => {
-                    let closed = e.code == super::CLOSED_BEFORE_RESPONSE;
-                    if closed && alive {
-                        // Closed without a word while others were confirmed: the message.
-                        answered = true;
-                        counted += 1;
-                        *slot = Some(Err(PublishError::transient(format!(
-                            "{} (the destination confirmed other messages meanwhile)",
-                            e.message
-                        ))
-                        .with_code(super::CLOSED_BEFORE_RESPONSE)));
-                    } else if closed {
-                        unavailable += 1;
-                        outage += 1;
-                        *slot = Some(Err(PublishError::unavailable(format!(
-                            "{} (the destination confirmed nothing)",
-                            e.message
-                        ))
-                        .with_code(super::CLOSED_BEFORE_RESPONSE)));
-                    } else if e.is_timeout_after_send() || was_sent {
+                    if e.is_timeout_after_send() || was_sent {
                         // Reachable: it took the message. Slow, not down.
                         answered = true;
                         let refunds = health.refunded_timeouts.entry(id).or_insert(0);
@@ -583,9 +548,6 @@ impl Router {
                                 e.message, *refunds
                             ))
                             .with_code(super::TIMED_OUT_AFTER_SEND)));
-                            if let (Some(Err(e)), Some(b)) = (slot.as_mut(), busy) {
-                                e.retry_after = e.retry_after.max(Some(b));
-                            }
                         } else {
                             after_send += 1;
                             *slot = Some(Err(PublishError::transient(format!(
@@ -593,9 +555,6 @@ impl Router {
                                 e.message
                             ))
                             .with_code(super::TIMED_OUT_AFTER_SEND)));
-                            if let (Some(Err(e)), Some(b)) = (slot.as_mut(), busy) {
-                                e.retry_after = e.retry_after.max(Some(b));
-                            }
                         }
                     } else if alive {
                         answered = true;

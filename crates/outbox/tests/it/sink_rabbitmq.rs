@@ -648,28 +648,3 @@ async fn redelivered_and_dead_lettered_deliveries_decode_like_the_first() {
     same(&b, outbox::envelope::from_amqp(&q2.delivery).unwrap());
     sink.close().await;
 }
-
-/// `exchange=amq.default` names the default exchange: messages reach the queue named like
-/// their topic (no passive declare of a non-existent `amq.default` exchange, which the
-/// broker answers `404 NOT_FOUND`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn amq_default_is_the_default_exchange() {
-    let (_conn, ch) = admin().await;
-    let mut cleanup = Cleanup::default();
-    let queue = format!("outbox.test.q.{}", unique());
-    cleanup.queue(&ch, &queue).await;
-    let sink = RabbitMqSink::connect(&format!("{}?exchange=amq.default", amqp_url()))
-        .await
-        .unwrap();
-    let results = sink
-        .publish_all(&[outgoing(1, &queue, b"via amq.default".to_vec())])
-        .await;
-    assert!(results[0].is_ok(), "{results:?}");
-    assert_eq!(queue_len(&ch, &queue).await, 1);
-    // The control-topic rule still applies to the default exchange under its name.
-    let results = sink
-        .publish_all(&[outgoing(2, "amq.gen-someone-else", b"x".to_vec())])
-        .await;
-    assert_eq!(results[0].as_ref().unwrap_err().kind, ErrorKind::Permanent);
-    sink.close().await;
-}

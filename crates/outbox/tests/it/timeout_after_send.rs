@@ -29,9 +29,6 @@ struct Seen {
     requests: Mutex<HashMap<String, u32>>,
     outstanding: AtomicUsize,
     most_outstanding: AtomicUsize,
-    /// Requests outstanding now per `Idempotency-Key`, and the most for one key at once.
-    outstanding_by_id: Mutex<HashMap<String, usize>>,
-    most_for_one_id: AtomicUsize,
 }
 
 impl Seen {
@@ -41,26 +38,19 @@ impl Seen {
 }
 
 /// Counts a request as outstanding while it lives.
-struct Outstanding<'a>(&'a Seen, String);
+struct Outstanding<'a>(&'a Seen);
 
 impl<'a> Outstanding<'a> {
-    fn start(seen: &'a Seen, id: &str) -> Self {
+    fn start(seen: &'a Seen) -> Self {
         let now = seen.outstanding.fetch_add(1, Ordering::SeqCst) + 1;
         seen.most_outstanding.fetch_max(now, Ordering::SeqCst);
-        let mut by_id = seen.outstanding_by_id.lock().unwrap();
-        let n = by_id.entry(id.to_owned()).or_default();
-        *n += 1;
-        seen.most_for_one_id.fetch_max(*n, Ordering::SeqCst);
-        Outstanding(seen, id.to_owned())
+        Outstanding(seen)
     }
 }
 
 impl Drop for Outstanding<'_> {
     fn drop(&mut self) {
         self.0.outstanding.fetch_sub(1, Ordering::SeqCst);
-        if let Some(n) = self.0.outstanding_by_id.lock().unwrap().get_mut(&self.1) {
-            *n -= 1;
-        }
     }
 }
 
@@ -98,8 +88,8 @@ async fn serve(mut conn: TcpStream, seen: Arc<Seen>, hold: Option<Duration>) {
             .unwrap_or_default()
             .trim()
             .to_owned();
-        *seen.requests.lock().unwrap().entry(id.clone()).or_default() += 1;
-        let _outstanding = Outstanding::start(&seen, &id);
+        *seen.requests.lock().unwrap().entry(id).or_default() += 1;
+        let _outstanding = Outstanding::start(&seen);
         // Held until the hold ends or the client closes the connection, whichever first.
         let mut probe = [0u8; 1];
         let closed = async {
@@ -284,200 +274,5 @@ async fn a_refused_connection_spends_no_attempt() {
         assert_eq!((r.status, r.attempts), (status::PENDING, 0), "{r:?}");
         let error = r.last_error.unwrap();
         assert!(error.contains("cannot reach"), "{error}");
-    }
-}
-
-/// Two relays over one PostgreSQL schema, an endpoint that holds each request 2 s, a
-/// publish timeout of 300 ms and a webhook timeout of 3 s: the relay that stops waiting
-/// persists the message's next try no earlier than the end of its outstanding request, so
-/// the other relay does not claim it meanwhile: the endpoint never holds two requests for
-/// one message at once, and every message is delivered.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_relays_never_hold_two_requests_for_one_message() {
-    let (url, seen) = endpoint(Some(Duration::from_secs(2))).await;
-    let db = crate::conformance_postgres::PgBackend::create(
-        "two_relays_slow",
-        crate::conformance::DEFAULT_MAX,
-    )
-    .await;
-    let enq = db.enqueue_all(&messages("hooks.two.v1", 3)).await;
-    let mut handles = Vec::new();
-    for name in ["relay-slow-a", "relay-slow-b"] {
-        let mut cfg = relay_config(name);
-        cfg.publish_timeout = Duration::from_millis(300);
-        cfg.max_attempts = 20;
-        cfg.backoff_base = Duration::from_millis(100);
-        cfg.backoff_max = Duration::from_millis(200);
-        handles
-            .push(Relay::new(db.store(), webhook(&url, Duration::from_secs(3)).await, cfg).spawn());
-    }
-    let (d, enq_ref) = (&db, &enq);
-    wait_until("dispatched", Duration::from_secs(40), || async move {
-        for e in enq_ref {
-            let r = d.row(e.id).await;
-            if r.status != status::DISPATCHED {
-                return Err(format!("{r:?}"));
-            }
-        }
-        Ok(())
-    })
-    .await;
-    for h in handles {
-        h.shutdown().await.unwrap();
-    }
-    assert_eq!(
-        seen.most_for_one_id.load(Ordering::SeqCst),
-        1,
-        "two requests outstanding at once for one message"
-    );
-}
-
-/// What an endpoint that closes without answering does to each connection.
-#[derive(Clone, Copy, Debug)]
-enum Close {
-    /// Accept, then close at once.
-    Accept,
-    /// Read the request, then close.
-    Read,
-    /// Read the request, then reset (`SO_LINGER` 0).
-    Reset,
-}
-
-/// An endpoint that treats each connection as `how` says, for requests whose `topic`
-/// header is `poison` (`None`: every request); others are answered `200`.
-async fn closing_endpoint(how: Close, poison: Option<&'static str>) -> (String, Arc<Seen>) {
-    let seen = Arc::new(Seen::default());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    let s = seen.clone();
-    tokio::spawn(async move {
-        loop {
-            let (mut conn, _) = listener.accept().await.unwrap();
-            let s = s.clone();
-            tokio::spawn(async move {
-                if matches!(how, Close::Accept) && poison.is_none() {
-                    return;
-                }
-                let mut buf = Vec::new();
-                while let Some(head) = read_request(&mut conn, &mut buf).await {
-                    let id = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("idempotency-key:"))
-                        .unwrap_or_default()
-                        .trim()
-                        .to_owned();
-                    *s.requests.lock().unwrap().entry(id).or_default() += 1;
-                    let topic = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("topic:"))
-                        .unwrap_or_default()
-                        .trim()
-                        .to_owned();
-                    if poison.is_none_or(|p| p == topic) {
-                        if matches!(how, Close::Reset) {
-                            // A zero linger makes the drop a reset; nothing to block on.
-                            #[allow(deprecated)]
-                            conn.set_linger(Some(Duration::ZERO)).unwrap();
-                        }
-                        return;
-                    }
-                    if conn
-                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (url, seen)
-}
-
-/// An endpoint that accepts and closes without a word (accept then close, read then
-/// close, reset): an outage like a refused connection: however many tries, no attempt is
-/// spent and nothing is quarantined, even at `max_attempts` 1; the reason says the
-/// connection was closed before any response.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_connection_closed_before_any_response_spends_no_attempt() {
-    for how in [Close::Accept, Close::Read, Close::Reset] {
-        let (url, seen) = closing_endpoint(how, None).await;
-        let db = crate::conformance_postgres::PgBackend::create(
-            "closed_early",
-            crate::conformance::DEFAULT_MAX,
-        )
-        .await;
-        let enq = db.enqueue_all(&messages("hooks.closed.v1", 2)).await;
-        let mut cfg = relay_config("relay-closed-early");
-        cfg.publish_timeout = Duration::from_millis(300);
-        cfg.max_attempts = 1;
-        let handle = Relay::new(
-            db.store(),
-            webhook(&url, Duration::from_secs(10)).await,
-            cfg,
-        )
-        .spawn();
-        let h = &handle;
-        wait_until("several tries", Duration::from_secs(20), || async move {
-            let retried = h.stats().retried;
-            if retried >= 4 {
-                Ok(())
-            } else {
-                Err(format!("{retried} retries"))
-            }
-        })
-        .await;
-        let stats = handle.shutdown().await.unwrap();
-        assert_eq!(stats.quarantined, 0, "{how:?}: {stats:?}");
-        for e in &enq {
-            let r = db.row(e.id).await;
-            assert_eq!(
-                (r.status, r.attempts),
-                (status::PENDING, 0),
-                "{how:?}: {r:?}"
-            );
-            let error = r.last_error.unwrap();
-            assert!(
-                error.contains("connection closed before any response"),
-                "{how:?}: {error}"
-            );
-        }
-        if !matches!(how, Close::Accept) {
-            assert!(seen.requests(&enq[0].message_id.to_string()) >= 1);
-        }
-    }
-}
-
-/// An endpoint that closes without a word for one poison message and answers the others:
-/// the poison message is at fault (the destination confirmed the others meanwhile), so
-/// each try counts an attempt and it dies at `max_attempts`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_message_the_endpoint_closes_on_counts_attempts_beside_confirmed_ones() {
-    use outbox::sink::router::Router;
-    use outbox::sink::{Confirmations, ErrorKind};
-    let (url, _seen) = closing_endpoint(Close::Read, Some("hooks.poison.v1")).await;
-    let router = Router::single(webhook(&url, Duration::from_secs(10)).await);
-    for n in 0..3 {
-        let poison =
-            crate::publisher_conformance::outgoing(1, "hooks.poison.v1", None, b"p".to_vec());
-        let good =
-            crate::publisher_conformance::outgoing(100 + n, "hooks.good.v1", None, b"g".to_vec());
-        let batch = vec![good, poison];
-        let confirm = Confirmations::new(batch.len());
-        router
-            .publish(&batch, &confirm, Duration::from_secs(2))
-            .await;
-        assert!(
-            matches!(confirm.get(0), Some(Ok(()))),
-            "{:?}",
-            confirm.get(0)
-        );
-        let e = confirm.get(1).unwrap().unwrap_err();
-        assert_eq!(e.kind, ErrorKind::Transient, "{e}");
-        assert!(
-            e.message.contains("connection closed before any response"),
-            "{e}"
-        );
     }
 }
