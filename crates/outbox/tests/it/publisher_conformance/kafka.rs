@@ -50,38 +50,99 @@ pub(crate) fn unique_topic(label: &str) -> String {
     format!("t{}.{label}", unique())
 }
 
-/// Reads every record of `topic` from the beginning until `n` arrived (or 20 s passed),
+/// Reads every record of `topic` from the beginning until `n` arrived (or 30 s passed),
 /// then `grace` longer for extras.
+///
+/// A fetch that stalls (no record for 3 s while the partitions' high watermarks say more
+/// are there) is given up and the partitions are read again from the next offsets by a
+/// new consumer, so a broker that leaves one fetch unanswered slows the read instead of
+/// shortening it. Each record is kept once, by (partition, offset). A short read panics
+/// with what the broker holds per partition, so it tells a lost record from a stalled
+/// read.
 pub(crate) fn consume(
     topic: &str,
     n: usize,
     grace: Duration,
 ) -> Vec<rdkafka::message::OwnedMessage> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", BROKER)
-        .set("group.id", format!("outbox-test-{}", Uuid::new_v4()))
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
+    use std::collections::BTreeMap;
+    let open = |next: &BTreeMap<i32, i64>| -> BaseConsumer {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", BROKER)
+            .set("group.id", format!("outbox-test-{}", Uuid::new_v4()))
+            .set("enable.auto.commit", "false")
+            .create()
             .unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            let at = next
+                .get(&p)
+                .map_or(Offset::Beginning, |&o| Offset::Offset(o));
+            tpl.add_partition_offset(topic, p, at).unwrap();
+        }
+        consumer.assign(&tpl).unwrap();
+        consumer
+    };
+    let held = |consumer: &BaseConsumer| -> Vec<(i32, i64)> {
+        (0..PARTITIONS)
+            .map(|p| {
+                let high = consumer
+                    .fetch_watermarks(topic, p, Duration::from_secs(5))
+                    .map_or(-1, |(_, h)| h);
+                (p, high)
+            })
+            .collect()
+    };
+    let mut next: BTreeMap<i32, i64> = BTreeMap::new();
     let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while out.len() < n && Instant::now() < deadline {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+    fn take(
+        m: &rdkafka::message::BorrowedMessage<'_>,
+        next: &mut BTreeMap<i32, i64>,
+        out: &mut Vec<rdkafka::message::OwnedMessage>,
+    ) {
+        let seen = next.get(&m.partition()).is_some_and(|&o| m.offset() < o);
+        if !seen {
+            next.insert(m.partition(), m.offset() + 1);
             out.push(m.detach());
+        }
+    }
+    let mut consumer = open(&next);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last_progress = Instant::now();
+    let mut reopened = 0;
+    while out.len() < n && Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                take(&m, &mut next, &mut out);
+                last_progress = Instant::now();
+            }
+            Some(Err(e)) => eprintln!("consume {topic}: {e}"),
+            None if last_progress.elapsed() > Duration::from_secs(3) => {
+                eprintln!(
+                    "consume {topic}: no record for 3 s at {} of {n} (next offsets {next:?}, \
+                     high watermarks {:?}): reading again with a new consumer",
+                    out.len(),
+                    held(&consumer)
+                );
+                consumer = open(&next);
+                reopened += 1;
+                last_progress = Instant::now();
+            }
+            None => {}
         }
     }
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
         if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-            out.push(m.detach());
+            take(&m, &mut next, &mut out);
         }
     }
+    assert!(
+        out.len() >= n,
+        "read {} of {n} records of {topic} in 30 s ({reopened} fresh consumers); next offsets \
+         {next:?}; the broker's high watermarks (partition, offset) {:?}",
+        out.len(),
+        held(&consumer)
+    );
     out
 }
 
