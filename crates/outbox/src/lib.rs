@@ -49,6 +49,7 @@ pub mod sink;
 pub mod store;
 pub mod trace;
 pub mod transaction;
+pub mod verdict;
 #[cfg(feature = "webhook")]
 pub mod webhook;
 

@@ -1,5 +1,5 @@
 //! The admin server (`outbox serve`, `outbox relay --admin-addr`): the dashboard page at
-//! `/`, a JSON API under `/api/` over the same operations as the CLI (`admin.rs`: the
+//! `/`, a JSON API under `/api/` over the same operations as the CLI (`cmd/`: the
 //! status verdict, dead letters, replay and discard with their checks, the audit, pauses)
 //! and `/metrics`, `/healthz`, `/readyz`. Every route but the page and the probes needs a
 //! bearer token (`auth`); changes are POST with JSON bodies and record the token's name
@@ -10,8 +10,12 @@
 
 pub(crate) mod auth;
 
-use crate::admin::{self, ChangeText, Limits, PayloadView, StatusReport};
+use crate::cmd::change::{ChangeText, change_request};
+use crate::cmd::dead::{self, PayloadView};
+use crate::cmd::status::StatusReport;
 use crate::serve::{self, Ready};
+use crate::shared::CONFIRM_ABOVE;
+use crate::text::counted;
 use auth::{Caller, Role, Tokens};
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
@@ -47,7 +51,7 @@ pub(crate) struct Admin {
     /// The probes' view (and, inside a relay, its router).
     pub(crate) ready: Arc<Ready>,
     /// The verdict's thresholds.
-    pub(crate) limits: Limits,
+    pub(crate) limits: outbox::verdict::Limits,
     /// Per-key ordering as the relays run it (which dead letters block their key).
     pub(crate) ordering: KeyOrdering,
 }
@@ -235,7 +239,7 @@ impl Filter {
     /// The selector, by the CLI's own parsing (empty strings are no criterion).
     fn selector(&self) -> Result<DeadSelector, ApiError> {
         let given = |s: &Option<String>| s.clone().filter(|v| !v.trim().is_empty());
-        admin::SelectArgs {
+        dead::SelectArgs {
             ids: self.ids.clone(),
             id_range: None,
             topic: given(&self.topic),
@@ -283,7 +287,7 @@ async fn dead_list(
     let total = a.store.count_dead(&sel).await?;
     let rows: Vec<serde_json::Value> = rows
         .iter()
-        .map(|r| admin::dead_letter_json(r, &a.ordering))
+        .map(|r| dead::dead_letter_json(r, &a.ordering))
         .collect::<anyhow::Result<_>>()?;
     let next_after = more
         .then(|| rows.last().and_then(|r| r["id"].as_i64()))
@@ -315,12 +319,12 @@ async fn dead_show(
 ) -> ApiResult {
     let Query(q) = q.map_err(|e| ApiError::bad(e.body_text()))?;
     let r = dead_letter(&a, &caller, &id, q.payload).await?;
-    let mut v = admin::dead_letter_json(&r, &a.ordering)?;
+    let mut v = dead::dead_letter_json(&r, &a.ordering)?;
     v["headers"] = serde_json::from_str::<serde_json::Value>(&r.headers)
         .unwrap_or_else(|_| r.headers.clone().into());
     if let Some(bytes) = r.payload.as_deref() {
         let (shown, truncated) = preview(bytes);
-        match admin::payload_view(shown) {
+        match dead::payload_view(shown) {
             PayloadView::Text(t) => v["payload_text"] = t.into(),
             PayloadView::Hex(lines) => v["payload_hex"] = lines.join("\n").into(),
         }
@@ -385,7 +389,7 @@ async fn dead_letter(
             ),
         ));
     }
-    admin::find_dead_letter(a.store.as_ref(), id, payload)
+    dead::find_dead_letter(a.store.as_ref(), id, payload)
         .await?
         .ok_or_else(|| {
             ApiError(
@@ -441,7 +445,7 @@ async fn discard(
     change(&a, &caller, body, ReplayAction::Discard).await
 }
 
-/// Replays or discards: the CLI's checks (`admin::change_request`), a dry run first (named
+/// Replays or discards: the CLI's checks (`change_request`), a dry run first (named
 /// rows that are not dead refuse the whole request; more than 1,000 rows need `limit` or
 /// `yes`), then the change, audited with the caller's token name as who.
 async fn change(
@@ -471,7 +475,7 @@ async fn change(
         since: body.since,
         error: body.error,
     };
-    let mut request = admin::change_request(
+    let mut request = change_request(
         filter.selector()?,
         action,
         ChangeText {
@@ -507,10 +511,10 @@ async fn change(
             serde_json::to_value(&preview).map_err(anyhow::Error::from)?,
         ));
     }
-    if preview.count > admin::CONFIRM_ABOVE && request.limit.is_none() && !body.yes {
+    if preview.count > CONFIRM_ABOVE && request.limit.is_none() && !body.yes {
         return Err(ApiError::bad(format!(
             "{} match: send a limit, or yes: true to {} them all",
-            admin::counted(preview.count as i64, "dead row"),
+            counted(preview.count as i64, "dead row"),
             action.as_str()
         )));
     }
@@ -584,7 +588,8 @@ async fn pause(
     if let Some(t) = topic {
         outbox::sink::router::TopicPattern::parse(t).map_err(ApiError::bad)?;
     }
-    let message = admin::pause(a.store.as_ref(), topic, &body.reason, &caller.name).await?;
+    let message =
+        crate::cmd::pause::pause(a.store.as_ref(), topic, &body.reason, &caller.name).await?;
     tracing::info!(by = %caller.name, topics = topic.unwrap_or("all"), "admin API: paused");
     Ok(Json(serde_json::json!({ "message": message })))
 }
@@ -597,7 +602,7 @@ async fn resume(
 ) -> ApiResult {
     let Json(body) = body.map_err(|e| ApiError::body(&e))?;
     let topic = body.topic.as_deref().filter(|t| !t.trim().is_empty());
-    let message = admin::resume(a.store.as_ref(), topic, &body.reason, &caller.name)
+    let message = crate::cmd::resume::resume(a.store.as_ref(), topic, &body.reason, &caller.name)
         .await
         .map_err(|e| ApiError(StatusCode::NOT_FOUND, format!("{e:#}")))?;
     tracing::info!(by = %caller.name, topics = topic.unwrap_or("all"), "admin API: resumed");

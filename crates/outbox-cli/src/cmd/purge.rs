@@ -1,0 +1,150 @@
+//! `outbox purge`: delete old dispatched rows in bounded batches, or (with
+//! `--dead-older-than`) old dead rows as one audited operation.
+
+use crate::shared::{
+    CONFIRM_ABOVE, GlobalArgs, confirm, humantime_fmt, open_checked, out, parse_duration,
+};
+use crate::text::counted;
+use outbox::store::{DeadSelector, ReplayAction, ReplayRequest, Store};
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// `outbox purge`'s options.
+#[derive(clap::Args, Debug)]
+pub(crate) struct Args {
+    /// Delete dead rows that died longer ago than this (30d), as one audited
+    /// operation, instead of dispatched rows.
+    #[arg(long, value_parser = parse_duration)]
+    dead_older_than: Option<Duration>,
+    /// Who, for the audit row of a dead-row purge (default $USER).
+    #[arg(long, env = "USER", default_value = "unknown")]
+    by: String,
+    /// Delete more than 1,000 dead rows without asking (a prompt on a terminal; a
+    /// script without it is refused).
+    #[arg(long)]
+    yes: bool,
+    /// Keep dispatched rows younger than this many seconds.
+    #[arg(long, env = "OUTBOX_RETENTION_S", default_value_t = 7 * 24 * 3600)]
+    older_than_s: u64,
+    /// Rows per delete statement.
+    #[arg(long, env = "OUTBOX_PURGE_BATCH_SIZE", default_value_t = 1_000)]
+    batch_size: u32,
+    /// Pause between batches, in ms (gives producers room on a busy database).
+    #[arg(long, env = "OUTBOX_PURGE_PAUSE_MS", default_value_t = 0)]
+    pause_ms: u64,
+}
+
+/// Runs `outbox purge`.
+pub(crate) async fn run(global: &GlobalArgs, args: &Args) -> anyhow::Result<ExitCode> {
+    let Args {
+        dead_older_than,
+        by,
+        yes,
+        older_than_s,
+        batch_size,
+        pause_ms,
+    } = args;
+    let store = open_checked(global).await?;
+    anyhow::ensure!(*batch_size > 0, "--batch-size must be at least 1");
+    if let Some(age) = dead_older_than {
+        let reason = format!(
+            "dead-row retention: died more than {} ago",
+            humantime_fmt(*age)
+        );
+        let purge = DeadPurge {
+            older_than: *age,
+            batch_size: *batch_size,
+            by,
+            reason: &reason,
+            yes: *yes,
+        };
+        let deleted = purge_dead(&store, &purge).await?;
+        out(&serde_json::json!({ "dead_deleted": deleted }).to_string());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut total = 0u64;
+    let mut locked_out = false;
+    loop {
+        let b = store
+            .purge(Duration::from_secs(*older_than_s), *batch_size)
+            .await?;
+        if b.locked_out {
+            // Not a failure: the other purger does the same work (a cron job that
+            // overlaps the previous run must not page anyone).
+            eprintln!(
+                "another purge is running on this outbox; this one stops, having deleted {}",
+                counted(total as i64, "row"),
+            );
+            locked_out = true;
+            break;
+        }
+        total += b.deleted;
+        if b.deleted < u64::from(*batch_size) {
+            break;
+        }
+        if *pause_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(*pause_ms)).await;
+        }
+    }
+    out(&serde_json::json!({ "deleted": total, "locked_out": locked_out }).to_string());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A purge of dead rows, as `outbox purge --dead-older-than` asks for it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeadPurge<'a> {
+    /// Dead rows that died longer ago than this.
+    pub(crate) older_than: Duration,
+    /// Rows per delete statement.
+    pub(crate) batch_size: u32,
+    /// Who (kept in the audit row).
+    pub(crate) by: &'a str,
+    /// Why (kept in the audit row).
+    pub(crate) reason: &'a str,
+    /// Delete more than [`CONFIRM_ABOVE`] rows without asking.
+    pub(crate) yes: bool,
+}
+
+/// Deletes dead rows older than `older_than` in bounded batches, as one audited operation.
+pub(crate) async fn purge_dead(store: &dyn Store, purge: &DeadPurge<'_>) -> anyhow::Result<u64> {
+    let DeadPurge {
+        older_than,
+        batch_size,
+        by,
+        reason,
+        yes,
+    } = *purge;
+    let mut request = ReplayRequest {
+        selector: DeadSelector {
+            died_before_ago: Some(older_than),
+            ..DeadSelector::default()
+        },
+        action: ReplayAction::Purge,
+        limit: Some(batch_size),
+        by: by.to_owned(),
+        reason: reason.to_owned(),
+        rate_per_s: None,
+        dry_run: false,
+        append_to: None,
+    };
+    let matching = store.count_dead(&request.selector).await?;
+    if matching > CONFIRM_ABOVE
+        && !yes
+        && !confirm(&format!(
+            "{matching} dead rows died longer ago than that; delete them all? [y/N] "
+        ))?
+    {
+        anyhow::bail!(
+            "{matching} dead rows match and --yes was not given: refusing to delete them all (`outbox dead list` shows them)"
+        );
+    }
+    let mut total = 0;
+    loop {
+        let done = store.replay(&request).await?;
+        total += done.count;
+        request.append_to = request.append_to.or(done.replay_id);
+        if done.count < u64::from(batch_size) {
+            return Ok(total);
+        }
+    }
+}
