@@ -20,7 +20,8 @@
 //! `max_deliver` bounds the redeliveries of anything else.
 //!
 //! Run it (PostgreSQL and NATS with JetStream on their standard ports, the outbox schema
-//! migrated with `outbox migrate`; the README's quick start walks through it):
+//! migrated with `outbox migrate`; the user guide's quick start,
+//! `docs/guide/src/quick-start.md`, walks through it):
 //!
 //! ```text
 //! OUTBOX_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \

@@ -73,3 +73,17 @@ pub use store::sqlite;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// The user guide's Rust examples (`docs/guide/src/`), compiled as doc tests the same way:
+/// one struct per page that holds a Rust code block.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/guide/src/library.md")]
+struct GuideLibraryDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/guide/src/consuming.md")]
+struct GuideConsumingDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/guide/src/traces.md")]
+struct GuideTracesDoctests;

@@ -57,8 +57,8 @@
 //!   (the signature covers the body sent); no `message-id`, `topic`, `key` or
 //!   `occurred-at` headers.
 //!
-//! Confirmed = a `2xx` response. Classification (RFC 9110 §15; the README's "Error
-//! classification per sink"):
+//! Confirmed = a `2xx` response. Classification (RFC 9110 §15; the user guide's "Error
+//! classification per sink", `docs/guide/src/error-classification.md`):
 //! - `429` Too Many Requests (RFC 6585 §4) and `503` Service Unavailable (RFC 9110
 //!   §15.6.4) → unavailable: the endpoint is rate limiting or overloaded, which says
 //!   nothing about the message (the relay gives the attempt back and the destination backs

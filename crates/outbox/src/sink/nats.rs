@@ -28,7 +28,8 @@
 //!   let any producer administer the server. `_INBOX.` is the clients' reply prefix
 //!   (<https://docs.nats.io/nats-concepts/core-nats/reqreply>): a message there would
 //!   answer another client's request, or pose as a PubAck this sink awaits.
-//! - Errors (each rule and its source: the README's "Error classification per sink", and
+//! - Errors (each rule and its source: the user guide's "Error classification per sink",
+//!   `docs/guide/src/error-classification.md`, and
 //!   the JetStream error code table in this module's source): a subject that no stream covers, a message over the
 //!   server's `max_payload` or the stream's `max_msg_size` (10054), a header NATS cannot
 //!   carry (CR/LF), a topic that is not a publishable subject, and the other refusals of

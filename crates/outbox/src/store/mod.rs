@@ -689,7 +689,7 @@ pub trait Store: Send + Sync + 'static {
     /// while the busy worker's next claim waits behind its settle's synced commit. False
     /// (the default): the woken worker leaves the rows to the busy worker's next claim for
     /// a few milliseconds, which on PostgreSQL means fewer, larger claims and a lower p99
-    /// (see the README's benchmarks).
+    /// (see the user guide's benchmarks, `docs/guide/src/benchmarks.md`).
     fn one_writer(&self) -> bool {
         false
     }

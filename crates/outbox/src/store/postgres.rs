@@ -223,7 +223,8 @@ const SKIP_TOPICS_6: &str = " AND NOT (topic ~ ANY($6::text[]))";
 /// lost. Committed claims are visible to every other claim at once, so leases hold as
 /// before. What it saves is one WAL flush between the producer's commit and the publish
 /// (`-- latency`, PostgreSQL → JetStream at 1,000 msg/s on a machine with slow flushes:
-/// p50 5.5–6.3 → 3.1–4.6 ms; see the README). The ordered claim keeps synchronous commit:
+/// p50 5.5–6.3 → 3.1–4.6 ms; see the user guide's benchmarks,
+/// `docs/guide/src/benchmarks.md`). The ordered claim keeps synchronous commit:
 /// a key's claim lost in a crash would let another relay publish the key's rows while the
 /// first still does.
 fn claim_sql(s: &str, extra: &str, update: &str) -> String {

@@ -1,5 +1,5 @@
-//! Error classification against the real brokers (the README's "Error classification per
-//! sink"): the sinks are called directly and each outcome's kind is checked.
+//! Error classification against the real brokers (the user guide's "Error classification
+//! per sink", `docs/guide/src/error-classification.md`): the sinks are called directly and each outcome's kind is checked.
 //!
 //! - NATS without JetStream (a private `nats-server` without `-js`): every message is
 //!   unavailable (the destination is missing), never transient.
