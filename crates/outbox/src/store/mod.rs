@@ -82,49 +82,7 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// example `statement_timeout`) and by TCP, not by this.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What a database error says about trying again, decided by the store whose driver raised
-/// it (each store maps its own database's codes: `postgres::classify`, `mysql::classify`,
-/// `sqlite::classify`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Failure {
-    /// The transaction lost a conflict (serialization failure, deadlock, lock timeout, a
-    /// busy SQLite database) and was rolled back: run it again.
-    Conflict,
-    /// The connection or the server (lost connection, shutdown, too many connections): the
-    /// same call can succeed later.
-    Unavailable,
-    /// The statement itself: the same call fails again.
-    Other,
-}
-
-/// Classifies `e` ([`Failure`]): connection-level errors here, database errors by the
-/// store of the driver that raised them.
-pub(crate) fn classify(e: &sqlx::Error) -> Failure {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::Tls(_) => Failure::Unavailable,
-        sqlx::Error::Database(db) => {
-            #[cfg(feature = "postgres")]
-            if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
-                return postgres::classify(pg.code());
-            }
-            #[cfg(feature = "mysql")]
-            if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-                return mysql::classify(my.number());
-            }
-            #[cfg(feature = "sqlite")]
-            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
-                return sqlite::classify(db.code().as_deref().unwrap_or_default());
-            }
-            Failure::Other
-        }
-        _ => Failure::Other,
-    }
-}
+pub(crate) use crate::error::{Failure, classify};
 
 /// Installs rustls' *ring* provider as the process default (a provider already installed
 /// is kept). sqlx builds its TLS client on *ring* itself, but its `verify-ca`/`VERIFY_CA`
@@ -868,45 +826,5 @@ impl Drop for Wakeup {
         {
             task.abort();
         }
-    }
-}
-
-#[cfg(test)]
-mod failure_tests {
-    use super::Failure;
-
-    #[test]
-    fn each_store_maps_its_own_codes() {
-        #[cfg(feature = "postgres")]
-        {
-            use super::postgres::classify;
-            assert_eq!(classify("40001"), Failure::Conflict);
-            assert_eq!(classify("40P01"), Failure::Conflict);
-            assert_eq!(classify("57P01"), Failure::Unavailable);
-            assert_eq!(classify("08006"), Failure::Unavailable);
-            assert_eq!(classify("23505"), Failure::Other);
-        }
-        #[cfg(feature = "mysql")]
-        {
-            use super::mysql::classify;
-            assert_eq!(classify(1213), Failure::Conflict);
-            assert_eq!(classify(1205), Failure::Conflict);
-            assert_eq!(classify(1053), Failure::Unavailable);
-            assert_eq!(classify(1062), Failure::Other);
-        }
-        #[cfg(feature = "sqlite")]
-        {
-            use super::sqlite::classify;
-            assert_eq!(classify("5"), Failure::Conflict);
-            assert_eq!(classify("517"), Failure::Conflict); // SQLITE_BUSY_SNAPSHOT
-            assert_eq!(classify("262"), Failure::Conflict); // SQLITE_LOCKED_SHAREDCACHE
-            assert_eq!(classify("2067"), Failure::Other); // SQLITE_CONSTRAINT_UNIQUE
-            // PostgreSQL's five-character SQLSTATEs never parse as SQLite codes.
-            assert_eq!(classify("40001"), Failure::Other);
-        }
-        assert_eq!(
-            super::classify(&sqlx::Error::PoolTimedOut),
-            Failure::Unavailable
-        );
     }
 }

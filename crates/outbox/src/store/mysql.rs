@@ -27,13 +27,14 @@ use super::{
     ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement, StoreConfig,
     TopicPause, millis, parse_headers,
 };
+pub(crate) use crate::error::codes::mysql::error_number;
 use crate::error::{Error, Result};
 use crate::inbox::Accepted;
 use crate::message::{Enqueued, Message, OutgoingMessage};
 use crate::sink::router::TopicPattern;
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
-use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Executor, MySql, Row, SqlSafeStr, SqlStr, Transaction};
 use std::fmt::Write as _;
 use std::str::FromStr;
@@ -799,29 +800,6 @@ impl Drop for WriteEnd<'_> {
 #[derive(Clone)]
 pub struct MySqlStore {
     inner: Arc<Inner>,
-}
-
-/// The MySQL error number of `e`, if it is a server error.
-pub(crate) fn error_number(e: &sqlx::Error) -> Option<u16> {
-    match e {
-        sqlx::Error::Database(db) => db
-            .try_downcast_ref::<MySqlDatabaseError>()
-            .map(|m| m.number()),
-        _ => None,
-    }
-}
-
-/// MySQL/MariaDB error numbers
-/// (<https://dev.mysql.com/doc/mysql-errors/8.0/en/server-error-reference.html>,
-/// <https://mariadb.com/kb/en/mariadb-error-code-reference/>): 1205 lock wait timeout and
-/// 1213 deadlock are a lost conflict; 1040 too many connections, 1053 server shutdown, 1317
-/// query interrupted and 1927 connection killed (MariaDB) are the server being unavailable.
-pub(crate) fn classify(number: u16) -> super::Failure {
-    match number {
-        1205 | 1213 => super::Failure::Conflict,
-        1040 | 1053 | 1317 | 1927 => super::Failure::Unavailable,
-        _ => super::Failure::Other,
-    }
 }
 
 /// How many times a statement chosen as an InnoDB deadlock victim is run again before the

@@ -668,18 +668,6 @@ pub struct PgStore {
     inner: Arc<Inner>,
 }
 
-/// PostgreSQL's SQLSTATEs (<https://www.postgresql.org/docs/current/errcodes-appendix.html>):
-/// `40001` serialization failure, `40P01` deadlock detected and `55P03` lock not available
-/// are a lost conflict; class `08` (connection exception) and `57P01`–`57P03` (admin or
-/// crash shutdown, cannot connect now) are the server being unavailable.
-pub(crate) fn classify(sqlstate: &str) -> super::Failure {
-    match sqlstate {
-        "40001" | "40P01" | "55P03" => super::Failure::Conflict,
-        s if s.starts_with("08") || s.starts_with("57P") => super::Failure::Unavailable,
-        _ => super::Failure::Other,
-    }
-}
-
 impl PgStore {
     /// Connects a pool of its own to `url` (the relay's connections).
     ///

@@ -452,16 +452,6 @@ pub fn connect_options(url: &str) -> Result<SqliteConnectOptions> {
         .with_regexp())
 }
 
-/// SQLite result codes (<https://www.sqlite.org/rescode.html>): `SQLITE_BUSY` (5) and
-/// `SQLITE_LOCKED` (6), whose extended codes keep the primary code in the low byte, are a
-/// lost conflict (another writer holds the lock).
-pub(crate) fn classify(code: &str) -> super::Failure {
-    match code.parse::<u32>() {
-        Ok(n) if matches!(n & 0xff, 5 | 6) => super::Failure::Conflict,
-        _ => super::Failure::Other,
-    }
-}
-
 impl SqliteStore {
     /// Opens (creating when missing) the database at `url` (`sqlite://PATH`).
     ///
