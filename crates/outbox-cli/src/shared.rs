@@ -2,7 +2,7 @@
 //! printing to stdout, asking on the terminal, durations, and the shutdown signal.
 
 use anyhow::Context as _;
-use outbox::store::Store;
+use outbox::store::prelude::*;
 use outbox::{AnyStore, Ident, StoreConfig};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;

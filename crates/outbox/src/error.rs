@@ -85,7 +85,7 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Timeout(_) => true,
-            Error::Database(e) => crate::store::classify(e) != crate::store::Failure::Other,
+            Error::Database(e) => classify(e) != Failure::Other,
             _ => false,
         }
     }
@@ -101,7 +101,7 @@ impl std::fmt::Display for DbDisplay<'_> {
             sqlx::Error::Database(db) => {
                 write!(f, "{}", db.message())?;
                 #[cfg(feature = "mysql")]
-                if let Some(n) = crate::store::mysql::error_number(self.0) {
+                if let Some(n) = codes::mysql::error_number(self.0) {
                     return write!(f, " (MySQL error {n})");
                 }
                 match db.code() {
@@ -132,3 +132,153 @@ impl From<sqlx::Error> for Error {
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a database error says about trying again, decided by the store whose driver raised
+/// it (each database's codes are mapped in [`codes`]: `codes::postgres::classify`,
+/// `codes::mysql::classify`, `codes::sqlite::classify`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The transaction lost a conflict (serialization failure, deadlock, lock timeout, a
+    /// busy SQLite database) and was rolled back: run it again.
+    Conflict,
+    /// The connection or the server (lost connection, shutdown, too many connections): the
+    /// same call can succeed later.
+    Unavailable,
+    /// The statement itself: the same call fails again.
+    Other,
+}
+
+/// Classifies `e` ([`Failure`]): connection-level errors here, database errors by the
+/// store of the driver that raised them.
+pub(crate) fn classify(e: &sqlx::Error) -> Failure {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::Tls(_) => Failure::Unavailable,
+        sqlx::Error::Database(db) => {
+            #[cfg(feature = "postgres")]
+            if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                return codes::postgres::classify(pg.code());
+            }
+            #[cfg(feature = "mysql")]
+            if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                return codes::mysql::classify(my.number());
+            }
+            #[cfg(feature = "sqlite")]
+            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                return codes::sqlite::classify(db.code().as_deref().unwrap_or_default());
+            }
+            Failure::Other
+        }
+        _ => Failure::Other,
+    }
+}
+
+/// Each database's error codes as [`Failure`]s: the driver-specific tables [`classify`]
+/// reads (the MySQL store reads `mysql::error_number` too, at its old path).
+pub(crate) mod codes {
+    #[cfg(feature = "postgres")]
+    pub(crate) mod postgres {
+        use super::super::Failure;
+
+        /// PostgreSQL's SQLSTATEs
+        /// (<https://www.postgresql.org/docs/current/errcodes-appendix.html>): `40001`
+        /// serialization failure, `40P01` deadlock detected and `55P03` lock not available
+        /// are a lost conflict; class `08` (connection exception) and `57P01`–`57P03`
+        /// (admin or crash shutdown, cannot connect now) are the server being unavailable.
+        pub(crate) fn classify(sqlstate: &str) -> Failure {
+            match sqlstate {
+                "40001" | "40P01" | "55P03" => Failure::Conflict,
+                s if s.starts_with("08") || s.starts_with("57P") => Failure::Unavailable,
+                _ => Failure::Other,
+            }
+        }
+    }
+
+    #[cfg(feature = "mysql")]
+    pub(crate) mod mysql {
+        use super::super::Failure;
+
+        /// The MySQL error number of `e`, if it is a server error.
+        pub(crate) fn error_number(e: &sqlx::Error) -> Option<u16> {
+            match e {
+                sqlx::Error::Database(db) => db
+                    .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                    .map(|m| m.number()),
+                _ => None,
+            }
+        }
+
+        /// MySQL/MariaDB error numbers
+        /// (<https://dev.mysql.com/doc/mysql-errors/8.0/en/server-error-reference.html>,
+        /// <https://mariadb.com/kb/en/mariadb-error-code-reference/>): 1205 lock wait timeout
+        /// and 1213 deadlock are a lost conflict; 1040 too many connections, 1053 server
+        /// shutdown, 1317 query interrupted and 1927 connection killed (MariaDB) are the
+        /// server being unavailable.
+        pub(crate) fn classify(number: u16) -> Failure {
+            match number {
+                1205 | 1213 => Failure::Conflict,
+                1040 | 1053 | 1317 | 1927 => Failure::Unavailable,
+                _ => Failure::Other,
+            }
+        }
+    }
+
+    #[cfg(feature = "sqlite")]
+    pub(crate) mod sqlite {
+        use super::super::Failure;
+
+        /// SQLite result codes (<https://www.sqlite.org/rescode.html>): `SQLITE_BUSY` (5)
+        /// and `SQLITE_LOCKED` (6), whose extended codes keep the primary code in the low
+        /// byte, are a lost conflict (another writer holds the lock).
+        pub(crate) fn classify(code: &str) -> Failure {
+            match code.parse::<u32>() {
+                Ok(n) if matches!(n & 0xff, 5 | 6) => Failure::Conflict,
+                _ => Failure::Other,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod failure_tests {
+    use super::Failure;
+
+    #[test]
+    fn each_store_maps_its_own_codes() {
+        #[cfg(feature = "postgres")]
+        {
+            use super::codes::postgres::classify;
+            assert_eq!(classify("40001"), Failure::Conflict);
+            assert_eq!(classify("40P01"), Failure::Conflict);
+            assert_eq!(classify("57P01"), Failure::Unavailable);
+            assert_eq!(classify("08006"), Failure::Unavailable);
+            assert_eq!(classify("23505"), Failure::Other);
+        }
+        #[cfg(feature = "mysql")]
+        {
+            use super::codes::mysql::classify;
+            assert_eq!(classify(1213), Failure::Conflict);
+            assert_eq!(classify(1205), Failure::Conflict);
+            assert_eq!(classify(1053), Failure::Unavailable);
+            assert_eq!(classify(1062), Failure::Other);
+        }
+        #[cfg(feature = "sqlite")]
+        {
+            use super::codes::sqlite::classify;
+            assert_eq!(classify("5"), Failure::Conflict);
+            assert_eq!(classify("517"), Failure::Conflict); // SQLITE_BUSY_SNAPSHOT
+            assert_eq!(classify("262"), Failure::Conflict); // SQLITE_LOCKED_SHAREDCACHE
+            assert_eq!(classify("2067"), Failure::Other); // SQLITE_CONSTRAINT_UNIQUE
+            // PostgreSQL's five-character SQLSTATEs never parse as SQLite codes.
+            assert_eq!(classify("40001"), Failure::Other);
+        }
+        assert_eq!(
+            super::classify(&sqlx::Error::PoolTimedOut),
+            Failure::Unavailable
+        );
+    }
+}

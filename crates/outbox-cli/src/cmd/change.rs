@@ -1,6 +1,6 @@
 //! Changes to dead rows, as `outbox replay` and `outbox dead discard` make them (and the
 //! dashboard): the checks every change needs, a dry run, a confirmation, the change.
-//! Every change goes through `Store::replay`, which writes the audit row in the same
+//! Every change goes through `Operations::replay`, which writes the audit row in the same
 //! transaction.
 
 use super::dead::SelectArgs;

@@ -1,7 +1,7 @@
 //! `outbox inbox purge`: delete old rows of the consumer inbox.
 
 use crate::shared::{GlobalArgs, humantime_fmt, open_checked, out, parse_duration};
-use outbox::store::Store;
+use outbox::store::prelude::*;
 use std::process::ExitCode;
 use std::time::Duration;
 

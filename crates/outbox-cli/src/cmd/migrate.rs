@@ -3,7 +3,7 @@
 use crate::shared::{GlobalArgs, Missing, connect};
 use anyhow::Context as _;
 use outbox::AnyStore;
-use outbox::store::Store;
+use outbox::store::prelude::*;
 use std::process::ExitCode;
 
 /// `outbox migrate`'s options.

@@ -5,6 +5,7 @@ use crate::shared::{
     CONFIRM_ABOVE, GlobalArgs, confirm, humantime_fmt, open_checked, out, parse_duration,
 };
 use crate::text::counted;
+use outbox::store::prelude::*;
 use outbox::store::{DeadSelector, ReplayAction, ReplayRequest, Store};
 use std::process::ExitCode;
 use std::time::Duration;

@@ -9,7 +9,7 @@ use crate::shared::{
     sqlite_path, with_password_file,
 };
 use crate::text::{counted, group};
-use outbox::store::Store;
+use outbox::store::prelude::*;
 use outbox::{Relay, RelayConfig};
 use std::process::ExitCode;
 use std::sync::Arc;

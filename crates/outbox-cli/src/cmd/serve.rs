@@ -5,7 +5,7 @@ use crate::serve;
 use crate::shared::{
     GlobalArgs, Missing, USAGE, connect, error_chain, shutdown_on_signal, sqlite_path,
 };
-use outbox::store::Store;
+use outbox::store::prelude::*;
 use std::process::ExitCode;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;

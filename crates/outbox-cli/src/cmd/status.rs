@@ -137,7 +137,7 @@ pub(crate) struct StatusReport {
     /// The verdict.
     pub(crate) verdict: Verdict,
     /// What on the database server holds back the cleanup of dead row versions
-    /// ([`Store::cleanup_horizon`]): `None` where the store cannot tell (SQLite), the
+    /// ([`Views::cleanup_horizon`](outbox::store::Views::cleanup_horizon)): `None` where the store cannot tell (SQLite), the
     /// error text where reading it failed (a missing privilege: status goes on).
     pub(crate) horizon: Option<Result<outbox::store::CleanupHorizon, String>>,
 }

@@ -4,11 +4,12 @@
 //! Supported: PostgreSQL 13 and later (`gen_random_uuid()` in core).
 
 use super::ops::{self, Dialect};
+use super::seam::{Maintenance, Operations, Registry, Relaying, Views};
 use super::{
     Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, DueHeld, HeldKeys,
     KeyOrdering, Leases, Overview, PARKED_AT, PauseState, PurgeBatch, RelayHeartbeat, RelayRecord,
-    ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement, Store,
-    StoreConfig, TopicPause, millis, parse_headers,
+    ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement, StoreConfig,
+    TopicPause, millis, parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::inbox::Accepted;
@@ -668,18 +669,6 @@ pub struct PgStore {
     inner: Arc<Inner>,
 }
 
-/// PostgreSQL's SQLSTATEs (<https://www.postgresql.org/docs/current/errcodes-appendix.html>):
-/// `40001` serialization failure, `40P01` deadlock detected and `55P03` lock not available
-/// are a lost conflict; class `08` (connection exception) and `57P01`–`57P03` (admin or
-/// crash shutdown, cannot connect now) are the server being unavailable.
-pub(crate) fn classify(sqlstate: &str) -> super::Failure {
-    match sqlstate {
-        "40001" | "40P01" | "55P03" => super::Failure::Conflict,
-        s if s.starts_with("08") || s.starts_with("57P") => super::Failure::Unavailable,
-        _ => super::Failure::Other,
-    }
-}
-
 impl PgStore {
     /// Connects a pool of its own to `url` (the relay's connections).
     ///
@@ -743,7 +732,7 @@ impl PgStore {
         self.inner.config.schema.as_str()
     }
 
-    /// One parker at a time ([`Store::park_held`], [`Store::unpark_released`]): two
+    /// One parker at a time ([`Maintenance::park_held`], [`Maintenance::unpark_released`]): two
     /// relays updating the same parked rows in different orders could deadlock. With
     /// `wait`, waits for it (a park is one statement); else false when another
     /// transaction holds it.
@@ -941,7 +930,7 @@ impl PgStore {
         Ok(Accepted::from_rows(r.rows_affected()))
     }
 
-    /// The limit `{schema}.enqueue(...)` enforces (written by [`Store::migrate`] from
+    /// The limit `{schema}.enqueue(...)` enforces (written by [`Maintenance::migrate`] from
     /// [`StoreConfig::max_message_bytes`]), in bytes; `None` before the first migration.
     ///
     /// # Errors
@@ -1321,64 +1310,9 @@ fn epoch_to_time(id: i64, secs: f64) -> Result<DateTime<Utc>> {
 }
 
 #[async_trait]
-impl Store for PgStore {
+impl Relaying for PgStore {
     fn kind(&self) -> &'static str {
         "postgres"
-    }
-
-    async fn migrate(&self) -> Result<()> {
-        let s = self.inner.config.schema.as_str();
-        let mut tx = self.inner.pool.begin().await?;
-        // One migrator at a time, across processes.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-            .bind(format!("outbox-migrate-{s}"))
-            .execute(&mut *tx)
-            .await?;
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "CREATE SCHEMA IF NOT EXISTS {s};
-             CREATE TABLE IF NOT EXISTS {s}.schema_migrations (
-                 version bigint PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());"
-        )))
-        .execute(&mut *tx)
-        .await?;
-        let current: i64 = sqlx::query_scalar(self.inner.sql.version.clone())
-            .fetch_one(&mut *tx)
-            .await?;
-        for (i, m) in migrations(s).into_iter().enumerate() {
-            let version = i as i64 + 1;
-            if version <= current {
-                continue;
-            }
-            sqlx::raw_sql(AssertSqlSafe(m)).execute(&mut *tx).await?;
-            sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {s}.schema_migrations (version) VALUES ($1)"
-            )))
-            .bind(version)
-            .execute(&mut *tx)
-            .await?;
-        }
-        sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {s}.control SET max_message_bytes = $1 WHERE id"
-        )))
-        .bind(i32::try_from(self.inner.config.max_message_bytes).unwrap_or(i32::MAX))
-        .execute(&mut *tx)
-        .await?;
-        let stored: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT pattern FROM {s}.topic_pauses"
-        )))
-        .fetch_all(&mut *tx)
-        .await?;
-        for (pattern, regex) in super::pause_regexes(stored) {
-            sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {s}.topic_pauses SET regex = $2 WHERE pattern = $1"
-            )))
-            .bind(pattern)
-            .bind(regex)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(())
     }
 
     async fn check_schema(&self) -> Result<()> {
@@ -1526,32 +1460,67 @@ impl Store for PgStore {
         })
     }
 
-    async fn set_pause(&self, reason: Option<&str>) -> Result<()> {
-        // The claim reads the switch itself; the notification makes a resume take effect
-        // at once instead of at the relays' next poll.
+    fn wakeups(&self) -> watch::Receiver<u64> {
+        self.start_listener();
+        self.inner.wakeup.subscribe()
+    }
+}
+
+#[async_trait]
+impl Maintenance for PgStore {
+    async fn migrate(&self) -> Result<()> {
+        let s = self.inner.config.schema.as_str();
         let mut tx = self.inner.pool.begin().await?;
-        sqlx::query(self.inner.sql.set_pause.clone())
-            .bind(reason.is_some())
-            .bind(reason)
+        // One migrator at a time, across processes.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .bind(format!("outbox-migrate-{s}"))
             .execute(&mut *tx)
             .await?;
-        if reason.is_none() {
-            let s = self.s();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE SCHEMA IF NOT EXISTS {s};
+             CREATE TABLE IF NOT EXISTS {s}.schema_migrations (
+                 version bigint PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());"
+        )))
+        .execute(&mut *tx)
+        .await?;
+        let current: i64 = sqlx::query_scalar(self.inner.sql.version.clone())
+            .fetch_one(&mut *tx)
+            .await?;
+        for (i, m) in migrations(s).into_iter().enumerate() {
+            let version = i as i64 + 1;
+            if version <= current {
+                continue;
+            }
+            sqlx::raw_sql(AssertSqlSafe(m)).execute(&mut *tx).await?;
             sqlx::query(AssertSqlSafe(format!(
-                "SELECT pg_notify('{s}_messages', '')"
+                "INSERT INTO {s}.schema_migrations (version) VALUES ($1)"
             )))
+            .bind(version)
+            .execute(&mut *tx)
+            .await?;
+        }
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {s}.control SET max_message_bytes = $1 WHERE id"
+        )))
+        .bind(i32::try_from(self.inner.config.max_message_bytes).unwrap_or(i32::MAX))
+        .execute(&mut *tx)
+        .await?;
+        let stored: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT pattern FROM {s}.topic_pauses"
+        )))
+        .fetch_all(&mut *tx)
+        .await?;
+        for (pattern, regex) in super::pause_regexes(stored) {
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {s}.topic_pauses SET regex = $2 WHERE pattern = $1"
+            )))
+            .bind(pattern)
+            .bind(regex)
             .execute(&mut *tx)
             .await?;
         }
         tx.commit().await?;
         Ok(())
-    }
-
-    async fn counts(&self) -> Result<Counts> {
-        let row: super::CountsRow = sqlx::query_as(self.inner.sql.counts.clone())
-            .fetch_one(&self.inner.pool)
-            .await?;
-        Ok(row.into())
     }
 
     async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
@@ -1592,12 +1561,181 @@ impl Store for PgStore {
         Ok(r.rows_affected())
     }
 
-    async fn leases(&self) -> Result<Leases> {
-        let (held, last, ms): (i64, Option<DateTime<Utc>>, Option<i64>) =
-            sqlx::query_as(self.inner.sql.leases.clone())
-                .fetch_one(&self.inner.pool)
-                .await?;
-        Ok(Leases::from_row(held, last, ms))
+    async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
+        if !ordering.holds_dead() {
+            return Ok(0);
+        }
+        let s = self.s();
+        let mut tx = self.inner.pool.begin().await?;
+        if !self.parking_lock(&mut tx, false).await? {
+            return Ok(0);
+        }
+        // The dead letters are locked (one a replay or discard holds is skipped: it is
+        // releasing its key): a replay that comes after waits for this transaction, then
+        // gives the parked rows back itself.
+        let parked = sqlx::query(AssertSqlSafe(format!(
+            "WITH dead AS (
+               SELECT topic, key, id FROM {s}.messages
+               WHERE status = 3 AND key IS NOT NULL AND topic ~ ANY($1::text[])
+               FOR SHARE SKIP LOCKED),
+             blocked AS (SELECT topic, key, min(id) AS id FROM dead GROUP BY topic, key)
+             UPDATE {s}.messages m SET available_at = '{PARKED_AT}'
+             FROM blocked b
+             WHERE m.topic = b.topic AND md5(m.key) = md5(b.key) AND m.key = b.key
+               AND m.id > b.id AND m.key IS NOT NULL AND m.status = 0
+               AND m.available_at <= now()"
+        )))
+        .bind(ordering.regexes())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(parked)
+    }
+
+    async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
+        let s = self.s();
+        let mut tx = self.inner.pool.begin().await?;
+        if !self.parking_lock(&mut tx, true).await? {
+            return Ok(0);
+        }
+        let strict = ordering.holds_dead();
+        let given = sqlx::query(AssertSqlSafe(format!(
+            "WITH parked AS (
+               SELECT topic, key, min(id) AS id FROM {s}.messages
+               WHERE status = 0 AND available_at = '{PARKED_AT}'
+               GROUP BY topic, key),
+             free AS (
+               SELECT p.topic, p.key FROM parked p
+               WHERE NOT $2 OR p.key IS NULL OR NOT (p.topic ~ ANY($1::text[]))
+                  OR NOT EXISTS (SELECT 1 FROM {s}.messages d
+                                 WHERE d.topic = p.topic AND md5(d.key) = md5(p.key)
+                                   AND d.key = p.key AND d.status = 3 AND d.id < p.id))
+             UPDATE {s}.messages m SET available_at = now()
+             FROM free f
+             WHERE m.status = 0 AND m.available_at = '{PARKED_AT}'
+               AND m.topic = f.topic AND m.key IS NOT DISTINCT FROM f.key"
+        )))
+        .bind(ordering.regexes())
+        .bind(strict)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(given)
+    }
+}
+
+#[async_trait]
+impl Registry for PgStore {
+    async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()> {
+        let s = self.s();
+        sqlx::query(AssertSqlSafe(format!(
+            "WITH up AS (
+               INSERT INTO {s}.relays (relay_id, host, pid, version, sink, in_flight, last_claim_at,
+                                       destinations, instance, lease_ms)
+               VALUES ($1, $2, $3, $4, $5, $6, now() - $7 * interval '1 millisecond', $8, $9, $10)
+               ON CONFLICT (relay_id, instance) DO UPDATE SET lease_ms = excluded.lease_ms,
+                   host = excluded.host, pid = excluded.pid, version = excluded.version,
+                   sink = excluded.sink, in_flight = excluded.in_flight, last_seen = now(),
+                   last_claim_at = excluded.last_claim_at, destinations = excluded.destinations
+               RETURNING 1)
+             DELETE FROM {s}.relays WHERE last_seen < now() - interval '1 hour'"
+        )))
+        .bind(&beat.relay_id)
+        .bind(&beat.host)
+        .bind(beat.pid)
+        .bind(&beat.version)
+        .bind(&beat.sink)
+        .bind(beat.in_flight)
+        .bind(beat.last_claim_ago.map(millis))
+        .bind(super::ops::destinations_json(&beat.destinations))
+        .bind(&beat.instance)
+        .bind(millis(beat.lease))
+        .execute(&self.inner.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()> {
+        let s = self.s();
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM {s}.relays WHERE relay_id = $1 AND instance = $2"
+        )))
+        .bind(relay_id)
+        .bind(instance)
+        .execute(&self.inner.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {
+        let s = self.s();
+        type Row = (
+            String,
+            String,
+            i64,
+            String,
+            String,
+            i64,
+            DateTime<Utc>,
+            DateTime<Utc>,
+            f64,
+            Option<DateTime<Utc>>,
+            Option<String>,
+            String,
+        );
+        let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT relay_id, host, pid, version, sink, in_flight, started_at, last_seen,
+                    extract(epoch FROM now() - last_seen)::float8, last_claim_at, destinations,
+                    instance
+             FROM {s}.relays WHERE last_seen >= now() - $1 * interval '1 millisecond'
+             ORDER BY started_at, relay_id, instance"
+        )))
+        .bind(millis(within))
+        .fetch_all(&self.inner.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| RelayRecord {
+                relay_id: r.0,
+                instance: r.11,
+                host: r.1,
+                pid: r.2,
+                version: r.3,
+                sink: r.4,
+                in_flight: r.5,
+                started_at: r.6,
+                last_seen: r.7,
+                last_seen_ago_s: r.8.max(0.0),
+                last_claim_at: r.9,
+                destinations: super::ops::parse_destinations(r.10.as_deref()),
+            })
+            .collect())
+    }
+}
+
+#[async_trait]
+impl Operations for PgStore {
+    async fn set_pause(&self, reason: Option<&str>) -> Result<()> {
+        // The claim reads the switch itself; the notification makes a resume take effect
+        // at once instead of at the relays' next poll.
+        let mut tx = self.inner.pool.begin().await?;
+        sqlx::query(self.inner.sql.set_pause.clone())
+            .bind(reason.is_some())
+            .bind(reason)
+            .execute(&mut *tx)
+            .await?;
+        if reason.is_none() {
+            let s = self.s();
+            sqlx::query(AssertSqlSafe(format!(
+                "SELECT pg_notify('{s}_messages', '')"
+            )))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
     }
 
     async fn dead_letters(
@@ -1807,92 +1945,6 @@ impl Store for PgStore {
             .collect())
     }
 
-    async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()> {
-        let s = self.s();
-        sqlx::query(AssertSqlSafe(format!(
-            "WITH up AS (
-               INSERT INTO {s}.relays (relay_id, host, pid, version, sink, in_flight, last_claim_at,
-                                       destinations, instance, lease_ms)
-               VALUES ($1, $2, $3, $4, $5, $6, now() - $7 * interval '1 millisecond', $8, $9, $10)
-               ON CONFLICT (relay_id, instance) DO UPDATE SET lease_ms = excluded.lease_ms,
-                   host = excluded.host, pid = excluded.pid, version = excluded.version,
-                   sink = excluded.sink, in_flight = excluded.in_flight, last_seen = now(),
-                   last_claim_at = excluded.last_claim_at, destinations = excluded.destinations
-               RETURNING 1)
-             DELETE FROM {s}.relays WHERE last_seen < now() - interval '1 hour'"
-        )))
-        .bind(&beat.relay_id)
-        .bind(&beat.host)
-        .bind(beat.pid)
-        .bind(&beat.version)
-        .bind(&beat.sink)
-        .bind(beat.in_flight)
-        .bind(beat.last_claim_ago.map(millis))
-        .bind(super::ops::destinations_json(&beat.destinations))
-        .bind(&beat.instance)
-        .bind(millis(beat.lease))
-        .execute(&self.inner.pool)
-        .await?;
-        Ok(())
-    }
-
-    async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()> {
-        let s = self.s();
-        sqlx::query(AssertSqlSafe(format!(
-            "DELETE FROM {s}.relays WHERE relay_id = $1 AND instance = $2"
-        )))
-        .bind(relay_id)
-        .bind(instance)
-        .execute(&self.inner.pool)
-        .await?;
-        Ok(())
-    }
-
-    async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {
-        let s = self.s();
-        type Row = (
-            String,
-            String,
-            i64,
-            String,
-            String,
-            i64,
-            DateTime<Utc>,
-            DateTime<Utc>,
-            f64,
-            Option<DateTime<Utc>>,
-            Option<String>,
-            String,
-        );
-        let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT relay_id, host, pid, version, sink, in_flight, started_at, last_seen,
-                    extract(epoch FROM now() - last_seen)::float8, last_claim_at, destinations,
-                    instance
-             FROM {s}.relays WHERE last_seen >= now() - $1 * interval '1 millisecond'
-             ORDER BY started_at, relay_id, instance"
-        )))
-        .bind(millis(within))
-        .fetch_all(&self.inner.pool)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| RelayRecord {
-                relay_id: r.0,
-                instance: r.11,
-                host: r.1,
-                pid: r.2,
-                version: r.3,
-                sink: r.4,
-                in_flight: r.5,
-                started_at: r.6,
-                last_seen: r.7,
-                last_seen_ago_s: r.8.max(0.0),
-                last_claim_at: r.9,
-                destinations: super::ops::parse_destinations(r.10.as_deref()),
-            })
-            .collect())
-    }
-
     async fn pause_topic(&self, pattern: &TopicPattern, reason: &str, by: &str) -> Result<()> {
         let s = self.s();
         sqlx::query(AssertSqlSafe(format!(
@@ -1926,6 +1978,39 @@ impl Store for PgStore {
         .await?;
         tx.commit().await?;
         Ok(r.rows_affected() > 0)
+    }
+
+    async fn audit(&self, entry: &super::ops::AuditEntry) -> Result<()> {
+        let s = self.s();
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {s}.replays (requested_by, reason, action, selection)
+             VALUES ($1, $2, $3, $4)"
+        )))
+        .bind(&entry.by)
+        .bind(&entry.reason)
+        .bind(&entry.action)
+        .bind(&entry.selection)
+        .execute(&self.inner.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Views for PgStore {
+    async fn counts(&self) -> Result<Counts> {
+        let row: super::CountsRow = sqlx::query_as(self.inner.sql.counts.clone())
+            .fetch_one(&self.inner.pool)
+            .await?;
+        Ok(row.into())
+    }
+
+    async fn leases(&self) -> Result<Leases> {
+        let (held, last, ms): (i64, Option<DateTime<Utc>>, Option<i64>) =
+            sqlx::query_as(self.inner.sql.leases.clone())
+                .fetch_one(&self.inner.pool)
+                .await?;
+        Ok(Leases::from_row(held, last, ms))
     }
 
     async fn cleanup_horizon(&self) -> Result<super::CleanupHorizon> {
@@ -2053,70 +2138,6 @@ impl Store for PgStore {
         })
     }
 
-    async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
-        if !ordering.holds_dead() {
-            return Ok(0);
-        }
-        let s = self.s();
-        let mut tx = self.inner.pool.begin().await?;
-        if !self.parking_lock(&mut tx, false).await? {
-            return Ok(0);
-        }
-        // The dead letters are locked (one a replay or discard holds is skipped: it is
-        // releasing its key): a replay that comes after waits for this transaction, then
-        // gives the parked rows back itself.
-        let parked = sqlx::query(AssertSqlSafe(format!(
-            "WITH dead AS (
-               SELECT topic, key, id FROM {s}.messages
-               WHERE status = 3 AND key IS NOT NULL AND topic ~ ANY($1::text[])
-               FOR SHARE SKIP LOCKED),
-             blocked AS (SELECT topic, key, min(id) AS id FROM dead GROUP BY topic, key)
-             UPDATE {s}.messages m SET available_at = '{PARKED_AT}'
-             FROM blocked b
-             WHERE m.topic = b.topic AND md5(m.key) = md5(b.key) AND m.key = b.key
-               AND m.id > b.id AND m.key IS NOT NULL AND m.status = 0
-               AND m.available_at <= now()"
-        )))
-        .bind(ordering.regexes())
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        tx.commit().await?;
-        Ok(parked)
-    }
-
-    async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
-        let s = self.s();
-        let mut tx = self.inner.pool.begin().await?;
-        if !self.parking_lock(&mut tx, true).await? {
-            return Ok(0);
-        }
-        let strict = ordering.holds_dead();
-        let given = sqlx::query(AssertSqlSafe(format!(
-            "WITH parked AS (
-               SELECT topic, key, min(id) AS id FROM {s}.messages
-               WHERE status = 0 AND available_at = '{PARKED_AT}'
-               GROUP BY topic, key),
-             free AS (
-               SELECT p.topic, p.key FROM parked p
-               WHERE NOT $2 OR p.key IS NULL OR NOT (p.topic ~ ANY($1::text[]))
-                  OR NOT EXISTS (SELECT 1 FROM {s}.messages d
-                                 WHERE d.topic = p.topic AND md5(d.key) = md5(p.key)
-                                   AND d.key = p.key AND d.status = 3 AND d.id < p.id))
-             UPDATE {s}.messages m SET available_at = now()
-             FROM free f
-             WHERE m.status = 0 AND m.available_at = '{PARKED_AT}'
-               AND m.topic = f.topic AND m.key IS NOT DISTINCT FROM f.key"
-        )))
-        .bind(ordering.regexes())
-        .bind(strict)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        tx.commit().await?;
-        Ok(given)
-    }
-
     async fn overview(&self, top_n: u32) -> Result<Overview> {
         let s = self.s();
         let pool = &self.inner.pool;
@@ -2183,11 +2204,6 @@ impl Store for PgStore {
             pending_by_topic: by_topic(super::status::PENDING).await?,
             dead_by_topic: by_topic(super::status::DEAD).await?,
         })
-    }
-
-    fn wakeups(&self) -> watch::Receiver<u64> {
-        self.start_listener();
-        self.inner.wakeup.subscribe()
     }
 
     async fn find_messages(
@@ -2282,20 +2298,5 @@ impl Store for PgStore {
         .fetch_all(&self.inner.pool)
         .await?;
         Ok(super::lookup::fill_minutes(minutes, &rows))
-    }
-
-    async fn audit(&self, entry: &super::ops::AuditEntry) -> Result<()> {
-        let s = self.s();
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {s}.replays (requested_by, reason, action, selection)
-             VALUES ($1, $2, $3, $4)"
-        )))
-        .bind(&entry.by)
-        .bind(&entry.reason)
-        .bind(&entry.action)
-        .bind(&entry.selection)
-        .execute(&self.inner.pool)
-        .await?;
-        Ok(())
     }
 }
