@@ -46,7 +46,9 @@ pub mod metrics;
 pub mod redact;
 pub mod relay;
 pub mod sink;
+pub mod status;
 pub mod store;
+pub mod topic;
 pub mod trace;
 pub mod transaction;
 #[cfg(feature = "webhook")]
@@ -59,6 +61,7 @@ pub use inbox::{Accepted, follow_up_id};
 pub use message::{Contract, Enqueued, Message, OutgoingMessage};
 pub use relay::{OnDispatch, Relay, RelayConfig, RelayError, RelayHandle, RelayStats};
 pub use sink::{PublishError, Sink};
+pub use status::Status;
 pub use store::{AnyStore, Counts, Store, StoreConfig};
 
 #[cfg(feature = "mysql")]
@@ -67,6 +70,38 @@ pub use store::mysql;
 pub use store::postgres;
 #[cfg(feature = "sqlite")]
 pub use store::sqlite;
+
+#[cfg(test)]
+mod tests {
+    /// The store's row codes are the [`crate::Status`] values.
+    #[test]
+    fn store_status_codes_are_the_status_values() {
+        use crate::status::{self, Status};
+        use crate::store::status as stored;
+        for (code, s) in [
+            (stored::PENDING, Status::Pending),
+            (stored::CLAIMED, Status::Claimed),
+            (stored::DISPATCHED, Status::Dispatched),
+            (stored::DEAD, Status::Dead),
+        ] {
+            assert_eq!(code, s.as_i16(), "{s}");
+        }
+        assert_eq!(
+            [
+                status::PENDING,
+                status::CLAIMED,
+                status::DISPATCHED,
+                status::DEAD
+            ],
+            [
+                stored::PENDING,
+                stored::CLAIMED,
+                stored::DISPATCHED,
+                stored::DEAD
+            ]
+        );
+    }
+}
 
 /// The README's Rust examples, compiled as doc tests so they stay true.
 #[cfg(doctest)]
