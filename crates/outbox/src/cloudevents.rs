@@ -79,8 +79,8 @@
 //! [`from_binary`] and [`from_structured`] do the same for a transport without a decoder.
 
 use crate::envelope::{Envelope, EnvelopeError};
+use crate::error::{PublishCode, PublishError};
 use crate::message::{OutgoingMessage, header};
-use crate::sink::PublishError;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
@@ -418,7 +418,7 @@ impl std::fmt::Debug for Event {
 }
 
 fn refused(message: String) -> PublishError {
-    PublishError::permanent(message).with_code("invalid_header")
+    PublishError::permanent(message).with_code(PublishCode::InvalidHeader)
 }
 
 impl Event {
@@ -1044,7 +1044,7 @@ mod tests {
             let mut m = message();
             m.headers.insert(name.into(), value.into());
             let e = binary(Mode::Binary).event(&m).unwrap_err();
-            assert_eq!(e.kind, crate::sink::ErrorKind::Permanent, "{name}");
+            assert_eq!(e.kind, crate::error::ErrorKind::Permanent, "{name}");
             assert_eq!(e.code, "invalid_header", "{name}");
             assert!(e.message.contains(says), "{name}: {}", e.message);
         }

@@ -5,7 +5,7 @@
 //! it is valid UTF-8, else base64 (standard alphabet, padded): bytes round-trip either way.
 //! A file batch counts as confirmed once written, flushed and `fsync`ed (`sync_data`).
 
-use super::{Confirmations, PublishError, Sink};
+use super::{Confirmations, PublishCode, PublishError, Sink};
 use crate::message::OutgoingMessage;
 use async_trait::async_trait;
 use base64::Engine;
@@ -121,7 +121,7 @@ impl Sink for FileSink {
                 Target::File { path, .. } => path.display().to_string(),
             };
             PublishError::unavailable(format!("writing to {place} failed: {e}"))
-                .with_code("io_error")
+                .with_code(PublishCode::IoError)
         });
         for i in 0..batch.len() {
             confirm.set(i, outcome.clone());

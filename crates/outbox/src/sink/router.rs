@@ -53,7 +53,7 @@
 //! - A destination that answers (a confirmation, or a refusal about the message) is
 //!   healthy; only "could not reach it" counts towards opening.
 
-use super::{Confirmations, ErrorKind, PublishError, Sink, SinkError};
+use super::{Confirmations, ErrorKind, PublishCode, PublishError, Sink, SinkError};
 use crate::message::OutgoingMessage;
 use futures::future::join_all;
 use std::sync::{Arc, Mutex};
@@ -335,7 +335,7 @@ impl Router {
                             "no route for topic {:?}: add a --route whose pattern matches it, or a catch-all --sink",
                             m.topic
                         ))
-                        .with_code("no_route")),
+                        .with_code(PublishCode::NoRoute)),
                     );
                     crate::metrics::publish("none", "none", "permanent", "no_route", 1);
                 }
@@ -380,7 +380,7 @@ impl Router {
                     sink.describe()
                 ))
                 .with_retry_after(rest)
-                .with_code("breaker_open"),
+                .with_code(PublishCode::BreakerOpen),
             );
             self.count_outcomes(h, confirm, now);
             return;
@@ -402,7 +402,7 @@ impl Router {
                     "{} returned without an outcome for this message",
                     sink.describe()
                 ))
-                .with_code("no_outcome"),
+                .with_code(PublishCode::NoOutcome),
             );
         } else {
             confirm.fail_unset(&PublishError::timed_out(format!(
@@ -444,14 +444,14 @@ impl Router {
                                 "timed out after the request was sent: {} (the destination confirmed nothing; attempt given back, {} of {TIMEOUT_REFUNDS} for this message)",
                                 e.message, *refunds
                             ))
-                            .with_code(super::TIMED_OUT_AFTER_SEND)));
+                            .with_code(PublishCode::TimedOutAfterSend)));
                         } else {
                             after_send += 1;
                             *slot = Some(Err(PublishError::transient(format!(
                                 "timed out after the request was sent: {} (the destination took it and did not answer in time; if it is this slow, raise --publish-timeout-ms and the sink's own timeout)",
                                 e.message
                             ))
-                            .with_code(super::TIMED_OUT_AFTER_SEND)));
+                            .with_code(PublishCode::TimedOutAfterSend)));
                         }
                     } else if alive {
                         answered = true;
@@ -460,7 +460,7 @@ impl Router {
                             "timed out: {} (the destination confirmed other messages meanwhile)",
                             e.message
                         ))
-                        .with_code("timeout")));
+                        .with_code(PublishCode::Timeout)));
                     } else {
                         unavailable += 1;
                         outage += 1;
@@ -468,11 +468,11 @@ impl Router {
                             "{} (the destination confirmed nothing)",
                             e.message
                         ))
-                        .with_code("timeout")));
+                        .with_code(PublishCode::Timeout)));
                     }
                 }
                 // Nothing sent: says nothing about the destination's health.
-                Some(Err(e)) if e.kind == ErrorKind::Unavailable && e.code == super::IN_FLIGHT => {}
+                Some(Err(e)) if e.kind == ErrorKind::Unavailable && e.code == PublishCode::InFlight => {}
                 Some(Err(e)) if e.kind == ErrorKind::Unavailable => {
                     unavailable += 1;
                     retry_after = retry_after.max(e.retry_after);
@@ -589,7 +589,7 @@ impl Router {
                     durations.record(at.saturating_duration_since(sent).as_secs_f64());
                 }
             }
-            Some(Err(e)) => crate::metrics::publish(label, system, e.outcome(), e.code, 1),
+            Some(Err(e)) => crate::metrics::publish(label, system, e.outcome(), e.code.as_str(), 1),
             None => {}
         });
         if ok > 0 {
@@ -852,7 +852,7 @@ mod tests {
         async fn publish(&self, _batch: &[OutgoingMessage], confirm: &Confirmations) {
             confirm.fail_unset(
                 &PublishError::unavailable("an earlier request is still outstanding")
-                    .with_code(crate::sink::IN_FLIGHT)
+                    .with_code(PublishCode::InFlight)
                     .with_retry_after(Duration::from_millis(700)),
             );
         }
