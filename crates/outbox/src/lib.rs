@@ -48,6 +48,7 @@ pub mod relay;
 pub mod sink;
 pub mod status;
 pub mod store;
+mod store_gauges;
 pub mod topic;
 pub mod trace;
 pub mod transaction;
