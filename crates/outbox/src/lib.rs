@@ -9,7 +9,31 @@
 //! id for consumers to deduplicate on — with the [`inbox`], after reading what arrived
 //! with [`envelope`].
 //!
-//! Modules: [`message`] (what producers enqueue), [`events`] (integration events kept
+//! ## Invariants
+//!
+//! Imports between the top-level modules point down the floors below; the few that do
+//! not yet are named here.
+//!
+//! - **Vocabulary, the bottom floor:** [`status`] (row states), [`topic`] (topic
+//!   patterns), [`message`] (what is enqueued, published and read back; follow-up ids)
+//!   and [`error`] ([`Error`]; [`PublishError`] with its [`error::ErrorKind`] and
+//!   [`error::PublishCode`]). They do no IO. `status` imports nothing of the crate,
+//!   `message` only `error`, `topic` only `message`. One edge still points up:
+//!   [`Error::is_transient`] and the display of a database error ask the [`store`]
+//!   module how to read a driver error.
+//! - **Formats:** [`cloudevents`] imports only the vocabulary; [`envelope`] reads each
+//!   sink's wire form through `cloudevents`, never the reverse.
+//! - **Sinks never import stores**, nor the relay: [`sink`] stands on the vocabulary,
+//!   the formats ([`cloudevents`], [`envelope`], [`webhook`]), [`metrics`] and
+//!   [`redact`].
+//! - **[`metrics`] imports no store type:** it takes plain values; the conversion from
+//!   the store's samples sits above both.
+//! - **Only the CLI reads the config file** (`outbox.toml`).
+//! - Still both ways: [`store`] with [`events`] and with [`inbox`] (each store implements
+//!   their SQL; they name the stores).
+//!
+//! Modules: [`message`] (what producers enqueue, what consumers read), [`status`] and
+//! [`topic`] (row states, topic patterns), [`error`], [`events`] (integration events kept
 //! until the commit), [`transaction`] (retried transactions), [`store`] (where messages
 //! live), [`sink`] (where they go), [`relay`] (the loop between), [`envelope`] and
 //! [`inbox`] (the consumer's side), [`cloudevents`] (the opt-in CloudEvents 1.0 envelope of
