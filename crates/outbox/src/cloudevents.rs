@@ -78,9 +78,9 @@
 //! the envelope; `id` must be a UUID (it is the outbox's message id).
 //! [`from_binary`] and [`from_structured`] do the same for a transport without a decoder.
 
-use crate::envelope::{Envelope, EnvelopeError};
+use crate::error::{PublishCode, PublishError};
+use crate::message::{Envelope, EnvelopeError};
 use crate::message::{OutgoingMessage, header};
-use crate::sink::PublishError;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
@@ -418,7 +418,7 @@ impl std::fmt::Debug for Event {
 }
 
 fn refused(message: String) -> PublishError {
-    PublishError::permanent(message).with_code("invalid_header")
+    PublishError::permanent(message).with_code(PublishCode::InvalidHeader)
 }
 
 impl Event {
@@ -748,7 +748,7 @@ pub fn percent_decode(name: &str, value: &str) -> Result<String, EnvelopeError> 
     percent_encoding::percent_decode_str(value)
         .decode_utf8()
         .map(std::borrow::Cow::into_owned)
-        .map_err(|_| EnvelopeError::NotUtf8(crate::envelope::snippet(name)))
+        .map_err(|_| EnvelopeError::NotUtf8(crate::message::snippet(name)))
 }
 
 /// Attributes read back, by name.
@@ -760,7 +760,7 @@ struct Collected {
 impl Collected {
     fn push(&mut self, name: &str, value: String) -> Result<(), EnvelopeError> {
         if self.attributes.insert(name.to_owned(), value).is_some() {
-            return Err(EnvelopeError::Repeated(crate::envelope::snippet(name)));
+            return Err(EnvelopeError::Repeated(crate::message::snippet(name)));
         }
         Ok(())
     }
@@ -774,7 +774,7 @@ impl Collected {
     fn finish(mut self, payload: Bytes) -> Result<Envelope, EnvelopeError> {
         let invalid = |field: &str, value: &str, reason: &'static str| EnvelopeError::Invalid {
             field: field.into(),
-            value: crate::envelope::snippet(value),
+            value: crate::message::snippet(value),
             reason,
         };
         let version = self.take(attr::SPECVERSION)?;
@@ -839,7 +839,7 @@ pub fn from_binary<'a>(
             continue;
         };
         let text = std::str::from_utf8(value)
-            .map_err(|_| EnvelopeError::NotUtf8(crate::envelope::snippet(name)))?;
+            .map_err(|_| EnvelopeError::NotUtf8(crate::message::snippet(name)))?;
         let text = if binding.percent_encoded() {
             percent_decode(name, text)?
         } else {
@@ -912,7 +912,7 @@ pub fn from_structured(body: &[u8]) -> Result<Envelope, EnvelopeError> {
                     _ => {
                         return Err(EnvelopeError::Malformed(format!(
                             "attribute {} is not a string, number or boolean",
-                            crate::envelope::snippet(&name)
+                            crate::message::snippet(&name)
                         )));
                     }
                 };
@@ -1044,7 +1044,7 @@ mod tests {
             let mut m = message();
             m.headers.insert(name.into(), value.into());
             let e = binary(Mode::Binary).event(&m).unwrap_err();
-            assert_eq!(e.kind, crate::sink::ErrorKind::Permanent, "{name}");
+            assert_eq!(e.kind, crate::error::ErrorKind::Permanent, "{name}");
             assert_eq!(e.code, "invalid_header", "{name}");
             assert!(e.message.contains(says), "{name}: {}", e.message);
         }

@@ -40,6 +40,10 @@
 //! ([`crate::inbox`]) and derives the ids of its follow-up messages with
 //! [`Envelope::follow_up_id`].
 //!
+//! [`Envelope`] and [`EnvelopeError`] are vocabulary, defined in [`crate::message`] (the
+//! CloudEvents decoders produce them too); this module reads each sink's wire form into
+//! them and imports [`crate::cloudevents`], never the reverse.
+//!
 //! Errors never quote the payload: a missing or malformed envelope field names the field
 //! (and at most 64 characters of its value).
 
@@ -51,131 +55,13 @@
     feature = "webhook"
 ))]
 use crate::cloudevents::Binding;
-use crate::message::header;
+use crate::message::{header, snippet};
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
 use uuid::Uuid;
 
-/// One delivered message as its consumer sees it: the row's fields, its stored headers and
-/// the payload. Its `Debug` shows the payload's length, never its bytes.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Envelope {
-    /// The stable message id: the consumer's deduplication key.
-    pub message_id: Uuid,
-    /// The topic the producer enqueued on.
-    pub topic: String,
-    /// The ordering / partition key, when the producer set one.
-    pub key: Option<String>,
-    /// When the producer enqueued the message (UTC, microseconds).
-    pub occurred_at: DateTime<Utc>,
-    /// The stored headers: [`header::CORRELATION_ID`], [`header::CAUSATION_ID`],
-    /// [`header::TRACEPARENT`], [`header::TRACESTATE`], [`header::CONTENT_TYPE`] and the
-    /// user's own, by name. Never the four row fields above, nor what the transport adds
-    /// (`Nats-Msg-Id`, HTTP's own headers).
-    pub headers: BTreeMap<String, String>,
-    /// The payload, unchanged.
-    pub payload: Bytes,
-}
-
-impl std::fmt::Debug for Envelope {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Envelope")
-            .field("message_id", &self.message_id)
-            .field("topic", &self.topic)
-            .field("key", &self.key)
-            .field("occurred_at", &self.occurred_at)
-            .field("headers", &self.headers)
-            .field("payload", &format_args!("<{} bytes>", self.payload.len()))
-            .finish()
-    }
-}
-
-impl Envelope {
-    /// A stored header by exact name.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(String::as_str)
-    }
-
-    /// The correlation id header.
-    pub fn correlation_id(&self) -> Option<&str> {
-        self.header(header::CORRELATION_ID)
-    }
-
-    /// The causation id header (the id of the message that caused this one).
-    pub fn causation_id(&self) -> Option<&str> {
-        self.header(header::CAUSATION_ID)
-    }
-
-    /// The W3C `traceparent` header.
-    pub fn traceparent(&self) -> Option<&str> {
-        self.header(header::TRACEPARENT)
-    }
-
-    /// The W3C `tracestate` header.
-    pub fn tracestate(&self) -> Option<&str> {
-        self.header(header::TRACESTATE)
-    }
-
-    /// The payload's media type (the `content-type` header).
-    pub fn content_type(&self) -> Option<&str> {
-        self.header(header::CONTENT_TYPE)
-    }
-
-    /// The message id of this message's follow-up `name`
-    /// ([`crate::inbox::follow_up_id`]): the same on every redelivery, so an enqueue in
-    /// the handler's transaction keeps one copy however often the message is handled.
-    pub fn follow_up_id(&self, name: &str) -> Uuid {
-        crate::inbox::follow_up_id(self.message_id, name)
-    }
-
-    /// The envelope headers as a sink writes them (`message-id`, `topic`, `key` when set,
-    /// `occurred-at` in RFC 3339 with microseconds, then the stored headers), by name.
-    pub fn wire_headers(&self) -> BTreeMap<String, String> {
-        let mut out = self.headers.clone();
-        out.insert(header::MESSAGE_ID.into(), self.message_id.to_string());
-        out.insert(header::TOPIC.into(), self.topic.clone());
-        if let Some(k) = &self.key {
-            out.insert(header::KEY.into(), k.clone());
-        }
-        out.insert(
-            header::OCCURRED_AT.into(),
-            self.occurred_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-        );
-        out
-    }
-}
-
-/// Why a delivery could not be read as an [`Envelope`]. Never holds the payload.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum EnvelopeError {
-    /// A required field (`message-id`, `topic`, `occurred-at`) is absent: the message was
-    /// not written by an outbox sink.
-    #[error("the envelope has no {0} field: not a message an outbox sink wrote")]
-    Missing(&'static str),
-    /// A field is present but not what the envelope puts there.
-    #[error("the envelope field {field:?} is invalid ({reason}): {value:?}")]
-    Invalid {
-        /// The field or header name.
-        field: String,
-        /// At most 64 characters of its value.
-        value: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
-    /// A header value that is not UTF-8 text (every envelope value is).
-    #[error("the envelope header {0:?} is not UTF-8 text")]
-    NotUtf8(String),
-    /// A name that appears twice (a sink writes each once).
-    #[error("the envelope header {0:?} appears more than once")]
-    Repeated(String),
-    /// The delivery itself is not in the sink's shape (a JSON line that does not parse, a
-    /// stream field of the wrong type).
-    #[error("not an outbox envelope: {0}")]
-    Malformed(String),
-}
+pub use crate::message::{Envelope, EnvelopeError};
 
 /// Collects envelope fields by name, then checks them.
 #[derive(Default)]
@@ -185,10 +71,6 @@ struct Fields {
     key: Option<String>,
     occurred_at: Option<String>,
     headers: BTreeMap<String, String>,
-}
-
-pub(crate) fn snippet(v: &str) -> String {
-    v.chars().take(64).collect()
 }
 
 fn text(name: &str, value: &[u8]) -> Result<String, EnvelopeError> {
@@ -714,10 +596,27 @@ pub fn from_json_line(line: &[u8]) -> Result<Envelope, EnvelopeError> {
             f.push(&name, value)?;
         }
     }
-    let payload = crate::sink::file::payload_from_json_line(&value).ok_or_else(|| {
+    let payload = payload_from_json_line(&value).ok_or_else(|| {
         EnvelopeError::Malformed("payload or payload_encoding is missing or invalid".into())
     })?;
     f.finish(Bytes::from(payload))
+}
+
+/// Reads the payload of a JSON line written by the file sink
+/// ([`crate::sink::file::to_json_line`]) back from its parsed object: the `payload` text as
+/// it is for `"payload_encoding": "utf8"`, base64-decoded (standard alphabet, padded) for
+/// `"base64"`. `None` when either field is missing, not a string, or the encoding is
+/// unknown or its text is not valid base64.
+pub fn payload_from_json_line(value: &serde_json::Value) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    let payload = value.get("payload")?.as_str()?;
+    match value.get("payload_encoding")?.as_str()? {
+        "utf8" => Some(payload.as_bytes().to_vec()),
+        "base64" => base64::engine::general_purpose::STANDARD
+            .decode(payload)
+            .ok(),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -769,54 +668,8 @@ mod tests {
         );
         assert_eq!(
             env.follow_up_id("x"),
-            crate::inbox::follow_up_id(m.message_id, "x")
+            crate::message::follow_up_id(m.message_id, "x")
         );
-    }
-
-    #[test]
-    fn json_lines_round_trip_text_and_binary() {
-        let mut m = outgoing();
-        let env = from_json_line(&crate::sink::file::to_json_line(&m)).unwrap();
-        assert_eq!(
-            (&env.payload, &env.headers, env.occurred_at),
-            (&m.payload, &m.headers, m.occurred_at)
-        );
-        m.payload = Bytes::from_static("plain ✓".as_bytes());
-        m.key = None;
-        let env = from_json_line(&crate::sink::file::to_json_line(&m)).unwrap();
-        assert_eq!(env.payload, m.payload);
-        assert_eq!(env.key, None);
-    }
-
-    #[tokio::test]
-    async fn the_file_sink_round_trips_through_a_real_file() {
-        use crate::sink::Sink as _;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("out.jsonl");
-        let sink = crate::sink::file::FileSink::open(&path).await.unwrap();
-        let mut text = outgoing();
-        text.payload = Bytes::from_static("grüße ✓ {}".as_bytes());
-        text.key = None;
-        let mut empty = outgoing();
-        empty.payload = Bytes::new();
-        let batch = vec![outgoing(), text, empty];
-        for r in sink.publish_all(&batch).await {
-            r.unwrap();
-        }
-        let written = std::fs::read(&path).unwrap();
-        let got: Vec<Envelope> = written
-            .split_inclusive(|b| *b == b'\n')
-            .map(|line| from_json_line(line).unwrap())
-            .collect();
-        assert_eq!(got.len(), batch.len());
-        for (m, e) in batch.iter().zip(&got) {
-            assert_eq!(e.message_id, m.message_id);
-            assert_eq!(e.topic, m.topic);
-            assert_eq!(e.key, m.key);
-            assert_eq!(e.occurred_at, m.occurred_at);
-            assert_eq!(e.headers, m.headers);
-            assert_eq!(e.payload, m.payload);
-        }
     }
 
     #[test]

@@ -1,9 +1,16 @@
-//! Errors of the store layer and of enqueue.
+//! Errors of the store layer and of enqueue, and of a publish.
 //!
-//! One `thiserror` enum per layer: [`Error`] for everything that touches the store
-//! (enqueue, claim, mark, migrate, status), [`crate::sink::PublishError`] for a sink.
+//! One error type per layer: [`Error`] for everything that touches the store
+//! (enqueue, claim, mark, migrate, status), [`PublishError`] for a sink (also at
+//! `sink::PublishError`), with its [`ErrorKind`] and reason code [`PublishCode`].
 
 use std::time::Duration;
+
+mod publish;
+
+pub use publish::{
+    CONTROL_TOPIC, ErrorKind, IN_FLIGHT, PublishCode, PublishError, TIMED_OUT_AFTER_SEND,
+};
 
 /// An error from the outbox library (enqueue, the store, the relay's store calls).
 #[derive(Debug, thiserror::Error)]

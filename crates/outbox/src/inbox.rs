@@ -41,6 +41,8 @@ use async_trait::async_trait;
 use std::time::Duration;
 use uuid::Uuid;
 
+pub use crate::message::{FOLLOW_UP_NAMESPACE, follow_up_id};
+
 /// A store whose inbox accepts inside a transaction of its database type: the typed
 /// `inbox_accept` of [`crate::postgres::PgStore`], [`crate::mysql::MySqlStore`] and
 /// [`crate::sqlite::SqliteStore`] behind one trait, for consumer code written once over
@@ -99,7 +101,7 @@ impl Incoming for Uuid {
     }
 }
 
-impl Incoming for crate::envelope::Envelope {
+impl Incoming for crate::message::Envelope {
     fn message_id(&self) -> Uuid {
         self.message_id
     }
@@ -142,37 +144,6 @@ impl Accepted {
             Accepted::Duplicate
         }
     }
-}
-
-/// The namespace of [`follow_up_id`] (UUIDv5, RFC 9562 section 5.5):
-/// `0110e2f0-e62f-4b1c-adc5-98355884330d`, chosen at random once for this library and
-/// fixed forever: changing it would change every follow-up id, so a message redelivered
-/// across an upgrade would enqueue its follow-ups twice.
-pub const FOLLOW_UP_NAMESPACE: Uuid = Uuid::from_u128(0x0110e2f0_e62f_4b1c_adc5_98355884330d);
-
-/// The message id of the follow-up `name` of the incoming message `incoming`: UUIDv5 in
-/// [`FOLLOW_UP_NAMESPACE`] over the 16 bytes of `incoming` followed by the UTF-8 bytes
-/// of `name`. The same incoming message and name always give the same id, on every
-/// machine and in every version, so handling a redelivered message enqueues follow-ups
-/// with the ids the first handling used, and enqueue (idempotent on the message id) keeps
-/// one of each. Use a distinct `name` per follow-up of one message (for example the
-/// topic, or `"topic/line-3"` when one message fans out).
-///
-/// ```
-/// use outbox::inbox::follow_up_id;
-/// use uuid::Uuid;
-/// let incoming = Uuid::parse_str("0190c4a8-0000-7000-8000-000000000001").unwrap();
-/// assert_eq!(
-///     follow_up_id(incoming, "billing.invoice-requested.v1"),
-///     follow_up_id(incoming, "billing.invoice-requested.v1"),
-/// );
-/// assert_ne!(follow_up_id(incoming, "a"), follow_up_id(incoming, "b"));
-/// ```
-pub fn follow_up_id(incoming: Uuid, name: &str) -> Uuid {
-    let mut data = Vec::with_capacity(16 + name.len());
-    data.extend_from_slice(incoming.as_bytes());
-    data.extend_from_slice(name.as_bytes());
-    Uuid::new_v5(&FOLLOW_UP_NAMESPACE, &data)
 }
 
 /// The shortest age `outbox inbox purge --older-than` accepts: 1 hour.

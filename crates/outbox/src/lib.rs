@@ -9,7 +9,31 @@
 //! id for consumers to deduplicate on — with the [`inbox`], after reading what arrived
 //! with [`envelope`].
 //!
-//! Modules: [`message`] (what producers enqueue), [`events`] (integration events kept
+//! ## Invariants
+//!
+//! Imports between the top-level modules point down the floors below; the few that do
+//! not yet are named here.
+//!
+//! - **Vocabulary, the bottom floor:** [`status`] (row states), [`topic`] (topic
+//!   patterns), [`message`] (what is enqueued, published and read back; follow-up ids)
+//!   and [`error`] ([`Error`]; [`PublishError`] with its [`error::ErrorKind`] and
+//!   [`error::PublishCode`]). They do no IO. `status` imports nothing of the crate,
+//!   `message` only `error`, `topic` only `message`. One edge still points up:
+//!   [`Error::is_transient`] and the display of a database error ask the [`store`]
+//!   module how to read a driver error.
+//! - **Formats:** [`cloudevents`] imports only the vocabulary; [`envelope`] reads each
+//!   sink's wire form through `cloudevents`, never the reverse.
+//! - **Sinks never import stores**, nor the relay: [`sink`] stands on the vocabulary,
+//!   the formats ([`cloudevents`], [`envelope`], [`webhook`]), [`metrics`] and
+//!   [`redact`].
+//! - **[`metrics`] imports no store type:** it takes plain values; the conversion from
+//!   the store's samples sits above both.
+//! - **Only the CLI reads the config file** (`outbox.toml`).
+//! - Still both ways: [`store`] with [`events`] and with [`inbox`] (each store implements
+//!   their SQL; they name the stores).
+//!
+//! Modules: [`message`] (what producers enqueue, what consumers read), [`status`] and
+//! [`topic`] (row states, topic patterns), [`error`], [`events`] (integration events kept
 //! until the commit), [`transaction`] (retried transactions), [`store`] (where messages
 //! live), [`sink`] (where they go), [`relay`] (the loop between), [`envelope`] and
 //! [`inbox`] (the consumer's side), [`cloudevents`] (the opt-in CloudEvents 1.0 envelope of
@@ -46,7 +70,10 @@ pub mod metrics;
 pub mod redact;
 pub mod relay;
 pub mod sink;
+pub mod status;
 pub mod store;
+mod store_gauges;
+pub mod topic;
 pub mod trace;
 pub mod transaction;
 pub mod verdict;
@@ -60,6 +87,7 @@ pub use inbox::{Accepted, follow_up_id};
 pub use message::{Contract, Enqueued, Message, OutgoingMessage};
 pub use relay::{OnDispatch, Relay, RelayConfig, RelayError, RelayHandle, RelayStats};
 pub use sink::{PublishError, Sink};
+pub use status::Status;
 pub use store::{
     AnyStore, Counts, Maintenance, Operations, Registry, Relaying, SettleShortcuts, Store,
     StoreConfig, Views,
@@ -71,6 +99,38 @@ pub use store::mysql;
 pub use store::postgres;
 #[cfg(feature = "sqlite")]
 pub use store::sqlite;
+
+#[cfg(test)]
+mod tests {
+    /// The store's row codes are the [`crate::Status`] values.
+    #[test]
+    fn store_status_codes_are_the_status_values() {
+        use crate::status::{self, Status};
+        use crate::store::status as stored;
+        for (code, s) in [
+            (stored::PENDING, Status::Pending),
+            (stored::CLAIMED, Status::Claimed),
+            (stored::DISPATCHED, Status::Dispatched),
+            (stored::DEAD, Status::Dead),
+        ] {
+            assert_eq!(code, s.as_i16(), "{s}");
+        }
+        assert_eq!(
+            [
+                status::PENDING,
+                status::CLAIMED,
+                status::DISPATCHED,
+                status::DEAD
+            ],
+            [
+                stored::PENDING,
+                stored::CLAIMED,
+                stored::DISPATCHED,
+                stored::DEAD
+            ]
+        );
+    }
+}
 
 /// The README's Rust examples, compiled as doc tests so they stay true.
 #[cfg(doctest)]

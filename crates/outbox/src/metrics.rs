@@ -188,49 +188,101 @@ pub(crate) fn value(name: &'static str, v: f64) {
     histogram!(name).record(v);
 }
 
+/// What the store gauges show of a store sample (the relay's `Store::overview`), as plain
+/// values: metrics reads no store type (the conversion from the store's types is beside
+/// the relay, in the crate's `store_gauges` module).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct StoreGauges<'a> {
+    /// Rows by status: pending, claimed, dispatched, dead.
+    pub pending: i64,
+    pub claimed: i64,
+    pub dispatched: i64,
+    pub dead: i64,
+    /// Seconds the oldest pending row has waited; `None` when none is pending.
+    pub oldest_pending_age_s: Option<i64>,
+    /// Rows due now.
+    pub due: i64,
+    /// Claimed rows whose lease has ended.
+    pub expired_claims: i64,
+    /// Dead rows of the topics with the most, by topic (the rest are `other`).
+    pub dead_by_topic: &'a [(String, i64)],
+}
+
+/// What the pause gauges show: whether the outbox is paused, and how many topics are.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PauseGauges {
+    /// The whole outbox is paused.
+    pub paused: bool,
+    /// Topic patterns paused.
+    pub topic_pauses: usize,
+}
+
+/// What the ordering gauges show of a per-key ordering sample.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct OrderingGauges {
+    /// Keys whose next row waits behind a dead letter or a later row.
+    pub blocked_keys: i64,
+    /// Rows held back.
+    pub held: i64,
+    /// Seconds the oldest held row has waited; `None` when none is held.
+    pub oldest_held_age_s: Option<i64>,
+}
+
+/// What the cleanup horizon gauges show.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct HorizonGauges {
+    /// Age in seconds of the oldest open transaction; `None` when there is none.
+    pub oldest_transaction_age_s: Option<f64>,
+    /// PostgreSQL's xmin horizon age, in transactions, where the store tells it.
+    pub xmin_age: Option<i64>,
+}
+
 /// Sets the store gauges from an overview and the registry.
-pub(crate) fn store_sample(
-    o: &crate::store::Overview,
+pub(crate) fn store_sample<'a>(
+    o: impl Into<StoreGauges<'a>>,
     relays_alive: usize,
-    pause: &crate::store::PauseState,
+    pause: impl Into<PauseGauges>,
 ) {
-    let c = &o.counts;
+    let o = o.into();
+    let pause = pause.into();
     for (status, n) in [
-        ("pending", c.pending),
-        ("claimed", c.claimed),
-        ("dispatched", c.dispatched),
-        ("dead", c.dead),
+        (crate::status::Status::Pending.as_str(), o.pending),
+        (crate::status::Status::Claimed.as_str(), o.claimed),
+        (crate::status::Status::Dispatched.as_str(), o.dispatched),
+        (crate::status::Status::Dead.as_str(), o.dead),
     ] {
         gauge!(MESSAGES, "status" => status).set(n as f64);
     }
-    gauge!(OLDEST_PENDING_AGE).set(c.oldest_pending_age_seconds.unwrap_or(0) as f64);
+    gauge!(OLDEST_PENDING_AGE).set(o.oldest_pending_age_s.unwrap_or(0) as f64);
     gauge!(DUE).set(o.due as f64);
     gauge!(CLAIMS_EXPIRED).set(o.expired_claims as f64);
     let mut listed = 0;
-    for (topic, n) in &o.dead_by_topic {
+    for (topic, n) in o.dead_by_topic {
         gauge!(DEAD_BY_TOPIC, "topic" => topic.clone()).set(*n as f64);
         listed += n;
     }
-    gauge!(DEAD_BY_TOPIC, "topic" => "other").set((c.dead - listed).max(0) as f64);
+    gauge!(DEAD_BY_TOPIC, "topic" => "other").set((o.dead - listed).max(0) as f64);
     gauge!(RELAYS_ALIVE).set(relays_alive as f64);
-    gauge!(TOPIC_PAUSES).set(pause.topics.len() as f64);
+    gauge!(TOPIC_PAUSES).set(pause.topic_pauses as f64);
     gauge!(PAUSED).set(if pause.paused { 1.0 } else { 0.0 });
 }
 
-/// Sets the ordering gauges from a store sample ([`crate::store::Views::held_keys`]).
-pub(crate) fn ordering_sample(h: &crate::store::HeldKeys) {
+/// Sets the ordering gauges from a store sample (`Views::held_keys`).
+pub(crate) fn ordering_sample(h: impl Into<OrderingGauges>) {
+    let h = h.into();
     gauge!(ORDERED_BLOCKED_KEYS).set(h.blocked_keys as f64);
     gauge!(ORDERED_HELD).set(h.held as f64);
-    gauge!(ORDERED_OLDEST_HELD_AGE).set(h.oldest_held_age_seconds.unwrap_or(0) as f64);
+    gauge!(ORDERED_OLDEST_HELD_AGE).set(h.oldest_held_age_s.unwrap_or(0) as f64);
 }
 
-/// Sets the cleanup horizon gauges from a store sample
-/// ([`crate::store::Views::cleanup_horizon`]); the xmin age only where the store tells it.
-pub(crate) fn horizon_sample(kind: &str, h: &crate::store::CleanupHorizon) {
+/// Sets the cleanup horizon gauges from a store sample (`Views::cleanup_horizon`) of a
+/// store of `kind`; the xmin age only where the store tells it.
+pub(crate) fn horizon_sample(kind: &str, h: impl Into<HorizonGauges>) {
     if !matches!(kind, "postgres" | "mysql") {
         return; // nothing to tell: no gauge rather than a 0 that would mean "none"
     }
-    gauge!(OLDEST_TRANSACTION_AGE).set(h.oldest.as_ref().map_or(0.0, |t| t.age_s));
+    let h = h.into();
+    gauge!(OLDEST_TRANSACTION_AGE).set(h.oldest_transaction_age_s.unwrap_or(0.0));
     if let Some(x) = h.xmin_age {
         gauge!(OLDEST_XMIN_AGE).set(x as f64);
     }

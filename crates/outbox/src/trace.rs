@@ -289,7 +289,7 @@ fn end(span: tracing::Span, outcome: Option<&Result<(), PublishError>>) {
     match outcome {
         Some(Ok(())) => {}
         Some(Err(e)) => {
-            span.record("error.type", e.code);
+            span.record("error.type", e.code.as_str());
             span.set_status(Status::error(e.to_string()));
         }
         None => {
@@ -408,7 +408,10 @@ mod tests {
         assert!(exporter.get_finished_spans().unwrap().is_empty());
         let confirm = Confirmations::new(3);
         confirm.set(0, Ok(()));
-        confirm.set(1, Err(PublishError::permanent("refused").with_code("nack")));
+        confirm.set(
+            1,
+            Err(PublishError::permanent("refused").with_code(crate::error::PublishCode::Nack)),
+        );
         // The first two end as their outcomes arrive; the third when the batch finishes.
         tokio::time::timeout(std::time::Duration::from_millis(50), spans.follow(&confirm))
             .await

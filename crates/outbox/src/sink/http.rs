@@ -101,7 +101,7 @@
 //! cannot make it stronger. Receivers should persist (or deduplicate on `Idempotency-Key`)
 //! before answering `2xx`.
 
-use super::{Confirmations, PublishError, Sink, SinkError};
+use super::{Confirmations, PublishCode, PublishError, Sink, SinkError};
 use crate::cloudevents::{Binding, CloudEvents, EnvelopeFormat, JSON_FORMAT, Mode};
 use crate::message::{OutgoingMessage, header};
 use crate::redact::{redact_url, redact_url_without_query};
@@ -374,7 +374,7 @@ impl WebhookSink {
                         return Err(PublishError::permanent(format!(
                             "attribute header {name:?} has no valid HTTP form"
                         ))
-                        .with_code("invalid_header"));
+                        .with_code(PublishCode::InvalidHeader));
                     };
                     h.append(n, v);
                 }
@@ -383,7 +383,7 @@ impl WebhookSink {
                         PublishError::permanent(format!(
                             "the content-type header {ct:?} is not a valid HTTP header value (printable ASCII)"
                         ))
-                        .with_code("invalid_header")
+                        .with_code(PublishCode::InvalidHeader)
                     })?;
                     h.insert(CONTENT_TYPE, v);
                 }
@@ -415,7 +415,7 @@ impl WebhookSink {
             .ok_or_else(|| {
                 PublishError::permanent(format!(
                     "the content-type header {content_type:?} is not a valid HTTP header value (printable ASCII)"
-                )).with_code("invalid_header")
+                )).with_code(PublishCode::InvalidHeader)
             })?;
         h.insert(CONTENT_TYPE, ct);
         let mut seen = std::collections::HashSet::with_capacity(envelope.len());
@@ -425,7 +425,7 @@ impl WebhookSink {
             if !seen.insert(name.to_ascii_lowercase()) {
                 return Err(PublishError::permanent(format!(
                     "header {name:?} is the same HTTP header as another of the message (HTTP header names are case-insensitive)"
-                )).with_code("invalid_header"));
+                )).with_code(PublishCode::InvalidHeader));
             }
             if name.eq_ignore_ascii_case(header::CONTENT_TYPE) {
                 continue;
@@ -436,16 +436,16 @@ impl WebhookSink {
             {
                 return Err(PublishError::permanent(format!(
                     "header {name:?} cannot be sent as an HTTP header: HTTP, a client, a proxy or the webhook sink sets it"
-                )).with_code("invalid_header"));
+                )).with_code(PublishCode::InvalidHeader));
             }
             let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
                 PublishError::permanent(format!("header name {name:?} is not an HTTP token"))
-                    .with_code("invalid_header")
+                    .with_code(PublishCode::InvalidHeader)
             })?;
             let encoded = encode_header_value(value);
             let v = HeaderValue::from_str(&encoded).map_err(|_| {
                 PublishError::permanent(format!("header {name:?} has no valid HTTP encoding"))
-                    .with_code("invalid_header")
+                    .with_code(PublishCode::InvalidHeader)
             })?;
             h.append(n, v);
         }
@@ -476,7 +476,7 @@ impl WebhookSink {
                     "an earlier request for this message to {} is still outstanding (up to {rest:?} more): not sending a second copy",
                     self.describe
                 ))
-                .with_code(super::IN_FLIGHT)
+                .with_code(PublishCode::InFlight)
                 .with_retry_after(rest.clamp(Duration::from_millis(10), IN_FLIGHT_RETRY)));
             }
             let request = self
@@ -530,7 +530,7 @@ impl WebhookSink {
                 "the request to {} ended without an outcome",
                 self.describe
             ))
-            .with_code("no_outcome"))
+            .with_code(PublishCode::NoOutcome))
         });
         if let Err(e) = &result {
             tracing::debug!(sink = %self.describe, message_id = %m.message_id, topic = %m.topic.escape_debug(), error = %e, "webhook delivery failed");
@@ -547,7 +547,7 @@ fn classify_error(e: reqwest::Error, describe: &str, timeout: Duration) -> Publi
     // never reached the endpoint.
     if text.connect {
         PublishError::unavailable(format!("cannot reach {describe}: {}", text.text))
-            .with_code("not_connected")
+            .with_code(PublishCode::NotConnected)
     } else if text.timeout {
         // The connection was made and the request sent; no response came within the
         // timeout: slow, not unreachable (the router judges what that costs).
@@ -653,11 +653,11 @@ async fn classify_response(mut resp: reqwest::Response) -> Result<(), PublishErr
                 }
             }
             let code = if status.is_server_error() {
-                "http_5xx"
+                PublishCode::Http5xx
             } else if status.is_client_error() {
-                "http_4xx"
+                PublishCode::Http4xx
             } else {
-                "http_other"
+                PublishCode::HttpOther
             };
             let mut e = match class {
                 StatusClass::Pressure => PublishError::unavailable(message),

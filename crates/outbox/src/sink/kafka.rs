@@ -52,7 +52,7 @@
 //!   `message.timeout.ms`) and the ones the URL's settings decide (`security.protocol`,
 //!   `sasl.*` credentials and mechanism, `ssl.*.location`), which are refused.
 
-use super::{Confirmations, ErrorKind, PublishError, Sink, SinkError};
+use super::{Confirmations, ErrorKind, PublishCode, PublishError, Sink, SinkError};
 use crate::cloudevents::{
     Binding, ENVELOPE_PARAM, EnvelopeFormat, JSON_FORMAT, Mode, SOURCE_PARAM,
 };
@@ -137,11 +137,11 @@ impl KafkaSink {
             Some(e) if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition => {
                 Some(PublishError::permanent(format!(
                     "Kafka topic {topic:?} does not exist: create it (the relay does not create topics)"
-                )).with_code("no_destination"))
+                )).with_code(PublishCode::NoDestination))
             }
             _ if t.partitions().is_empty() => Some(PublishError::permanent(format!(
                 "Kafka topic {topic:?} does not exist (no partitions): create it (the relay does not create topics)"
-            )).with_code("no_destination")),
+            )).with_code(PublishCode::NoDestination)),
             _ => None,
         }
     }
@@ -366,17 +366,17 @@ fn classify(e: &KafkaError, topic: &str) -> PublishError {
     match e.rdkafka_error_code() {
         Some(C::MessageSizeTooLarge | C::InvalidMessageSize) => PublishError::permanent(format!(
             "record for {topic:?} is larger than the broker accepts: {e}"
-        )).with_code("too_large"),
+        )).with_code(PublishCode::TooLarge),
         Some(C::UnknownTopicOrPartition | C::UnknownTopic) => PublishError::permanent(format!(
             "Kafka topic {topic:?} does not exist: create it (the relay does not create topics): {e}"
-        )).with_code("no_destination"),
+        )).with_code(PublishCode::NoDestination),
         Some(C::TopicAuthorizationFailed) => {
-            PublishError::permanent(format!("not authorised to write to {topic:?}: {e}")).with_code("not_authorized")
+            PublishError::permanent(format!("not authorised to write to {topic:?}: {e}")).with_code(PublishCode::NotAuthorized)
         }
         // The broker's record validation or a topic policy refuses this record (Kafka
         // protocol error codes 87 INVALID_RECORD and 44 POLICY_VIOLATION, not retriable).
         Some(C::InvalidRecord | C::PolicyViolation) => {
-            PublishError::permanent(format!("Kafka refused the record for {topic:?}: {e}")).with_code("rejected")
+            PublishError::permanent(format!("Kafka refused the record for {topic:?}: {e}")).with_code(PublishCode::Rejected)
         }
         // No delivery report within message.timeout.ms, or the broker did not answer the
         // produce request in time (7): judged by the router like any timeout.
@@ -396,7 +396,7 @@ fn classify(e: &KafkaError, topic: &str) -> PublishError {
             | C::SaslAuthenticationFailed
             | C::QueueFull
             | C::ThrottlingQuotaExceeded,
-        ) => PublishError::unavailable(format!("Kafka cannot take records now: {e}")).with_code("destination_down"),
+        ) => PublishError::unavailable(format!("Kafka cannot take records now: {e}")).with_code(PublishCode::DestinationDown),
         _ => PublishError::transient(format!("Kafka publish: {e}")),
     }
 }
@@ -428,7 +428,7 @@ fn topic_refusal(topic: &str) -> Option<PublishError> {
     };
     Some(
         PublishError::permanent(format!("topic {topic:?} is not a valid Kafka topic: {why}"))
-            .with_code("invalid_topic"),
+            .with_code(PublishCode::InvalidTopic),
     )
 }
 
@@ -467,7 +467,7 @@ impl Sink for KafkaSink {
                     Ok(delivery) => match delivery.await {
                         Ok(Ok(_)) => Ok(()),
                         Ok(Err((e, _))) => Err(classify(&e, &m.topic)),
-                        Err(_) => Err(PublishError::unavailable("Kafka producer was shut down").with_code("not_connected")),
+                        Err(_) => Err(PublishError::unavailable("Kafka producer was shut down").with_code(PublishCode::NotConnected)),
                     },
                 };
                 // Confirmations are recorded as they arrive; a possible missing topic is
@@ -534,7 +534,7 @@ mod tests {
             let e = topic_refusal(internal).unwrap();
             assert_eq!(
                 (e.kind, e.code),
-                (ErrorKind::Permanent, super::super::CONTROL_TOPIC),
+                (ErrorKind::Permanent, PublishCode::ControlTopic),
                 "{e}"
             );
             assert!(e.message.contains(internal), "{e}");
@@ -553,7 +553,7 @@ mod tests {
             let e = topic_refusal(bad).unwrap();
             assert_eq!(
                 (e.kind, e.code),
-                (ErrorKind::Permanent, "invalid_topic"),
+                (ErrorKind::Permanent, PublishCode::InvalidTopic),
                 "{bad:?}: {e}"
             );
         }

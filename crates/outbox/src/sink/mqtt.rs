@@ -71,7 +71,7 @@
 //!   shutdown; a crash in between loses acknowledged messages queued for offline
 //!   subscribers. Lower `autosave_interval` (or `autosave_on_changes`) to narrow the window.
 
-use super::{Confirmations, PublishError, Sink, SinkError};
+use super::{Confirmations, PublishCode, PublishError, Sink, SinkError};
 use crate::cloudevents::{Binding, ENVELOPE_PARAM, EnvelopeFormat, SOURCE_PARAM};
 use crate::message::OutgoingMessage;
 use crate::redact::redact_url_without_query;
@@ -252,7 +252,7 @@ impl Shared {
                     w.settle(if failed {
                         Err(PublishError::transient(
                             "the broker completed the QoS 2 exchange with \"packet identifier not found\"",
-                        ).with_code("not_connected"))
+                        ).with_code(PublishCode::NotConnected))
                     } else {
                         Ok(())
                     });
@@ -369,11 +369,11 @@ fn ack_failure(reason: AckReason, reason_string: Option<String>) -> Option<Publi
         text.push_str(&format!(" ({s})"));
     }
     let code = match reason {
-        AckReason::NotAuthorized => "not_authorized",
-        AckReason::TopicNameInvalid => "invalid_topic",
-        AckReason::QuotaExceeded => "rate_limited",
-        AckReason::PayloadFormatInvalid => "rejected",
-        _ => "nack",
+        AckReason::NotAuthorized => PublishCode::NotAuthorized,
+        AckReason::TopicNameInvalid => PublishCode::InvalidTopic,
+        AckReason::QuotaExceeded => PublishCode::RateLimited,
+        AckReason::PayloadFormatInvalid => PublishCode::Rejected,
+        _ => PublishCode::Nack,
     };
     Some(
         match (reason, permanent) {
@@ -594,7 +594,7 @@ fn prepare(m: &OutgoingMessage, envelope: &EnvelopeFormat) -> Result<Prepared, P
             "topic {:?} is not a valid MQTT topic name: {why}",
             m.topic
         ))
-        .with_code("invalid_topic"));
+        .with_code(PublishCode::InvalidTopic));
     }
     // The user properties, the Content Type property and the payload.
     let (pairs, content_type, payload) = envelope.properties(m, Binding::Mqtt)?;
@@ -604,7 +604,7 @@ fn prepare(m: &OutgoingMessage, envelope: &EnvelopeFormat) -> Result<Prepared, P
         return Err(PublishError::permanent(
             "the content type cannot be an MQTT string (NUL, control characters, Unicode non-characters, or over 65,535 bytes)",
         )
-        .with_code("invalid_header"));
+        .with_code(PublishCode::InvalidHeader));
     }
     let mut user_properties = Vec::with_capacity(pairs.len());
     for (name, value) in pairs {
@@ -612,7 +612,7 @@ fn prepare(m: &OutgoingMessage, envelope: &EnvelopeFormat) -> Result<Prepared, P
             if text.len() > MQTT_MAX_STRING || !is_mqtt_string(text) {
                 return Err(PublishError::permanent(format!(
                     "header {name:?}: the {what} cannot be an MQTT string (NUL, control characters, Unicode non-characters, or over 65,535 bytes)"
-                )).with_code("invalid_header"));
+                )).with_code(PublishCode::InvalidHeader));
             }
         }
         user_properties.push((name, value));
@@ -785,9 +785,8 @@ impl MqttSink {
             Err(e) => return Slot::Done(Err(e)),
         };
         let Ok(permit) = self.permits.clone().acquire_owned().await else {
-            return Slot::Done(Err(
-                PublishError::unavailable("the MQTT sink is closed").with_code("not_connected")
-            ));
+            return Slot::Done(Err(PublishError::unavailable("the MQTT sink is closed")
+                .with_code(PublishCode::NotConnected)));
         };
         let mut c = self.shared.lock();
         if !c.connected {
@@ -799,7 +798,7 @@ impl MqttSink {
                 self.describe,
                 c.max_qos.unwrap_or_default()
             ))
-            .with_code("destination_down")));
+            .with_code(PublishCode::DestinationDown)));
         }
         let limit = c.max_packet_size.map_or(MQTT_MAX_PACKET, u64::from);
         // Without an announced limit only a payload near MQTT's own one needs measuring.
@@ -815,7 +814,7 @@ impl MqttSink {
             if size > limit {
                 return Slot::Done(Err(PublishError::permanent(format!(
                     "the MQTT packet would be {size} bytes, over the broker's maximum packet size of {limit} bytes"
-                )).with_code("too_large")));
+                )).with_code(PublishCode::TooLarge)));
             }
         }
         match self.client.try_publish_with_properties(

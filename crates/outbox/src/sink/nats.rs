@@ -39,7 +39,7 @@
 //!   (a full stream with `discard: new`) mean the destination is unavailable (the message
 //!   keeps its attempts); anything else is transient.
 
-use super::{Confirmations, ErrorKind, PublishError, Sink, SinkError};
+use super::{Confirmations, ErrorKind, PublishCode, PublishError, Sink, SinkError};
 use crate::cloudevents::{Binding, ENVELOPE_PARAM, EnvelopeFormat, JSON_FORMAT, SOURCE_PARAM};
 use crate::message::OutgoingMessage;
 use crate::redact::{redact_url, scrub};
@@ -314,13 +314,13 @@ impl NatsSink {
         for (name, value) in m.envelope_headers() {
             let n = async_nats::HeaderName::from_str(name).map_err(|_| {
                 PublishError::permanent(format!("header name {name:?} is not valid in NATS"))
-                    .with_code("invalid_header")
+                    .with_code(PublishCode::InvalidHeader)
             })?;
             let v = async_nats::HeaderValue::from_str(&value).map_err(|_| {
                 PublishError::permanent(format!(
                     "header {name:?} has a value NATS cannot carry (CR or LF)"
                 ))
-                .with_code("invalid_header")
+                .with_code(PublishCode::InvalidHeader)
             })?;
             h.insert(n, v);
         }
@@ -346,21 +346,21 @@ impl NatsSink {
             Err(e) if matches!(e.kind(), K::NotFound) => PublishError::permanent(format!(
                 "no JetStream stream covers subject {subject:?}: create a stream whose subjects include it"
             ))
-            .with_code("no_destination"),
+            .with_code(PublishCode::NoDestination),
             Err(e) if matches!(e.kind(), K::InvalidSubject) => {
                 PublishError::permanent(format!("{subject:?} is not a valid NATS subject"))
-                    .with_code("invalid_topic")
+                    .with_code(PublishCode::InvalidTopic)
             }
             Ok(stream) => PublishError::unavailable(format!(
                 "JetStream stream {stream:?} (covering {subject:?}) did not answer the publish"
             ))
-            .with_code("destination_down"),
+            .with_code(PublishCode::DestinationDown),
             Err(e) => match api_failure(&e) {
                 ApiFailure::NotEnabled(why) => PublishError::unavailable(format!(
                     "JetStream is not available on {}: {why} (enable JetStream on the server, or for the account)",
                     self.describe
                 ))
-                .with_code("destination_down"),
+                .with_code(PublishCode::DestinationDown),
                 // The JetStream API did not answer within the ack timeout: judged by the
                 // router like any timeout.
                 ApiFailure::TimedOut => {
@@ -383,7 +383,7 @@ impl Sink for NatsSink {
         }
         if !self.connected_within(Duration::from_millis(500)).await {
             let e = PublishError::unavailable(format!("not connected to {}", self.describe))
-                .with_code("not_connected");
+                .with_code(PublishCode::NotConnected);
             confirm.fail_unset(&e);
             return;
         }
@@ -400,7 +400,7 @@ impl Sink for NatsSink {
                         "topic {:?} is not a valid NATS subject: dot-separated non-empty tokens, no whitespace, no wildcards",
                         m.topic
                     ))
-                    .with_code("invalid_topic"),
+                    .with_code(PublishCode::InvalidTopic),
                 )));
                 continue;
             }
@@ -655,7 +655,7 @@ fn classify(kind: PublishErrorKind, text: String, topic: &str) -> Err_ {
             PublishError::permanent(format!(
                 "message on {topic:?} exceeds the NATS server's max_payload: {text}"
             ))
-            .with_code("too_large"),
+            .with_code(PublishCode::TooLarge),
         ),
         PublishErrorKind::StreamNotFound => Err_::NoStream,
         // No PubAck within the ack timeout: the router judges whether the message or the
@@ -665,7 +665,8 @@ fn classify(kind: PublishErrorKind, text: String, topic: &str) -> Err_ {
         }
         // The connection went away before the PubAck.
         PublishErrorKind::BrokenPipe => Err_::Classified(
-            PublishError::unavailable(format!("NATS publish: {text}")).with_code("not_connected"),
+            PublishError::unavailable(format!("NATS publish: {text}"))
+                .with_code(PublishCode::NotConnected),
         ),
         // Expectation headers the message carries (10070, 10071): it can never pass.
         PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
@@ -673,7 +674,7 @@ fn classify(kind: PublishErrorKind, text: String, topic: &str) -> Err_ {
                 PublishError::permanent(format!(
                     "JetStream refused the message on {topic:?}: {text}"
                 ))
-                .with_code("rejected"),
+                .with_code(PublishCode::Rejected),
             )
         }
         _ => Err_::Classified(
@@ -682,14 +683,14 @@ fn classify(kind: PublishErrorKind, text: String, topic: &str) -> Err_ {
                     "JetStream refused the message on {topic:?}: {text}"
                 ))
                 .with_code(if jetstream_error_code(&text) == Some(10054) {
-                    "too_large"
+                    PublishCode::TooLarge
                 } else {
-                    "rejected"
+                    PublishCode::Rejected
                 }),
                 Some(ErrorKind::Unavailable) => PublishError::unavailable(format!(
                     "JetStream cannot take messages on {topic:?} now: {text}"
                 ))
-                .with_code("destination_down"),
+                .with_code(PublishCode::DestinationDown),
                 // Too many acks pending, codes this sink does not know, and anything
                 // unexpected are transient.
                 _ => PublishError::transient(format!("NATS publish: {text}")),
@@ -768,7 +769,7 @@ mod tests {
             let e = control_subject_error(s).unwrap();
             assert_eq!(
                 (e.kind, e.code),
-                (ErrorKind::Permanent, super::super::CONTROL_TOPIC),
+                (ErrorKind::Permanent, PublishCode::ControlTopic),
                 "{s}"
             );
             assert!(

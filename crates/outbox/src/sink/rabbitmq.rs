@@ -77,7 +77,7 @@
 //!
 //! Payloads never appear in logs; [`Sink::describe`] omits the credentials.
 
-use super::{Confirmations, PublishError, Sink, SinkError};
+use super::{Confirmations, PublishCode, PublishError, Sink, SinkError};
 use crate::cloudevents::{Binding, ENVELOPE_PARAM, EnvelopeFormat, SOURCE_PARAM};
 use crate::message::OutgoingMessage;
 use crate::redact::redact_url as redact;
@@ -357,7 +357,7 @@ impl RabbitMqSink {
                     "connecting to {} timed out after {:?}",
                     self.describe, self.options.connect_timeout
                 ))
-                .with_code("not_connected")
+                .with_code(PublishCode::NotConnected)
             })??;
         let link = Arc::new(link);
         *slot = Some(link.clone());
@@ -399,7 +399,7 @@ impl RabbitMqSink {
                         "exchange {:?} is not usable on {}: {e}",
                         self.options.exchange, self.describe
                     ))
-                    .with_code("no_destination")
+                    .with_code(PublishCode::NoDestination)
                 })?;
         }
         channel
@@ -458,14 +458,14 @@ impl RabbitMqSink {
             return Err(PublishError::permanent(format!(
                 "message of {size} bytes (payload, topic, key and headers) exceeds the RabbitMQ limit of {limit} bytes"
             ))
-            .with_code("too_large"));
+            .with_code(PublishCode::TooLarge));
         }
         let routing_key = ShortString::try_new(m.topic.clone()).map_err(|_| {
             PublishError::permanent(format!(
                 "topic of {} bytes is longer than an AMQP routing key may be ({MAX_SHORT_STRING})",
                 m.topic.len()
             ))
-            .with_code("invalid_topic")
+            .with_code(PublishCode::InvalidTopic)
         })?;
         let mut table = FieldTable::default();
         // Bytes of the content header frame: frame overhead 8, class/weight/body size/flags
@@ -479,7 +479,7 @@ impl RabbitMqSink {
                 PublishError::permanent(format!(
                     "header name of {len} bytes is longer than AMQP allows ({MAX_SHORT_STRING})"
                 ))
-                .with_code("invalid_header")
+                .with_code(PublishCode::InvalidHeader)
             })?;
             table.insert(key, AMQPValue::LongString(LongString::from(value)));
         }
@@ -490,7 +490,7 @@ impl RabbitMqSink {
         if header_bytes > frame_max {
             return Err(PublishError::permanent(format!(
                 "the envelope headers need a {header_bytes}-byte AMQP content header, more than the connection's frame_max of {frame_max} bytes"
-            )).with_code("too_large"));
+            )).with_code(PublishCode::TooLarge));
         }
         let mut props = BasicProperties::default()
             .with_delivery_mode(2)
@@ -516,11 +516,11 @@ impl RabbitMqSink {
                             "exchange {:?} not found on {}: {text}",
                             self.options.exchange, self.describe
                         ))
-                        .with_code("no_destination")
+                        .with_code(PublishCode::NoDestination)
                     }
                     AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED) => {
                         PublishError::permanent(format!("RabbitMQ refused access: {text}"))
-                            .with_code("not_authorized")
+                            .with_code(PublishCode::NotAuthorized)
                     }
                     AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED) => {
                         match server_max_from(text) {
@@ -530,7 +530,7 @@ impl RabbitMqSink {
                                     PublishError::permanent(format!(
                                         "payload of {} bytes exceeds the RabbitMQ server's max_message_size of {max} bytes",
                                         m.payload.len()
-                                    )).with_code("too_large")
+                                    )).with_code(PublishCode::TooLarge)
                                 } else {
                                     PublishError::unavailable(format!(
                                         "channel closed by RabbitMQ because of another message of the batch: {text}"
@@ -543,13 +543,13 @@ impl RabbitMqSink {
                     // 311 content-too-large (AMQP 0-9-1 §1.9 constants): this message.
                     AMQPErrorKind::Soft(AMQPSoftError::CONTENTTOOLARGE) => {
                         PublishError::permanent(format!("RabbitMQ refused the message: {text}"))
-                            .with_code("rejected")
+                            .with_code(PublishCode::Rejected)
                     }
                     // 405 resource-locked and the rest: a later try may work.
                     AMQPErrorKind::Soft(_) => PublishError::transient(format!("RabbitMQ: {text}")),
                     AMQPErrorKind::Hard(_) => {
                         PublishError::unavailable(format!("RabbitMQ closed the connection: {text}"))
-                            .with_code("not_connected")
+                            .with_code(PublishCode::NotConnected)
                     }
                 }
             }
@@ -561,7 +561,7 @@ impl RabbitMqSink {
             | ErrorKind::MissingHeartbeatError
             | ErrorKind::ParsingError(_) => {
                 PublishError::unavailable(format!("connection to {} failed: {e}", self.describe))
-                    .with_code("not_connected")
+                    .with_code(PublishCode::NotConnected)
             }
             _ => PublishError::transient(format!("RabbitMQ publish: {e}")),
         }
@@ -601,7 +601,7 @@ impl Sink for RabbitMqSink {
                     "cannot open a channel on {}: {e}",
                     self.describe
                 ))
-                .with_code("not_connected");
+                .with_code(PublishCode::NotConnected);
                 confirm.fail_unset(&e);
                 return;
             }
@@ -671,13 +671,13 @@ impl Sink for RabbitMqSink {
                         "unroutable: no queue bound for routing key {:?} on exchange {:?} (basic.return {code} {text})",
                         m.topic, self.options.exchange,
                     ))
-                    .with_code("unroutable"))
+                    .with_code(PublishCode::Unroutable))
                 }
                 (Some(Ok(Confirmed::Ack)), None) => Ok(()),
                 (Some(Ok(Confirmed::Nack)), None) => Err(PublishError::transient(
                     "RabbitMQ nacked the message (a queue could not take it: internal error, or full with overflow reject-publish)",
                 )
-                .with_code("nack")),
+                .with_code(PublishCode::Nack)),
                 (Some(Ok(Confirmed::NotRequested)), _) => {
                     broken = true;
                     Err(PublishError::transient(

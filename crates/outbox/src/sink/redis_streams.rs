@@ -50,7 +50,7 @@
 //!
 //! Payloads never appear in logs; [`Sink::describe`] omits the credentials.
 
-use super::{Confirmations, PublishError, Sink, SinkError};
+use super::{Confirmations, PublishCode, PublishError, Sink, SinkError};
 use crate::message::{OutgoingMessage, header};
 use crate::redact::redact_url as redact;
 use async_trait::async_trait;
@@ -233,7 +233,7 @@ impl RedisStreamsSink {
         }
         let c = self.open_connection().await.map_err(|e| {
             PublishError::unavailable(format!("cannot connect to {}: {e}", self.describe))
-                .with_code("not_connected")
+                .with_code(PublishCode::NotConnected)
         })?;
         *slot = Some(c.clone());
         Ok(c)
@@ -305,7 +305,7 @@ impl Sink for RedisStreamsSink {
                         "topic {:?} cannot be a Redis stream key: {why}",
                         m.topic
                     ))
-                    .with_code("invalid_topic")),
+                    .with_code(PublishCode::InvalidTopic)),
                 );
                 continue;
             }
@@ -314,7 +314,7 @@ impl Sink for RedisStreamsSink {
                 out[i] = Some(Err(PublishError::permanent(format!(
                     "message of {size} bytes (payload, topic, key and headers) exceeds the Redis limit of {} bytes",
                     self.options.max_message_bytes
-                )).with_code("too_large")));
+                )).with_code(PublishCode::TooLarge)));
                 continue;
             }
             self.xadd(&mut pipe, m);
@@ -343,7 +343,7 @@ impl Sink for RedisStreamsSink {
                             Ok(other) => Err(PublishError::transient(format!(
                                 "unexpected XADD reply {other:?}"
                             ))
-                            .with_code("other")),
+                            .with_code(PublishCode::Other)),
                             Err(e) => Err(classify_reply(&e, &batch[*i].topic)),
                         });
                     }
@@ -354,7 +354,7 @@ impl Sink for RedisStreamsSink {
                         replies.len(),
                         sent.len()
                     ))
-                    .with_code("other");
+                    .with_code(PublishCode::Other);
                     for i in &sent {
                         out[*i] = Some(Err(e.clone()));
                     }
@@ -367,7 +367,7 @@ impl Sink for RedisStreamsSink {
                         "Redis pipeline to {} failed: {e}",
                         self.describe
                     ))
-                    .with_code("not_connected");
+                    .with_code(PublishCode::NotConnected);
                     for i in &sent {
                         out[*i] = Some(Err(e.clone()));
                     }
@@ -407,20 +407,20 @@ fn classify_reply(e: &RedisError, topic: &str) -> PublishError {
     match code {
         "WRONGTYPE" => PublishError::permanent(format!(
             "Redis key {topic:?} exists and is not a stream (WRONGTYPE): rename or delete that key, or use another topic"
-        )).with_code("wrong_type"),
-        "NOPERM" => PublishError::permanent(format!("Redis refused XADD to {topic:?}: {text}")).with_code("not_authorized"),
+        )).with_code(PublishCode::WrongType),
+        "NOPERM" => PublishError::permanent(format!("Redis refused XADD to {topic:?}: {text}")).with_code(PublishCode::NotAuthorized),
         // Not authenticated at all: the sink's credentials, not the message.
         "NOAUTH" => PublishError::unavailable(format!(
             "Redis wants authentication (put the password in the sink URL): {text}"
-        )).with_code("not_authorized"),
+        )).with_code(PublishCode::NotAuthorized),
         "OOM" | "LOADING" | "BUSY" | "MISCONF" | "READONLY" | "MASTERDOWN" | "TRYAGAIN"
         | "CLUSTERDOWN" | "MOVED" | "ASK" => {
-            PublishError::unavailable(format!("Redis cannot take writes now: {text}")).with_code("destination_busy")
+            PublishError::unavailable(format!("Redis cannot take writes now: {text}")).with_code(PublishCode::DestinationBusy)
         }
         // No reply within the response timeout: judged by the router like any timeout.
         _ if e.is_timeout() => PublishError::timed_out(format!("Redis did not reply: {text}")),
         _ if e.is_io_error() || e.is_connection_dropped() => {
-            PublishError::unavailable(format!("Redis connection failed: {text}")).with_code("not_connected")
+            PublishError::unavailable(format!("Redis connection failed: {text}")).with_code(PublishCode::NotConnected)
         }
         _ => PublishError::transient(format!("Redis XADD to {topic:?}: {text}")),
     }

@@ -5,9 +5,10 @@
 //! Each batch is split by the first route whose pattern matches the topic; the groups go
 //! to their destinations concurrently, each bounded by the publish timeout.
 //!
-//! Patterns are NATS-style over dotted topics: a token matches itself, `*` matches exactly
-//! one token, `>` (last) matches one or more tokens. `orders.*` matches `orders.placed`,
-//! not `orders.placed.v1`; `orders.>` matches both; `>` matches everything.
+//! Patterns ([`TopicPattern`], defined in [`crate::topic`]) are NATS-style over dotted
+//! topics: a token matches itself, `*` matches exactly one token, `>` (last) matches one
+//! or more tokens. `orders.*` matches `orders.placed`, not `orders.placed.v1`; `orders.>`
+//! matches both; `>` matches everything.
 //!
 //! A topic no route matches is a permanent error that names the topic ("no route for
 //! topic …"): the message is quarantined, never dropped.
@@ -52,117 +53,14 @@
 //! - A destination that answers (a confirmation, or a refusal about the message) is
 //!   healthy; only "could not reach it" counts towards opening.
 
-use super::{Confirmations, ErrorKind, PublishError, Sink, SinkError};
+use super::{Confirmations, ErrorKind, PublishCode, PublishError, Sink, SinkError};
 use crate::message::OutgoingMessage;
 use futures::future::join_all;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
-/// Longest topic pattern accepted, in bytes: [`crate::message::MAX_TOPIC_BYTES`]. Each
-/// token of a pattern matches at least as many bytes as it has, so a longer pattern could
-/// match no topic at all.
-pub const MAX_PATTERN_BYTES: usize = crate::message::MAX_TOPIC_BYTES;
 
-/// Most tokens a topic pattern may have. NATS advises keeping subjects to about 16
-/// tokens; 32 leaves room, and keeps the pattern's regex ([`TopicPattern::regex`]) far
-/// below what PostgreSQL refuses as "too complex" (some thousands of wildcards).
-pub const MAX_PATTERN_TOKENS: usize = 32;
-
-/// A topic pattern (see the module docs): at most [`MAX_PATTERN_BYTES`] bytes and
-/// [`MAX_PATTERN_TOKENS`] tokens.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TopicPattern {
-    text: String,
-    tokens: Vec<String>,
-}
-
-impl TopicPattern {
-    /// Parses `pattern`.
-    ///
-    /// # Errors
-    /// A message when the pattern is longer than [`MAX_PATTERN_BYTES`] or has more than
-    /// [`MAX_PATTERN_TOKENS`] tokens, holds whitespace or a control character, a token is
-    /// empty, `>` is not the last token, or a token mixes a wildcard with other characters.
-    pub fn parse(pattern: &str) -> Result<Self, String> {
-        if pattern.len() > MAX_PATTERN_BYTES {
-            return Err(format!(
-                "topic pattern is {} bytes, longer than the {MAX_PATTERN_BYTES} bytes a topic may have",
-                pattern.len()
-            ));
-        }
-        let count = pattern.split('.').count();
-        if count > MAX_PATTERN_TOKENS {
-            return Err(format!(
-                "topic pattern has {count} tokens, more than {MAX_PATTERN_TOKENS}"
-            ));
-        }
-        if let Some(c) = pattern
-            .chars()
-            .find(|c| c.is_whitespace() || c.is_control())
-        {
-            return Err(format!(
-                "pattern {:?} contains {c:?}: topics have no whitespace or control characters",
-                pattern.escape_debug().to_string()
-            ));
-        }
-        let tokens: Vec<String> = pattern.split('.').map(str::to_owned).collect();
-        for (i, t) in tokens.iter().enumerate() {
-            if t.is_empty() {
-                return Err(format!("topic pattern {pattern:?} has an empty token"));
-            }
-            if t == ">" && i + 1 != tokens.len() {
-                return Err(format!(
-                    "topic pattern {pattern:?}: `>` must be the last token"
-                ));
-            }
-            if t.len() > 1 && (t.contains('*') || t.contains('>')) {
-                return Err(format!(
-                    "topic pattern {pattern:?}: `*` and `>` must be whole tokens"
-                ));
-            }
-        }
-        Ok(TopicPattern {
-            text: pattern.to_owned(),
-            tokens,
-        })
-    }
-
-    /// Does `topic` match? The same rule as [`TopicPattern::regex`], which the stores
-    /// match in SQL (topic pauses, per-key ordering): a wildcard never matches an empty
-    /// token (`o.*` does not match `o.`), and `>` needs something after the dot.
-    pub fn matches(&self, topic: &str) -> bool {
-        let mut rest = topic;
-        for (i, t) in self.tokens.iter().enumerate() {
-            if t == ">" {
-                // One or more characters remain (one or more tokens, as `.+`).
-                return !rest.is_empty() && i + 1 == self.tokens.len();
-            }
-            let (part, after) = match rest.split_once('.') {
-                Some((p, a)) => (p, Some(a)),
-                None => (rest, None),
-            };
-            let ok = if t == "*" {
-                !part.is_empty()
-            } else {
-                t == part
-            };
-            if !ok {
-                return false;
-            }
-            match after {
-                Some(a) if i + 1 < self.tokens.len() => rest = a,
-                Some(_) => return false,
-                None => return i + 1 == self.tokens.len(),
-            }
-        }
-        false
-    }
-
-    /// The pattern as written.
-    pub fn as_str(&self) -> &str {
-        &self.text
-    }
-}
+pub use crate::topic::{MAX_PATTERN_BYTES, MAX_PATTERN_TOKENS, TopicPattern};
 
 /// How many timeouts after sending (the destination confirmed nothing meanwhile) give one
 /// message its attempt back; later ones count (see the module docs). So a message is sent
@@ -312,11 +210,10 @@ impl Router {
 
     /// Every topic to `sink`, with default breaker settings.
     pub fn single(sink: Arc<dyn Sink>) -> Self {
-        let all = TopicPattern {
-            text: ">".into(),
-            tokens: vec![">".into()],
-        };
-        Router::new(vec![(all, sink)], RouterOptions::default())
+        Router::new(
+            vec![(TopicPattern::everything(), sink)],
+            RouterOptions::default(),
+        )
     }
 
     /// The same routes with other breaker settings.
@@ -438,7 +335,7 @@ impl Router {
                             "no route for topic {:?}: add a --route whose pattern matches it, or a catch-all --sink",
                             m.topic
                         ))
-                        .with_code("no_route")),
+                        .with_code(PublishCode::NoRoute)),
                     );
                     crate::metrics::publish("none", "none", "permanent", "no_route", 1);
                 }
@@ -483,7 +380,7 @@ impl Router {
                     sink.describe()
                 ))
                 .with_retry_after(rest)
-                .with_code("breaker_open"),
+                .with_code(PublishCode::BreakerOpen),
             );
             self.count_outcomes(h, confirm, now);
             return;
@@ -505,7 +402,7 @@ impl Router {
                     "{} returned without an outcome for this message",
                     sink.describe()
                 ))
-                .with_code("no_outcome"),
+                .with_code(PublishCode::NoOutcome),
             );
         } else {
             confirm.fail_unset(&PublishError::timed_out(format!(
@@ -547,14 +444,14 @@ impl Router {
                                 "timed out after the request was sent: {} (the destination confirmed nothing; attempt given back, {} of {TIMEOUT_REFUNDS} for this message)",
                                 e.message, *refunds
                             ))
-                            .with_code(super::TIMED_OUT_AFTER_SEND)));
+                            .with_code(PublishCode::TimedOutAfterSend)));
                         } else {
                             after_send += 1;
                             *slot = Some(Err(PublishError::transient(format!(
                                 "timed out after the request was sent: {} (the destination took it and did not answer in time; if it is this slow, raise --publish-timeout-ms and the sink's own timeout)",
                                 e.message
                             ))
-                            .with_code(super::TIMED_OUT_AFTER_SEND)));
+                            .with_code(PublishCode::TimedOutAfterSend)));
                         }
                     } else if alive {
                         answered = true;
@@ -563,7 +460,7 @@ impl Router {
                             "timed out: {} (the destination confirmed other messages meanwhile)",
                             e.message
                         ))
-                        .with_code("timeout")));
+                        .with_code(PublishCode::Timeout)));
                     } else {
                         unavailable += 1;
                         outage += 1;
@@ -571,11 +468,11 @@ impl Router {
                             "{} (the destination confirmed nothing)",
                             e.message
                         ))
-                        .with_code("timeout")));
+                        .with_code(PublishCode::Timeout)));
                     }
                 }
                 // Nothing sent: says nothing about the destination's health.
-                Some(Err(e)) if e.kind == ErrorKind::Unavailable && e.code == super::IN_FLIGHT => {}
+                Some(Err(e)) if e.kind == ErrorKind::Unavailable && e.code == PublishCode::InFlight => {}
                 Some(Err(e)) if e.kind == ErrorKind::Unavailable => {
                     unavailable += 1;
                     retry_after = retry_after.max(e.retry_after);
@@ -692,7 +589,7 @@ impl Router {
                     durations.record(at.saturating_duration_since(sent).as_secs_f64());
                 }
             }
-            Some(Err(e)) => crate::metrics::publish(label, system, e.outcome(), e.code, 1),
+            Some(Err(e)) => crate::metrics::publish(label, system, e.outcome(), e.code.as_str(), 1),
             None => {}
         });
         if ok > 0 {
@@ -955,7 +852,7 @@ mod tests {
         async fn publish(&self, _batch: &[OutgoingMessage], confirm: &Confirmations) {
             confirm.fail_unset(
                 &PublishError::unavailable("an earlier request is still outstanding")
-                    .with_code(crate::sink::IN_FLIGHT)
+                    .with_code(PublishCode::InFlight)
                     .with_retry_after(Duration::from_millis(700)),
             );
         }
@@ -1041,69 +938,5 @@ mod tests {
         assert!(sub.set(0, Err(PublishError::permanent("no"))));
         assert_eq!(c.confirmed(), 1);
         assert!(matches!(c.get(1), Some(Err(_))));
-    }
-
-    fn m(p: &str, t: &str) -> bool {
-        TopicPattern::parse(p)
-            .unwrap_or_else(|e| panic!("{e}"))
-            .matches(t)
-    }
-
-    #[test]
-    fn wildcards_match_like_nats_subjects() {
-        assert!(m("orders.*", "orders.placed"));
-        assert!(!m("orders.*", "orders.placed.v1"));
-        assert!(!m("orders.*", "orders"));
-        assert!(m("orders.>", "orders.placed"));
-        assert!(m("orders.>", "orders.placed.v1"));
-        assert!(!m("orders.>", "orders"));
-        assert!(m(">", "anything.at.all"));
-        assert!(m("*.placed.*", "orders.placed.v1"));
-        assert!(!m("*.placed.*", "orders.shipped.v1"));
-        assert!(m("orders.placed.v1", "orders.placed.v1"));
-        assert!(!m("orders.placed.v1", "orders.placed.v2"));
-    }
-
-    /// Topics with empty tokens (which `enqueue` accepts) match as the pattern's regex
-    /// does in SQL, so the relay and the claim agree on which topics are ordered.
-    #[test]
-    fn empty_tokens_match_as_the_regex_does() {
-        // `^o\..+$`, `^o\.[^.]+$`, `^o\.[^.]+\.b$`, `^[^.]+$`
-        for (p, t, regex_matches) in [
-            ("o.>", "o.", false),
-            ("o.>", "o..x", true),
-            ("o.*", "o.", false),
-            ("o.*.b", "o..b", false),
-            ("*", "", false),
-            ("o.*", "o.x", true),
-            ("o.x", "o.x.", false),
-        ] {
-            assert_eq!(m(p, t), regex_matches, "{p} against {t:?}");
-        }
-    }
-
-    #[test]
-    fn bad_patterns_are_refused() {
-        for bad in ["", "a..b", "a.>.b", "a.b*", "a.>x", "."] {
-            assert!(TopicPattern::parse(bad).is_err(), "{bad:?}");
-        }
-    }
-
-    /// Length and token count are bounded, so no pattern's regex is too complex for a
-    /// store; the largest accepted ones parse.
-    #[test]
-    fn patterns_are_bounded_in_length_and_tokens() {
-        let tokens = |n: usize, t: &str| vec![t; n].join(".");
-        let e = TopicPattern::parse(&tokens(50_000, "*")).unwrap_err();
-        assert!(e.contains("longer than the 255"), "{e}");
-        let e = TopicPattern::parse(&"a".repeat(256)).unwrap_err();
-        assert!(e.contains("256 bytes"), "{e}");
-        assert!(TopicPattern::parse(&"a".repeat(255)).is_ok());
-        let e = TopicPattern::parse(&tokens(33, "*")).unwrap_err();
-        assert!(e.contains("33 tokens, more than 32"), "{e}");
-        assert!(TopicPattern::parse(&tokens(32, "*")).is_ok());
-        let long_tokens = tokens(32, &"x".repeat(7));
-        assert_eq!(long_tokens.len(), 255);
-        assert!(TopicPattern::parse(&long_tokens).is_ok());
     }
 }
