@@ -94,3 +94,5 @@ impl PgStore {
     }
 }
 
+crate::events::enqueue_for!("postgres", PgStore, sqlx::Postgres);
+crate::inbox::inbox_for!("postgres", PgStore, sqlx::Postgres);
