@@ -1,6 +1,6 @@
 //! Writes in the caller's transaction: `enqueue` and the consumer inbox's `inbox_accept`.
 
-use super::PgStore;
+use super::{PgStore, schema_sql};
 use crate::error::Result;
 use crate::inbox::Accepted;
 use crate::message::{Enqueued, Message};
@@ -37,9 +37,10 @@ impl PgStore {
                 inserted: true,
             }),
             None => {
-                let s = &self.inner.config.schema;
-                let id: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-                    "SELECT id FROM {s}.messages WHERE message_id = $1"
+                let s = self.s();
+                let id: i64 = sqlx::query_scalar(AssertSqlSafe(schema_sql(
+                    include_str!("sql/message_id_row.sql"),
+                    s,
                 )))
                 .bind(msg.message_id)
                 .fetch_one(&mut **tx)

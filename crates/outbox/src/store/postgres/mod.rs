@@ -63,11 +63,7 @@ impl Sql {
     fn new(s: &str) -> Self {
         let q = |text: String| AssertSqlSafe(text).into_sql_str();
         Sql {
-            enqueue: q(format!(
-                "INSERT INTO {s}.messages (message_id, topic, key, payload, headers, available_at)
-                 VALUES ($1, $2, $3, $4, $5, coalesce($6, now() + $7 * interval '1 millisecond'))
-                 ON CONFLICT (message_id) DO NOTHING RETURNING id"
-            )),
+            enqueue: q(schema_sql(include_str!("sql/enqueue.sql"), s)),
             claim: q(claim_sql(s, "", &claim_update(s))),
             // Extra topics not to claim: $5 is an array of topic regexes.
             claim_skip: q(claim_sql(s, SKIP_TOPICS_5, &claim_update(s))),
@@ -82,70 +78,13 @@ impl Sql {
             // rows: measured 0.25 x the four separate statements.) The changed ids come
             // back as one array, not a row each: per row, sqlx's row stream cost the
             // relay more instructions than the statement's whole round trip.
-            settle: q(format!(
-                "WITH d AS (
-                   UPDATE {s}.messages
-                   SET status = 2, dispatched_at = now(), locked_until = NULL, claim_token = NULL,
-                       last_error = NULL
-                   WHERE id = ANY($1) AND claim_token = $9 AND status = 1
-                   RETURNING id),
-                 r AS (
-                   UPDATE {s}.messages m
-                   SET status = 0, available_at = now() + x.delay_ms * interval '1 millisecond',
-                       last_error = x.err, locked_until = NULL, claim_token = NULL,
-                       attempts = CASE WHEN x.refund THEN greatest(m.attempts - 1, 0) ELSE m.attempts END
-                   FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bool[])
-                        AS x(id, delay_ms, err, refund)
-                   WHERE m.id = x.id AND m.claim_token = $9 AND m.status = 1
-                   RETURNING m.id),
-                 q AS (
-                   UPDATE {s}.messages m
-                   SET status = 3, last_error = x.err, locked_until = NULL, claim_token = NULL,
-                       available_at = now()
-                   FROM unnest($6::bigint[], $7::text[]) AS x(id, err)
-                   WHERE m.id = x.id AND m.claim_token = $9 AND m.status = 1
-                   RETURNING m.id),
-                 l AS (
-                   UPDATE {s}.messages
-                   SET status = 0, attempts = greatest(attempts - 1, 0), available_at = now(),
-                       locked_until = NULL, claim_token = NULL
-                   WHERE id = ANY($8) AND claim_token = $9 AND status = 1
-                   RETURNING id)
-                 SELECT coalesce(array_agg(id), '{{}}') FROM (
-                   SELECT id FROM d UNION ALL SELECT id FROM r
-                   UNION ALL SELECT id FROM q UNION ALL SELECT id FROM l) changed"
-            )),
+            settle: q(schema_sql(include_str!("sql/settle.sql"), s)),
             // The common case, a batch the sink confirmed whole: the plain mark by
             // primary key (no unnest to plan).
-            mark: q(format!(
-                "WITH d AS (
-                   UPDATE {s}.messages
-                   SET status = 2, dispatched_at = now(), locked_until = NULL, claim_token = NULL,
-                       last_error = NULL
-                   WHERE id = ANY($1) AND claim_token = $2 AND status = 1
-                   RETURNING id)
-                 SELECT coalesce(array_agg(id), '{{}}') FROM d"
-            )),
-            renew: q(format!(
-                "WITH r AS (
-                   UPDATE {s}.messages
-                   SET locked_until = now() + $2 * interval '1 millisecond',
-                       available_at = now() + $2 * interval '1 millisecond'
-                   WHERE id = ANY($3) AND claim_token = $1 AND status = 1
-                   RETURNING id)
-                 SELECT coalesce(array_agg(id), '{{}}') FROM r"
-            )),
-            pause_state: q(format!(
-                "SELECT c.paused, c.reason, c.changed_at,
-                        coalesce((SELECT json_agg(json_build_array(pattern, reason, paused_by,
-                                                  floor(extract(epoch FROM paused_at) * 1000)::bigint)
-                                                  ORDER BY pattern)
-                                  FROM {s}.topic_pauses), '[]')::text
-                 FROM {s}.control c WHERE c.id"
-            )),
-            set_pause: q(format!(
-                "UPDATE {s}.control SET paused = $1, reason = $2, changed_at = now() WHERE id"
-            )),
+            mark: q(schema_sql(include_str!("sql/mark.sql"), s)),
+            renew: q(schema_sql(include_str!("sql/renew.sql"), s)),
+            pause_state: q(schema_sql(include_str!("sql/pause_state.sql"), s)),
+            set_pause: q(schema_sql(include_str!("sql/set_pause.sql"), s)),
             counts: q(format!(
                 "SELECT count(*) FILTER (WHERE status = 0),
                         count(*) FILTER (WHERE status = 1),
@@ -154,37 +93,16 @@ impl Sql {
                         floor(extract(epoch FROM now() - min({OCCURRED_AT}) FILTER (WHERE status = 0)))::bigint
                  FROM {s}.messages"
             )),
-            version: q(format!(
-                "SELECT coalesce(max(version), 0) FROM {s}.schema_migrations"
-            )),
-            purge: q(format!(
-                "DELETE FROM {s}.messages WHERE id IN (
-                   SELECT id FROM {s}.messages
-                   WHERE status = 2 AND dispatched_at < now() - $1 * interval '1 millisecond'
-                   ORDER BY id LIMIT $2
-                   FOR UPDATE SKIP LOCKED)"
-            )),
+            version: q(schema_sql(include_str!("sql/schema_version.sql"), s)),
+            purge: q(schema_sql(include_str!("sql/purge.sql"), s)),
             // On a claimed row available_at is the lease end (the live index serves it).
-            leases: q(format!(
-                "SELECT count(*), max(available_at),
-                        ceil(extract(epoch FROM max(available_at) - now()) * 1000)::bigint
-                 FROM {s}.messages WHERE status = 1 AND available_at > now()"
-            )),
+            leases: q(schema_sql(include_str!("sql/leases.sql"), s)),
             // Insert first: a duplicate waits for a concurrent accept to end and then does
             // nothing (no unique-violation exception, so the caller's transaction lives).
-            inbox_accept: q(format!(
-                "INSERT INTO {s}.inbox (consumer, message_id) VALUES ($1, $2)
-                 ON CONFLICT (consumer, message_id) DO NOTHING"
-            )),
+            inbox_accept: q(schema_sql(include_str!("sql/inbox_accept.sql"), s)),
             // Oldest first over the received_at index; rows a concurrent purger (or a
             // consumer's accept) holds are skipped, not waited for.
-            inbox_purge: q(format!(
-                "DELETE FROM {s}.inbox WHERE (consumer, message_id) IN (
-                   SELECT consumer, message_id FROM {s}.inbox
-                   WHERE received_at < now() - $1 * interval '1 millisecond'
-                   ORDER BY received_at LIMIT $2
-                   FOR UPDATE SKIP LOCKED)"
-            )),
+            inbox_purge: q(schema_sql(include_str!("sql/inbox_purge.sql"), s)),
         }
     }
 }
@@ -276,6 +194,13 @@ impl PgStore {
     fn s(&self) -> &str {
         self.inner.config.schema.as_str()
     }
+}
+
+/// A statement of `sql/` (each a fixed text but for the schema) with its schema
+/// placeholder `{s}` replaced by the schema name `s` (an [`Ident`](crate::Ident), so safe
+/// to splice).
+fn schema_sql(text: &str, s: &str) -> String {
+    text.replace("{s}", s)
 }
 
 /// A row's time as read for people and for ages: clamped to the years chrono (and so

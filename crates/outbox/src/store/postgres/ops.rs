@@ -1,6 +1,6 @@
 //! Operator actions: the pause switch, topic pauses, dead letters, replay and the audit.
 
-use super::{AVAILABLE_AT, OCCURRED_AT, PgStore, UTF8_BYTES};
+use super::{AVAILABLE_AT, OCCURRED_AT, PgStore, UTF8_BYTES, schema_sql};
 use crate::error::Result;
 use crate::sink::router::TopicPattern;
 use crate::store::ops::{self, Dialect};
@@ -48,8 +48,9 @@ impl PgStore {
             .await?;
         if reason.is_none() {
             let s = self.s();
-            sqlx::query(AssertSqlSafe(format!(
-                "SELECT pg_notify('{s}_messages', '')"
+            sqlx::query(AssertSqlSafe(schema_sql(
+                include_str!("sql/notify_relays.sql"),
+                s,
             )))
             .execute(&mut *tx)
             .await?;
@@ -65,10 +66,9 @@ impl PgStore {
         by: &str,
     ) -> Result<()> {
         let s = self.s();
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {s}.topic_pauses (pattern, reason, paused_by, regex) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (pattern) DO UPDATE SET reason = excluded.reason,
-                 paused_by = excluded.paused_by, paused_at = now(), regex = excluded.regex"
+        sqlx::query(AssertSqlSafe(schema_sql(
+            include_str!("sql/pause_topic.sql"),
+            s,
         )))
         .bind(pattern.as_str())
         .bind(reason)
@@ -83,14 +83,16 @@ impl PgStore {
         let s = self.s();
         // The notification makes the resumed topics flow at once, not at the next poll.
         let mut tx = self.inner.pool.begin().await?;
-        let r = sqlx::query(AssertSqlSafe(format!(
-            "DELETE FROM {s}.topic_pauses WHERE pattern = $1"
+        let r = sqlx::query(AssertSqlSafe(schema_sql(
+            include_str!("sql/resume_topic.sql"),
+            s,
         )))
         .bind(pattern)
         .execute(&mut *tx)
         .await?;
-        sqlx::query(AssertSqlSafe(format!(
-            "SELECT pg_notify('{s}_messages', '')"
+        sqlx::query(AssertSqlSafe(schema_sql(
+            include_str!("sql/notify_relays.sql"),
+            s,
         )))
         .execute(&mut *tx)
         .await?;
@@ -203,9 +205,9 @@ impl PgStore {
         let replay_id: i64 = match req.append_to {
             Some(id) => id,
             None => {
-                sqlx::query_scalar(AssertSqlSafe(format!(
-                    "INSERT INTO {s}.replays (requested_by, reason, action, selection)
-                     VALUES ($1, $2, $3, $4) RETURNING id"
+                sqlx::query_scalar(AssertSqlSafe(schema_sql(
+                    include_str!("sql/replay_record.sql"),
+                    s,
                 )))
                 .bind(&req.by)
                 .bind(&req.reason)
@@ -228,13 +230,9 @@ impl PgStore {
             .map(|k| ops::spread_ms(k, req.rate_per_s))
             .collect();
         let changed = match req.action {
-            ReplayAction::Replay => sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {s}.messages m
-                     SET status = 0, attempts = 0, replay_id = $3,
-                         available_at = now() + x.delay_ms * interval '1 millisecond',
-                         claim_token = NULL, locked_until = NULL, dispatched_at = NULL
-                     FROM unnest($1::bigint[], $2::bigint[]) AS x(id, delay_ms)
-                     WHERE m.id = x.id AND m.status = 3"
+            ReplayAction::Replay => sqlx::query(AssertSqlSafe(schema_sql(
+                include_str!("sql/replay_dead.sql"),
+                s,
             )))
             .bind(&ids)
             .bind(&delays)
@@ -242,8 +240,9 @@ impl PgStore {
             .execute(&mut *tx)
             .await?
             .rows_affected(),
-            ReplayAction::Discard | ReplayAction::Purge => sqlx::query(AssertSqlSafe(format!(
-                "DELETE FROM {s}.messages WHERE id = ANY($1) AND status = 3"
+            ReplayAction::Discard | ReplayAction::Purge => sqlx::query(AssertSqlSafe(schema_sql(
+                include_str!("sql/discard_dead.sql"),
+                s,
             )))
             .bind(&ids)
             .execute(&mut *tx)
@@ -265,8 +264,9 @@ impl PgStore {
             &keyed.iter().map(|k| at(k.0)).collect::<Vec<_>>(),
         )
         .await?;
-        sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {s}.replays SET count = count + $1 WHERE id = $2"
+        sqlx::query(AssertSqlSafe(schema_sql(
+            include_str!("sql/replay_count.sql"),
+            s,
         )))
         .bind(changed as i64)
         .bind(replay_id)
@@ -283,14 +283,12 @@ impl PgStore {
 
     pub(super) async fn replays(&self, limit: u32) -> Result<Vec<ReplayRecord>> {
         let s = self.s();
-        let rows: Vec<(i64, DateTime<Utc>, String, String, String, String, i64)> =
-            sqlx::query_as(AssertSqlSafe(format!(
-                "SELECT id, at, requested_by, reason, action, selection, count
-                 FROM {s}.replays ORDER BY id DESC LIMIT $1"
-            )))
-            .bind(i64::from(limit))
-            .fetch_all(&self.inner.pool)
-            .await?;
+        let rows: Vec<(i64, DateTime<Utc>, String, String, String, String, i64)> = sqlx::query_as(
+            AssertSqlSafe(schema_sql(include_str!("sql/replays.sql"), s)),
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.inner.pool)
+        .await?;
         Ok(rows
             .into_iter()
             .map(
@@ -309,16 +307,13 @@ impl PgStore {
 
     pub(super) async fn audit(&self, entry: &crate::store::ops::AuditEntry) -> Result<()> {
         let s = self.s();
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {s}.replays (requested_by, reason, action, selection)
-             VALUES ($1, $2, $3, $4)"
-        )))
-        .bind(&entry.by)
-        .bind(&entry.reason)
-        .bind(&entry.action)
-        .bind(&entry.selection)
-        .execute(&self.inner.pool)
-        .await?;
+        sqlx::query(AssertSqlSafe(schema_sql(include_str!("sql/audit.sql"), s)))
+            .bind(&entry.by)
+            .bind(&entry.reason)
+            .bind(&entry.action)
+            .bind(&entry.selection)
+            .execute(&self.inner.pool)
+            .await?;
         Ok(())
     }
 }

@@ -18,14 +18,14 @@ impl PgStore {
     ) -> Result<bool> {
         let key = format!("outbox-park-{}", self.s());
         if wait {
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            sqlx::query(include_str!("sql/advisory_xact_lock.sql"))
                 .bind(key)
                 .execute(&mut **tx)
                 .await?;
             return Ok(true);
         }
         Ok(
-            sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
+            sqlx::query_scalar(include_str!("sql/try_advisory_xact_lock.sql"))
                 .bind(key)
                 .fetch_one(&mut **tx)
                 .await?,

@@ -1,6 +1,6 @@
 //! The relay registry: heartbeats, deregistration and the list of relays.
 
-use super::PgStore;
+use super::{PgStore, schema_sql};
 use crate::error::Result;
 use crate::store::{RelayHeartbeat, RelayRecord, millis};
 use chrono::{DateTime, Utc};
@@ -10,17 +10,9 @@ use std::time::Duration;
 impl PgStore {
     pub(super) async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()> {
         let s = self.s();
-        sqlx::query(AssertSqlSafe(format!(
-            "WITH up AS (
-               INSERT INTO {s}.relays (relay_id, host, pid, version, sink, in_flight, last_claim_at,
-                                       destinations, instance, lease_ms)
-               VALUES ($1, $2, $3, $4, $5, $6, now() - $7 * interval '1 millisecond', $8, $9, $10)
-               ON CONFLICT (relay_id, instance) DO UPDATE SET lease_ms = excluded.lease_ms,
-                   host = excluded.host, pid = excluded.pid, version = excluded.version,
-                   sink = excluded.sink, in_flight = excluded.in_flight, last_seen = now(),
-                   last_claim_at = excluded.last_claim_at, destinations = excluded.destinations
-               RETURNING 1)
-             DELETE FROM {s}.relays WHERE last_seen < now() - interval '1 hour'"
+        sqlx::query(AssertSqlSafe(schema_sql(
+            include_str!("sql/heartbeat.sql"),
+            s,
         )))
         .bind(&beat.relay_id)
         .bind(&beat.host)
@@ -39,8 +31,9 @@ impl PgStore {
 
     pub(super) async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()> {
         let s = self.s();
-        sqlx::query(AssertSqlSafe(format!(
-            "DELETE FROM {s}.relays WHERE relay_id = $1 AND instance = $2"
+        sqlx::query(AssertSqlSafe(schema_sql(
+            include_str!("sql/deregister.sql"),
+            s,
         )))
         .bind(relay_id)
         .bind(instance)
@@ -65,16 +58,11 @@ impl PgStore {
             Option<String>,
             String,
         );
-        let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT relay_id, host, pid, version, sink, in_flight, started_at, last_seen,
-                    extract(epoch FROM now() - last_seen)::float8, last_claim_at, destinations,
-                    instance
-             FROM {s}.relays WHERE last_seen >= now() - $1 * interval '1 millisecond'
-             ORDER BY started_at, relay_id, instance"
-        )))
-        .bind(millis(within))
-        .fetch_all(&self.inner.pool)
-        .await?;
+        let rows: Vec<Row> =
+            sqlx::query_as(AssertSqlSafe(schema_sql(include_str!("sql/relays.sql"), s)))
+                .bind(millis(within))
+                .fetch_all(&self.inner.pool)
+                .await?;
         Ok(rows
             .into_iter()
             .map(|r| RelayRecord {

@@ -1,6 +1,6 @@
 //! A claim's outcome: settle, delete on dispatch, and lease renewal.
 
-use super::PgStore;
+use super::{PgStore, schema_sql};
 use crate::error::Result;
 use crate::store::{Settled, Settlement, millis};
 use sqlx::AssertSqlSafe;
@@ -44,12 +44,10 @@ impl PgStore {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let s = &self.inner.config.schema;
-        Ok(sqlx::query_scalar(AssertSqlSafe(format!(
-            "WITH d AS (
-               DELETE FROM {s}.messages WHERE id = ANY($1) AND claim_token = $2 AND status = 1
-               RETURNING id)
-             SELECT coalesce(array_agg(id), '{{}}') FROM d"
+        let s = self.s();
+        Ok(sqlx::query_scalar(AssertSqlSafe(schema_sql(
+            include_str!("sql/delete_claimed.sql"),
+            s,
         )))
         .bind(ids)
         .bind(token)

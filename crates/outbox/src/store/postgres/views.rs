@@ -1,7 +1,9 @@
 //! Read-only views: counts, leases, the overview, the cleanup horizon, message look-up and
 //! throughput.
 
-use super::{AVAILABLE_AT, DISPATCHED_AT, LOCKED_UNTIL, OCCURRED_AT, PgStore, UTF8_BYTES};
+use super::{
+    AVAILABLE_AT, DISPATCHED_AT, LOCKED_UNTIL, OCCURRED_AT, PgStore, UTF8_BYTES, schema_sql,
+};
 use crate::error::Result;
 use crate::store::{ClaimsBy, Counts, Leases, Overview, PARKED_AT};
 use chrono::{DateTime, Utc};
@@ -104,38 +106,13 @@ impl PgStore {
             Option<String>,
             Option<String>,
             Option<String>,
-        )> = sqlx::query_as(
-            "SELECT kind, age_s, pid, usr, app, state, gid FROM (
-                   SELECT 'session'::text AS kind,
-                          extract(epoch FROM clock_timestamp() - xact_start)::float8 AS age_s,
-                          pid::int8 AS pid, usename::text AS usr,
-                          nullif(application_name, '')::text AS app, state::text AS state,
-                          NULL::text AS gid
-                   FROM pg_stat_activity
-                   WHERE datname = current_database() AND pid <> pg_backend_pid()
-                     AND xact_start IS NOT NULL
-                     AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
-                   UNION ALL
-                   SELECT 'prepared', extract(epoch FROM clock_timestamp() - prepared)::float8,
-                          NULL, owner::text, NULL, NULL, gid
-                   FROM pg_prepared_xacts WHERE database = current_database()
-                 ) h ORDER BY age_s DESC LIMIT 1",
-        )
-        .fetch_optional(pool)
-        .await?;
-        let (xmin_age, slot, slot_age): (Option<i64>, Option<String>, Option<i64>) =
-            sqlx::query_as(
-                "SELECT greatest(a.x, p.x, s.x)::int8, s.slot_name::text, s.x FROM
-                   (SELECT max(greatest(age(backend_xmin), age(backend_xid)))::int8 AS x
-                    FROM pg_stat_activity
-                    WHERE datname = current_database() AND pid <> pg_backend_pid()) a
-                   CROSS JOIN (SELECT max(age(transaction))::int8 AS x FROM pg_prepared_xacts
-                               WHERE database = current_database()) p
-                   LEFT JOIN (SELECT slot_name, age(xmin)::int8 AS x FROM pg_replication_slots
-                              WHERE xmin IS NOT NULL ORDER BY age(xmin) DESC LIMIT 1) s ON true",
-            )
-            .fetch_one(pool)
+        )> = sqlx::query_as(include_str!("sql/cleanup_oldest_transaction.sql"))
+            .fetch_optional(pool)
             .await?;
+        let (xmin_age, slot, slot_age): (Option<i64>, Option<String>, Option<i64>) =
+            sqlx::query_as(include_str!("sql/cleanup_xmin_age.sql"))
+                .fetch_one(pool)
+                .await?;
         Ok(crate::store::CleanupHorizon {
             oldest: oldest.map(|(kind, age_s, pid, user, application, state, gid)| {
                 crate::store::OldTransaction {
@@ -237,17 +214,9 @@ impl PgStore {
     ) -> Result<Vec<crate::store::lookup::MinuteCounts>> {
         let s = self.s();
         let minutes = minutes.min(crate::store::lookup::MAX_THROUGHPUT_MINUTES);
-        let rows: Vec<(i64, i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT m, sum(d)::bigint, sum(x)::bigint FROM (
-               SELECT floor(extract(epoch FROM now() - dispatched_at) / 60)::bigint AS m,
-                      1 AS d, 0 AS x
-               FROM {s}.messages
-               WHERE status = 2 AND dispatched_at >= now() - $1 * interval '1 minute'
-               UNION ALL
-               SELECT floor(extract(epoch FROM now() - available_at) / 60)::bigint, 0, 1
-               FROM {s}.messages
-               WHERE status = 3 AND available_at >= now() - $1 * interval '1 minute'
-             ) t GROUP BY m"
+        let rows: Vec<(i64, i64, i64)> = sqlx::query_as(AssertSqlSafe(schema_sql(
+            include_str!("sql/throughput.sql"),
+            s,
         )))
         .bind(f64::from(minutes))
         .fetch_all(&self.inner.pool)
