@@ -12,8 +12,10 @@ impl PgStore {
     /// transaction stays usable.
     ///
     /// # Errors
-    /// [`Error::InvalidMessage`] / [`Error::MessageTooLarge`] before any SQL runs (the
-    /// transaction is untouched); [`Error::Database`] from the insert.
+    /// [`Error::InvalidMessage`](crate::Error::InvalidMessage) /
+    /// [`Error::MessageTooLarge`](crate::Error::MessageTooLarge) before any SQL runs (the
+    /// transaction is untouched); [`Error::Database`](crate::Error::Database) from the
+    /// insert.
     pub async fn enqueue(
         &self,
         tx: &mut Transaction<'_, Postgres>,
@@ -76,8 +78,9 @@ impl PgStore {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidMessage`] for a consumer name that is empty, over 255 bytes or
-    /// holds a control character, before any SQL runs; [`Error::Database`] from the insert.
+    /// [`Error::InvalidMessage`](crate::Error::InvalidMessage) for a consumer name that is
+    /// empty, over 255 bytes or holds a control character, before any SQL runs;
+    /// [`Error::Database`](crate::Error::Database) from the insert.
     pub async fn inbox_accept(
         &self,
         tx: &mut Transaction<'_, Postgres>,

@@ -39,8 +39,10 @@ pub(super) fn migrations(s: &str) -> Vec<String> {
 }
 
 impl PgStore {
-    /// The limit `{schema}.enqueue(...)` enforces (written by [`Store::migrate`] from
-    /// [`StoreConfig::max_message_bytes`]), in bytes; `None` before the first migration.
+    /// The limit `{schema}.enqueue(...)` enforces (written by
+    /// [`Store::migrate`](crate::store::Store::migrate) from
+    /// [`StoreConfig::max_message_bytes`](crate::StoreConfig::max_message_bytes)), in bytes;
+    /// `None` before the first migration.
     ///
     /// # Errors
     /// Database errors other than a missing schema.
