@@ -283,9 +283,11 @@ impl PgStore {
 
     pub(super) async fn replays(&self, limit: u32) -> Result<Vec<ReplayRecord>> {
         let s = self.s();
-        let rows: Vec<(i64, DateTime<Utc>, String, String, String, String, i64)> = sqlx::query_as(
-            AssertSqlSafe(schema_sql(include_str!("sql/replays.sql"), s)),
-        )
+        type Row = (i64, DateTime<Utc>, String, String, String, String, i64);
+        let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(schema_sql(
+            include_str!("sql/replays.sql"),
+            s,
+        )))
         .bind(i64::from(limit))
         .fetch_all(&self.inner.pool)
         .await?;

@@ -98,7 +98,7 @@ impl PgStore {
         // Sessions of this database (since PostgreSQL 14 only they hold back the cleanup of
         // its tables) with a snapshot or a transaction id, and prepared transactions; this
         // connection's own statement excluded.
-        let oldest: Option<(
+        type Oldest = (
             String,
             f64,
             Option<i64>,
@@ -106,9 +106,11 @@ impl PgStore {
             Option<String>,
             Option<String>,
             Option<String>,
-        )> = sqlx::query_as(include_str!("sql/cleanup_oldest_transaction.sql"))
-            .fetch_optional(pool)
-            .await?;
+        );
+        let oldest: Option<Oldest> =
+            sqlx::query_as(include_str!("sql/cleanup_oldest_transaction.sql"))
+                .fetch_optional(pool)
+                .await?;
         let (xmin_age, slot, slot_age): (Option<i64>, Option<String>, Option<i64>) =
             sqlx::query_as(include_str!("sql/cleanup_xmin_age.sql"))
                 .fetch_one(pool)
