@@ -1,6 +1,6 @@
 //! The operator's commands: `status` (with relays and a verdict), `dead list|show|discard`,
 //! `replay`, `replays list`, topic pauses and dead-row retention. Every change to dead
-//! rows goes through `Store::replay`, which writes the audit row in the same transaction.
+//! rows goes through `Operations::replay`, which writes the audit row in the same transaction.
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
@@ -927,7 +927,7 @@ impl Default for Limits {
 /// Decides the verdict from the overview, the live relays, the pause switch and what
 /// per-key ordering holds behind dead letters (`held`; zero without `--ordered`), in the
 /// order an operator acts on: stuck (nothing moves), paused, blocked (ordered keys behind
-/// dead letters), behind, dead letters. `due_held` ([`Store::due_held_by_order`], read
+/// dead letters), behind, dead letters. `due_held` ([`Views::due_held_by_order`](outbox::store::Views::due_held_by_order), read
 /// with `--ordered` while rows are due) says which due rows per-key ordering holds back
 /// (behind dead letters, or behind a first row of their key that is not due yet): only
 /// the others count as stuck or behind. Without it, no due row is held.
@@ -1116,7 +1116,7 @@ pub(crate) struct StatusReport {
     /// The verdict.
     pub(crate) verdict: Verdict,
     /// What on the database server holds back the cleanup of dead row versions
-    /// ([`Store::cleanup_horizon`]): `None` where the store cannot tell (SQLite), the
+    /// ([`Views::cleanup_horizon`](outbox::store::Views::cleanup_horizon)): `None` where the store cannot tell (SQLite), the
     /// error text where reading it failed (a missing privilege: status goes on).
     pub(crate) horizon: Option<Result<outbox::store::CleanupHorizon, String>>,
 }

@@ -10,7 +10,7 @@ use outbox::message::OutgoingMessage;
 use outbox::sink::file::FileSink;
 use outbox::sink::{Confirmations, PublishError, Sink};
 use outbox::sqlite::SqliteStore;
-use outbox::store::Store;
+use outbox::store::prelude::*;
 use outbox::{Contract, Message, Relay, RelayConfig, StoreConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;

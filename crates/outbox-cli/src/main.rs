@@ -11,7 +11,7 @@ mod serve;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use outbox::store::Store;
+use outbox::store::prelude::*;
 use outbox::{AnyStore, Ident, Message, Relay, RelayConfig, StoreConfig};
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -10,12 +10,13 @@
 //! (the claim skips them on every call). Then per-key ordering (`--ordered`): the ordered
 //! claim over the same rows with the retained rows still there, and with a key blocked
 //! behind a dead letter with `BENCH_BLOCKED` (50,000) rows waiting: claims while those rows
-//! are due, then after `Store::park_held` parked them.
+//! are due, then after `Maintenance::park_held` parked them.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use outbox::mysql::MySqlStore;
 use outbox::postgres::PgStore;
 use outbox::sqlite::SqliteStore;
+use outbox::store::prelude::*;
 use outbox::store::{ClaimRequest, Dead, KeyOrdering, Store};
 use outbox::{Ident, Message, StoreConfig};
 use sqlx::AssertSqlSafe;

@@ -37,6 +37,7 @@ use outbox::sink::nats::{NatsOptions, NatsSink};
 use outbox::sink::{PublishError, Sink};
 use outbox::store::AnyStore;
 use outbox::store::Store;
+use outbox::store::prelude::*;
 use outbox::{Ident, Message, OutgoingMessage, Relay, RelayConfig, StoreConfig};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

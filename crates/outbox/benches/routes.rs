@@ -16,7 +16,7 @@ use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptio
 use lapin::types::FieldTable;
 use outbox::postgres::PgStore;
 use outbox::sink::router::{Router, RouterOptions};
-use outbox::store::Store;
+use outbox::store::prelude::*;
 use outbox::{Ident, Relay, RelayConfig, StoreConfig};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};

@@ -21,14 +21,14 @@
 //!
 //! Tables: `{schema}.inbox` (PostgreSQL), `{prefix}_inbox` (MySQL, SQLite), each
 //! `(consumer, message_id, received_at)` with the primary key `(consumer, message_id)`
-//! and an index on `received_at`, created by [`Store::migrate`](crate::Store::migrate)
+//! and an index on `received_at`, created by [`Maintenance::migrate`](crate::Maintenance::migrate)
 //! (schema version 4). Other languages accept with `SELECT {schema}.inbox_accept(consumer,
 //! message_id)` (PostgreSQL, `true` = fresh), `CALL {prefix}_inbox_accept(consumer,
 //! message_id)` (MySQL: one row, column `fresh`, 1 or 0), or on SQLite the plain
 //! `INSERT INTO {prefix}_inbox (consumer, message_id) VALUES (?, ?) ON CONFLICT DO
 //! NOTHING` followed by `changes()` (1 = fresh).
 //!
-//! Rows are kept until [`Store::inbox_purge`](crate::Store::inbox_purge) deletes them by
+//! Rows are kept until [`Maintenance::inbox_purge`](crate::Maintenance::inbox_purge) deletes them by
 //! age; an age under [`MIN_RETENTION`] is refused by the CLI (`outbox inbox purge`).
 //!
 //! Follow-up messages a consumer enqueues while handling a message get ids from

@@ -59,7 +59,10 @@ pub use inbox::{Accepted, follow_up_id};
 pub use message::{Contract, Enqueued, Message, OutgoingMessage};
 pub use relay::{OnDispatch, Relay, RelayConfig, RelayError, RelayHandle, RelayStats};
 pub use sink::{PublishError, Sink};
-pub use store::{AnyStore, Counts, Store, StoreConfig};
+pub use store::{
+    AnyStore, Counts, Maintenance, Operations, Registry, Relaying, SettleShortcuts, Store,
+    StoreConfig, Views,
+};
 
 #[cfg(feature = "mysql")]
 pub use store::mysql;

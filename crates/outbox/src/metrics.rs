@@ -217,7 +217,7 @@ pub(crate) fn store_sample(
     gauge!(PAUSED).set(if pause.paused { 1.0 } else { 0.0 });
 }
 
-/// Sets the ordering gauges from a store sample ([`crate::store::Store::held_keys`]).
+/// Sets the ordering gauges from a store sample ([`crate::store::Views::held_keys`]).
 pub(crate) fn ordering_sample(h: &crate::store::HeldKeys) {
     gauge!(ORDERED_BLOCKED_KEYS).set(h.blocked_keys as f64);
     gauge!(ORDERED_HELD).set(h.held as f64);
@@ -225,7 +225,7 @@ pub(crate) fn ordering_sample(h: &crate::store::HeldKeys) {
 }
 
 /// Sets the cleanup horizon gauges from a store sample
-/// ([`crate::store::Store::cleanup_horizon`]); the xmin age only where the store tells it.
+/// ([`crate::store::Views::cleanup_horizon`]); the xmin age only where the store tells it.
 pub(crate) fn horizon_sample(kind: &str, h: &crate::store::CleanupHorizon) {
     if !matches!(kind, "postgres" | "mysql") {
         return; // nothing to tell: no gauge rather than a 0 that would mean "none"

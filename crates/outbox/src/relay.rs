@@ -159,12 +159,12 @@ impl Default for RelayConfig {
 const PAUSE_LOG_INTERVAL: Duration = Duration::from_secs(5);
 
 /// How often a relay with strict per-key ordering parks the rows dead letters hold back
-/// ([`Store::park_held`]), besides right after it quarantined a keyed message itself: rows
+/// ([`Maintenance::park_held`](crate::store::Maintenance::park_held)), besides right after it quarantined a keyed message itself: rows
 /// of a blocked key written meanwhile are read by every claim until they are parked.
 const PARK_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How often a relay gives back parked rows that its ordering does not hold
-/// ([`Store::unpark_released`]; replay and discard give theirs back themselves, so this
+/// ([`Maintenance::unpark_released`](crate::store::Maintenance::unpark_released); replay and discard give theirs back themselves, so this
 /// catches dead letters removed by other means, a relay that no longer orders strictly,
 /// and a start-up call that found another parker at work). Every relay also does it before
 /// its first claim.
@@ -389,7 +389,7 @@ pub struct Relay {
     /// Progress and in-flight count, shared with whoever watches the relay.
     health: Arc<RelayHealth>,
     /// Set when this relay quarantined a keyed message of an ordered topic (strict mode):
-    /// the background parks the rows its key now holds back ([`Store::park_held`]).
+    /// the background parks the rows its key now holds back ([`Maintenance::park_held`](crate::store::Maintenance::park_held)).
     park_wanted: tokio::sync::Notify,
     /// Per-key ordering: set when a claim found nothing while other workers held claims
     /// (their keys hold the rest back, and such a claim reads every due row for nothing);
@@ -1052,7 +1052,7 @@ impl Relay {
     }
 
     /// Gives back the parked rows that this relay's ordering does not hold
-    /// ([`Store::unpark_released`]); failures are counted and logged at debug.
+    /// ([`Maintenance::unpark_released`](crate::store::Maintenance::unpark_released)); failures are counted and logged at debug.
     async fn unpark(&self) {
         match self.store.unpark_released(&self.config.ordering).await {
             Ok(0) => {}
@@ -1191,7 +1191,7 @@ impl Relay {
     }
 
     /// After a wake-up, while other workers are busy (and the store is not
-    /// [`Store::one_writer`]): true when one of them began a claim
+    /// [`Relaying::one_writer`](crate::store::Relaying::one_writer)): true when one of them began a claim
     /// since (a claim that begins after the commit's wake-up sees the commit), so this
     /// worker need not claim too; false, and this worker claims, when none is busy, a
     /// claim came back full, or none began within [`JOIN_AFTER`] (a slow publish does not

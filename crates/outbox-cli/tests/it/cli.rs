@@ -718,7 +718,7 @@ fn relay_without_a_sink_refuses_to_start() {
 /// delivers those rows too before it exits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_reports_and_can_wait_for_leases_held_by_others() {
-    use outbox::Store as _;
+    use outbox::store::prelude::*;
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", dir.path().join("l.db").display());
     run_ok(outbox().args(["--database-url", &db, "migrate"]));

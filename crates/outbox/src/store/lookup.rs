@@ -1,13 +1,13 @@
 //! What the admin dashboard asks of a store beside the operations of [`super::ops`]:
-//! where a message is now ([`super::Store::find_messages`]) and what was delivered and
-//! what died per minute ([`super::Store::throughput`]). Types and the pure helpers the
+//! where a message is now ([`super::Views::find_messages`]) and what was delivered and
+//! what died per minute ([`super::Views::throughput`]). Types and the pure helpers the
 //! three stores share.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-/// Which messages [`super::Store::find_messages`] looks for.
+/// Which messages [`super::Views::find_messages`] looks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MessageQuery {
     /// The row of one message id (at most one row: message ids are unique).
@@ -34,7 +34,7 @@ pub struct MessageLocation {
     /// Key, if any.
     pub key: Option<String>,
     /// `pending`, `parked` (pending, held behind a dead letter of its key by strict
-    /// per-key ordering: see [`super::Store::park_held`]), `claimed`, `dispatched` or
+    /// per-key ordering: see [`super::Maintenance::park_held`]), `claimed`, `dispatched` or
     /// `dead`.
     pub status: &'static str,
     /// Attempts counted so far.
@@ -69,7 +69,7 @@ impl MessageLocation {
     }
 }
 
-/// Rows dispatched and rows that died in one minute ([`super::Store::throughput`]).
+/// Rows dispatched and rows that died in one minute ([`super::Views::throughput`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct MinuteCounts {
     /// How many whole minutes ago the minute began (0: the current minute).
@@ -116,7 +116,7 @@ pub(crate) fn fill_minutes(minutes: u32, rows: &[(i64, i64, i64)]) -> Vec<Minute
     out
 }
 
-/// The most minutes [`super::Store::throughput`] answers for: one day.
+/// The most minutes [`super::Views::throughput`] answers for: one day.
 pub const MAX_THROUGHPUT_MINUTES: u32 = 24 * 60;
 
 #[cfg(test)]

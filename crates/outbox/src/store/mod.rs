@@ -32,8 +32,19 @@ pub mod mysql;
 pub mod ops;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod seam;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+
+pub use seam::{Maintenance, Operations, Registry, Relaying, SettleShortcuts, Store, Views};
+
+/// The store seam's traits, for code that calls them on a concrete store
+/// (`use outbox::store::prelude::*;`).
+pub mod prelude {
+    pub use super::seam::{
+        Maintenance, Operations, Registry, Relaying, SettleShortcuts, Store, Views,
+    };
+}
 
 pub use ops::{
     AuditEntry, ClaimsBy, CleanupHorizon, DeadLetter, DeadSelector, DestinationState,
@@ -234,7 +245,7 @@ impl std::fmt::Display for KeyOrdering {
     }
 }
 
-/// The `available_at` of a parked message ([`Store::park_held`]): 9999-01-01T00:00:00Z,
+/// The `available_at` of a parked message ([`Maintenance::park_held`]): 9999-01-01T00:00:00Z,
 /// far beyond any real delay, so a parked row is pending but never due. SQLite stores it
 /// as [`PARKED_AT_MS`].
 pub const PARKED_AT: &str = "9999-01-01T00:00:00Z";
@@ -242,7 +253,7 @@ pub const PARKED_AT: &str = "9999-01-01T00:00:00Z";
 /// [`PARKED_AT`] in milliseconds since the Unix epoch (SQLite's `available_at`).
 pub const PARKED_AT_MS: i64 = 253_370_764_800_000;
 
-/// The due rows and what per-key ordering holds back of them ([`Store::due_held_by_order`]).
+/// The due rows and what per-key ordering holds back of them ([`Views::due_held_by_order`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DueHeld {
     /// Due rows (pending, or claimed under an expired lease) of ordered keys whose key's
@@ -254,7 +265,7 @@ pub struct DueHeld {
     pub oldest_free_due_s: Option<i64>,
 }
 
-/// What strict per-key ordering holds back behind dead letters ([`Store::held_keys`]).
+/// What strict per-key ordering holds back behind dead letters ([`Views::held_keys`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HeldKeys {
     /// Keys (topic and key) of ordered topics with a dead letter: their later messages
@@ -330,7 +341,7 @@ pub struct Dead {
     pub error: String,
 }
 
-/// Everything a relay decided about one claim, written by [`Store::settle`] in one call.
+/// Everything a relay decided about one claim, written by [`Relaying::settle`] in one call.
 /// Each id appears at most once across the four lists.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Settlement {
@@ -372,7 +383,7 @@ impl Settlement {
     }
 }
 
-/// What [`Store::settle`] changed.
+/// What [`Relaying::settle`] changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Settled {
     /// Rows changed, by primary key, ascending.
@@ -407,7 +418,7 @@ pub struct PurgeBatch {
     pub locked_out: bool,
 }
 
-/// Claims whose lease has not ended yet, on the database clock ([`Store::leases`]): rows
+/// Claims whose lease has not ended yet, on the database clock ([`Views::leases`]): rows
 /// some relay holds and no other relay can claim until then (a relay that was killed
 /// holds its rows until their lease ends).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -451,271 +462,6 @@ pub struct PauseState {
     /// Topic pauses in force (relays skip matching topics; others flow), by pattern in
     /// byte order.
     pub topics: Vec<TopicPause>,
-}
-
-/// The operations a relay, the CLI and the tests need from a store.
-///
-/// Implementations: [`postgres::PgStore`], [`sqlite::SqliteStore`], and [`AnyStore`] to
-/// pick one from a URL.
-#[async_trait]
-pub trait Store: Send + Sync + 'static {
-    /// The store's kind for metrics and logs: `postgres`, `mysql`, `sqlite` (`custom` for
-    /// other implementations).
-    fn kind(&self) -> &'static str {
-        "custom"
-    }
-
-    /// Creates or upgrades the schema; idempotent and safe to run concurrently.
-    async fn migrate(&self) -> Result<()>;
-
-    /// Fails with [`crate::Error::NotMigrated`] unless the schema is at this build's version.
-    async fn check_schema(&self) -> Result<()>;
-
-    /// Claims up to `batch_size` due rows in one statement: sets status claimed, a fresh
-    /// claim token, `locked_until = now + lease`, and counts the attempt.
-    async fn claim(&self, req: &ClaimRequest) -> Result<Claim>;
-
-    /// Writes a claim's whole outcome in one call (one statement where the store allows):
-    /// every row changes only while `claim_token = token AND status = claimed`, so a stale
-    /// claimant changes nothing. Dispatched rows get `dispatched_at = now()` and their
-    /// `last_error` cleared; retries become pending at `now() + delay`; dead rows keep
-    /// their error; released rows are due at once with the attempt given back.
-    async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled>;
-
-    /// Deletes the rows `ids` still claimed by `token` (the confirmed rows of
-    /// [`Settlement::delete_dispatched`]); returns the ids deleted. A row another claim
-    /// holds now is not touched (it is `lost`, as in [`Store::settle`]). Each store's
-    /// `settle` calls it for a deleting settlement; the default refuses, for stores that
-    /// cannot delete on dispatch.
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidRequest`] by default; database errors.
-    async fn delete_claimed(&self, token: Uuid, ids: &[i64]) -> Result<Vec<i64>> {
-        let _ = (token, ids);
-        Err(crate::Error::InvalidRequest(
-            "this store cannot delete rows on dispatch".into(),
-        ))
-    }
-
-    /// Extends the lease of the rows `ids` still held by `token` to `now() + lease`
-    /// (database clock). Returns the ids still held (a row missing from the answer was
-    /// lost: its lease ran out and another relay claimed it, or it was settled).
-    async fn renew(&self, token: Uuid, ids: &[i64], lease: Duration) -> Result<Vec<i64>>;
-
-    /// Marks confirmed rows dispatched ([`Store::settle`] with only `dispatched`). Returns
-    /// how many rows changed (rows whose claim was lost are not changed).
-    async fn mark_dispatched(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
-        let s = Settlement {
-            dispatched: ids.to_vec(),
-            ..Settlement::default()
-        };
-        Ok(self.settle(token, &s).await?.changed.len() as u64)
-    }
-
-    /// Puts transiently failed rows back to pending with their backoff and error.
-    async fn reschedule(&self, token: Uuid, retries: &[Retry]) -> Result<u64> {
-        let s = Settlement {
-            retries: retries.to_vec(),
-            ..Settlement::default()
-        };
-        Ok(self.settle(token, &s).await?.changed.len() as u64)
-    }
-
-    /// Moves rows to dead with their error.
-    async fn quarantine(&self, token: Uuid, dead: &[Dead]) -> Result<u64> {
-        let s = Settlement {
-            dead: dead.to_vec(),
-            ..Settlement::default()
-        };
-        Ok(self.settle(token, &s).await?.changed.len() as u64)
-    }
-
-    /// Gives claimed rows back (due now) and gives back the attempt the claim counted.
-    async fn release(&self, token: Uuid, ids: &[i64]) -> Result<u64> {
-        let s = Settlement {
-            release: ids.to_vec(),
-            ..Settlement::default()
-        };
-        Ok(self.settle(token, &s).await?.changed.len() as u64)
-    }
-
-    /// Reads the pause switch.
-    async fn pause_state(&self) -> Result<PauseState>;
-
-    /// Pauses (`Some(reason)`) or resumes (`None`) every relay of this store.
-    async fn set_pause(&self, reason: Option<&str>) -> Result<()>;
-
-    /// Row counts by status.
-    async fn counts(&self) -> Result<Counts>;
-
-    /// Deletes at most `batch_size` dispatched rows whose `dispatched_at` is older than
-    /// `older_than` (database clock), by primary key, in one short transaction. Pending,
-    /// claimed and dead rows are never touched. One purger runs at a time per store; the
-    /// others get `locked_out`. Call it in a loop until `deleted < batch_size`.
-    async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch>;
-
-    /// Deletes at most `batch_size` inbox rows ([`crate::inbox`]) whose `received_at` is
-    /// older than `older_than` (database clock), oldest first, in one statement over the
-    /// `received_at` index. Returns how many rows it deleted; call it in a loop until that
-    /// is less than `batch_size`. A message whose row is gone is fresh again to its
-    /// consumer, so `older_than` must exceed every redelivery window (see
-    /// [`crate::inbox::MIN_RETENTION`], which the CLI enforces).
-    async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64>;
-
-    /// Claimed rows whose lease has not ended on the database clock (`status = 1` and the
-    /// lease end after now), and when the last of those leases ends. Expired claims are not
-    /// counted: any relay may claim them again. One read-only statement.
-    async fn leases(&self) -> Result<Leases>;
-
-    /// Dead rows matching `selector` (every dead row when it is empty), by primary key,
-    /// at most `limit`; payloads only when `with_payload`. Reads the dead index.
-    async fn dead_letters(
-        &self,
-        selector: &DeadSelector,
-        limit: u32,
-        with_payload: bool,
-    ) -> Result<Vec<DeadLetter>>;
-
-    /// Dead rows matching `selector` (every dead row when it is empty).
-    async fn count_dead(&self, selector: &DeadSelector) -> Result<u64>;
-
-    /// Replays or discards dead rows in one transaction, audited: one `replays` row (who,
-    /// why, the selection, the count; or the one of `append_to`), and each replayed row
-    /// gets `status = pending`, `attempts = 0`, `replay_id` and its availability (spread
-    /// by `rate_per_s`), keeping its message id. Only dead rows are ever changed: named
-    /// ids that are not dead come back in `refused`. A dry run changes nothing.
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidRequest`] for an empty selector, reason or `by`.
-    async fn replay(&self, request: &ReplayRequest) -> Result<ReplayOutcome>;
-
-    /// The audit rows, newest first, at most `limit`.
-    async fn replays(&self, limit: u32) -> Result<Vec<ReplayRecord>>;
-
-    /// Upserts the relay's registry row (`last_seen = now()`, `started_at` on first
-    /// write) and deletes rows not seen for an hour.
-    async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()>;
-
-    /// Deletes the registry row of one relay instance (clean exit, or a process of this
-    /// host that is gone); the rows of other instances under the same id stay.
-    async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()>;
-
-    /// Registry rows seen within `within` (database clock), oldest first.
-    async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>>;
-
-    /// Pauses topics matching `pattern` (an upsert: pausing again updates reason and by).
-    async fn pause_topic(&self, pattern: &TopicPattern, reason: &str, by: &str) -> Result<()>;
-
-    /// Lifts the pause of exactly `pattern`; false when there was none.
-    async fn resume_topic(&self, pattern: &str) -> Result<bool>;
-
-    /// The store's overview: counts, due and expired claims, claims by relay, and the
-    /// top `top_n` topics of pending and dead rows.
-    async fn overview(&self, top_n: u32) -> Result<Overview>;
-
-    /// What strict per-key ordering holds back now: the keys of `ordering`'s topics with a
-    /// dead letter, the messages not delivered behind them, and the oldest one's age
-    /// (database clock). One statement; meant for the sampled gauges.
-    async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys>;
-
-    /// What on the database server holds back the cleanup of the outbox's dead row
-    /// versions ([`CleanupHorizon`]): the oldest open transaction of another session, and
-    /// on PostgreSQL replication slots and prepared transactions. One or two reads of the
-    /// server's views (PostgreSQL: `pg_stat_activity`, which shows other roles' sessions
-    /// only to a superuser or a member of `pg_read_all_stats`; MySQL/MariaDB:
-    /// `information_schema.innodb_trx`, which needs the `PROCESS` privilege); meant for
-    /// the sampled gauges and `outbox status`. The default (and SQLite, whose readers are
-    /// in other processes' files and not visible to a query) tells nothing.
-    async fn cleanup_horizon(&self) -> Result<CleanupHorizon> {
-        Ok(CleanupHorizon::default())
-    }
-
-    /// What per-key ordering holds back of the rows due now: how many due rows (pending,
-    /// or claimed under an expired lease) of `ordering`'s keys wait behind their key's
-    /// first row not dispatched (nor dead, with `skip_dead`) because that row is dead or
-    /// not due yet (a delayed message, a retry waiting out its backoff, a claim under a
-    /// live lease), and how long the oldest of the other due rows has been due. Held
-    /// rows wait by design, so an operator's verdict counts only the others as stuck or
-    /// behind. With no topic ordered, nothing is held. One statement over the due rows
-    /// (a per-key look-up for each of an ordered key): for `outbox status`, not for
-    /// sampling.
-    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<DueHeld>;
-
-    /// Parks the messages that strict per-key ordering holds behind dead letters: every
-    /// pending, due row of an ordered topic (`ordering`) whose key has a dead letter with a
-    /// smaller `id` gets `available_at` = [`PARKED_AT`], so it leaves the claim's due range
-    /// and no claim reads it again while the key is blocked (a backlog of 200,000 rows
-    /// behind one dead letter otherwise cost every claim of every relay seconds). Rows not
-    /// due yet are parked by a later call, once due. Returns the rows parked.
-    ///
-    /// The key's rows come back by [`Store::replay`] (replayed: at the replayed dead
-    /// letter's own time, so it still goes first; discarded or purged: at once), and by
-    /// [`Store::unpark_released`] for anything else that released them. Does nothing with
-    /// `skip_dead` or no ordered topic. One short transaction per call; one parker at a
-    /// time per store (a call while another runs returns 0).
-    async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64>;
-
-    /// Gives back the parked messages (`available_at` = [`PARKED_AT`], pending) that no
-    /// dead letter holds under `ordering` any more: their topic is not ordered, dead
-    /// letters hold nothing (`skip_dead`), or no dead letter of their key comes before
-    /// them. They become due now, in `id` order. Returns the rows given back. Reads every
-    /// parked row: meant for a relay's start and a slow background interval (the paths
-    /// that release a key, [`Store::replay`] above all, give its rows back themselves).
-    /// Waits for a parker at work (PostgreSQL; MySQL up to 10 s, then returns 0).
-    async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64>;
-
-    /// A counter that moves whenever new rows may be due (a `NOTIFY`, a commit seen by the
-    /// store). The relay marks it seen before each claim and, when a claim finds nothing,
-    /// waits for a change or its poll interval, whichever comes first; so a commit between
-    /// the claim and the wait is never missed. Starts the store's watcher on first call.
-    /// A broken wake-up channel never fails the relay: it degrades to polling.
-    fn wakeups(&self) -> tokio::sync::watch::Receiver<u64>;
-
-    /// True only when the store knows, without running a statement, that no row is
-    /// claimable now, paused or not: the wake-up watcher's last look found none due, and
-    /// it moves [`Store::wakeups`] when that changes. A relay woken by its poll interval
-    /// alone skips the claim then. `poll_interval` is how often the caller asks: a watcher
-    /// that answers keeps looking at least that often, so a commit waits no longer than
-    /// with a claim per poll. False when not known (the default; PostgreSQL and SQLite,
-    /// whose claim is one cheap statement). MySQL's probe answers it: an idle relay there
-    /// runs the probe and no claim.
-    fn nothing_due(&self, poll_interval: std::time::Duration) -> bool {
-        let _ = poll_interval;
-        false
-    }
-
-    /// True when the store runs one writer at a time (SQLite). A relay worker woken while
-    /// another is busy then claims at once: its claim fits beside the other's publish,
-    /// while the busy worker's next claim waits behind its settle's synced commit. False
-    /// (the default): the woken worker leaves the rows to the busy worker's next claim for
-    /// a few milliseconds, which on PostgreSQL means fewer, larger claims and a lower p99
-    /// (see the README's benchmarks).
-    fn one_writer(&self) -> bool {
-        false
-    }
-
-    // The admin dashboard: where a message is, and what was delivered and died per minute.
-
-    /// The rows `query` names, wherever they are in their life (pending, claimed,
-    /// dispatched, dead), newest first, at most `limit`. One statement.
-    async fn find_messages(
-        &self,
-        query: &lookup::MessageQuery,
-        limit: u32,
-    ) -> Result<Vec<lookup::MessageLocation>>;
-
-    /// Rows dispatched and rows that died in each of the last `minutes` minutes (at most
-    /// [`lookup::MAX_THROUGHPUT_MINUTES`]; database clock), one entry per minute, oldest
-    /// first. Counts rows still kept: dispatched rows deleted at dispatch or purged, and
-    /// dead rows replayed or discarded since, are not counted. One statement over the
-    /// dispatched and dead indexes.
-    async fn throughput(&self, minutes: u32) -> Result<Vec<lookup::MinuteCounts>>;
-
-    /// Writes an operator's change that is not a replay (a pause, a resume) into the
-    /// audit (`replays`, the table [`Store::replays`] reads) with no rows counted: who,
-    /// why, the action (at most 16 bytes: `pause`, `resume`) and what it applied to.
-    /// One insert.
-    async fn audit(&self, entry: &ops::AuditEntry) -> Result<()>;
 }
 
 /// A store chosen at run time from a database URL.
@@ -795,122 +541,82 @@ impl AnyStore {
     }
 }
 
-#[async_trait]
-impl Store for AnyStore {
-    fn kind(&self) -> &'static str {
-        self.inner().kind()
-    }
-    async fn migrate(&self) -> Result<()> {
-        self.inner().migrate().await
-    }
-    async fn check_schema(&self) -> Result<()> {
-        self.inner().check_schema().await
-    }
-    async fn claim(&self, req: &ClaimRequest) -> Result<Claim> {
-        self.inner().claim(req).await
-    }
-    async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
-        self.inner().settle(token, settlement).await
-    }
-    async fn delete_claimed(&self, token: Uuid, ids: &[i64]) -> Result<Vec<i64>> {
-        self.inner().delete_claimed(token, ids).await
-    }
-    async fn renew(&self, token: Uuid, ids: &[i64], lease: Duration) -> Result<Vec<i64>> {
-        self.inner().renew(token, ids, lease).await
-    }
-    async fn pause_state(&self) -> Result<PauseState> {
-        self.inner().pause_state().await
-    }
-    async fn set_pause(&self, reason: Option<&str>) -> Result<()> {
-        self.inner().set_pause(reason).await
-    }
-    async fn counts(&self) -> Result<Counts> {
-        self.inner().counts().await
-    }
-    async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
-        self.inner().purge(older_than, batch_size).await
-    }
-    async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64> {
-        self.inner().inbox_purge(older_than, batch_size).await
-    }
-    async fn leases(&self) -> Result<Leases> {
-        self.inner().leases().await
-    }
+/// Implements a role trait for [`AnyStore`] by forwarding each method to the chosen store
+/// (`AnyStore::inner`): `async fn` and plain `fn` methods, signatures as in the trait.
+macro_rules! forward {
+    ($role:ident {
+        $(async fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*
+        $(fn $sname:ident(&self $(, $sarg:ident: $sty:ty)*) -> $sret:ty;)*
+    }) => {
+        #[async_trait]
+        impl $role for AnyStore {
+            $(async fn $name(&self $(, $arg: $ty)*) -> $ret {
+                self.inner().$name($($arg),*).await
+            })*
+            $(fn $sname(&self $(, $sarg: $sty)*) -> $sret {
+                self.inner().$sname($($sarg),*)
+            })*
+        }
+    };
+}
+
+forward!(Relaying {
+    async fn check_schema(&self) -> Result<()>;
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim>;
+    async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled>;
+    async fn delete_claimed(&self, token: Uuid, ids: &[i64]) -> Result<Vec<i64>>;
+    async fn renew(&self, token: Uuid, ids: &[i64], lease: Duration) -> Result<Vec<i64>>;
+    async fn pause_state(&self) -> Result<PauseState>;
+    fn kind(&self) -> &'static str;
+    fn wakeups(&self) -> tokio::sync::watch::Receiver<u64>;
+    fn nothing_due(&self, poll_interval: Duration) -> bool;
+    fn one_writer(&self) -> bool;
+});
+
+forward!(Maintenance {
+    async fn migrate(&self) -> Result<()>;
+    async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch>;
+    async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64>;
+    async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64>;
+    async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64>;
+});
+
+forward!(Registry {
+    async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()>;
+    async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()>;
+    async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>>;
+});
+
+forward!(Operations {
+    async fn set_pause(&self, reason: Option<&str>) -> Result<()>;
+    async fn pause_topic(&self, pattern: &TopicPattern, reason: &str, by: &str) -> Result<()>;
+    async fn resume_topic(&self, pattern: &str) -> Result<bool>;
     async fn dead_letters(
         &self,
         selector: &DeadSelector,
         limit: u32,
-        with_payload: bool,
-    ) -> Result<Vec<DeadLetter>> {
-        self.inner()
-            .dead_letters(selector, limit, with_payload)
-            .await
-    }
-    async fn count_dead(&self, selector: &DeadSelector) -> Result<u64> {
-        self.inner().count_dead(selector).await
-    }
-    async fn replay(&self, request: &ReplayRequest) -> Result<ReplayOutcome> {
-        self.inner().replay(request).await
-    }
-    async fn replays(&self, limit: u32) -> Result<Vec<ReplayRecord>> {
-        self.inner().replays(limit).await
-    }
-    async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()> {
-        self.inner().heartbeat(beat).await
-    }
-    async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()> {
-        self.inner().deregister(relay_id, instance).await
-    }
-    async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {
-        self.inner().relays(within).await
-    }
-    async fn pause_topic(&self, pattern: &TopicPattern, reason: &str, by: &str) -> Result<()> {
-        self.inner().pause_topic(pattern, reason, by).await
-    }
-    async fn resume_topic(&self, pattern: &str) -> Result<bool> {
-        self.inner().resume_topic(pattern).await
-    }
-    async fn overview(&self, top_n: u32) -> Result<Overview> {
-        self.inner().overview(top_n).await
-    }
-    async fn cleanup_horizon(&self) -> Result<CleanupHorizon> {
-        self.inner().cleanup_horizon().await
-    }
-    async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
-        self.inner().held_keys(ordering).await
-    }
-    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<DueHeld> {
-        self.inner().due_held_by_order(ordering).await
-    }
-    async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
-        self.inner().park_held(ordering).await
-    }
-    async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
-        self.inner().unpark_released(ordering).await
-    }
-    fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.inner().wakeups()
-    }
-    fn nothing_due(&self, poll_interval: std::time::Duration) -> bool {
-        self.inner().nothing_due(poll_interval)
-    }
-    fn one_writer(&self) -> bool {
-        self.inner().one_writer()
-    }
+        with_payload: bool
+    ) -> Result<Vec<DeadLetter>>;
+    async fn count_dead(&self, selector: &DeadSelector) -> Result<u64>;
+    async fn replay(&self, request: &ReplayRequest) -> Result<ReplayOutcome>;
+    async fn replays(&self, limit: u32) -> Result<Vec<ReplayRecord>>;
+    async fn audit(&self, entry: &ops::AuditEntry) -> Result<()>;
+});
+
+forward!(Views {
+    async fn counts(&self) -> Result<Counts>;
+    async fn leases(&self) -> Result<Leases>;
+    async fn overview(&self, top_n: u32) -> Result<Overview>;
+    async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys>;
+    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<DueHeld>;
+    async fn cleanup_horizon(&self) -> Result<CleanupHorizon>;
     async fn find_messages(
         &self,
         query: &lookup::MessageQuery,
-        limit: u32,
-    ) -> Result<Vec<lookup::MessageLocation>> {
-        self.inner().find_messages(query, limit).await
-    }
-    async fn throughput(&self, minutes: u32) -> Result<Vec<lookup::MinuteCounts>> {
-        self.inner().throughput(minutes).await
-    }
-    async fn audit(&self, entry: &ops::AuditEntry) -> Result<()> {
-        self.inner().audit(entry).await
-    }
-}
+        limit: u32
+    ) -> Result<Vec<lookup::MessageLocation>>;
+    async fn throughput(&self, minutes: u32) -> Result<Vec<lookup::MinuteCounts>>;
+});
 
 /// The message id of row `id`, stored as text (MySQL, SQLite).
 ///
@@ -1033,9 +739,9 @@ pub(crate) fn settle_rows(s: &Settlement) -> Vec<SettleRow> {
 }
 
 /// A deleting settlement ([`Settlement::delete_dispatched`]), for every store: the
-/// confirmed rows deleted by [`Store::delete_claimed`], the rest settled as always; one
+/// confirmed rows deleted by [`Relaying::delete_claimed`], the rest settled as always; one
 /// [`Settled`] over both.
-pub(crate) async fn settle_deleting<S: Store + ?Sized>(
+pub(crate) async fn settle_deleting<S: Relaying + ?Sized>(
     store: &S,
     token: Uuid,
     settlement: &Settlement,
@@ -1105,7 +811,7 @@ impl From<CountsRow> for Counts {
     }
 }
 
-/// A store's wake-up counter ([`Store::wakeups`]) and the one background task that moves
+/// A store's wake-up counter ([`Relaying::wakeups`]) and the one background task that moves
 /// it, started on first use and stopped when the store is dropped.
 pub(crate) struct Wakeup {
     counter: std::sync::Arc<tokio::sync::watch::Sender<u64>>,

@@ -20,11 +20,12 @@
 //! index writes.
 
 use super::ops::{self, Dialect};
+use super::seam::{Maintenance, Operations, Registry, Relaying, Views};
 use super::{
     Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, DueHeld, HeldKeys,
     KeyOrdering, Leases, Overview, PauseState, PurgeBatch, RelayHeartbeat, RelayRecord,
-    ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement, Store,
-    StoreConfig, TopicPause, millis, parse_headers,
+    ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement, StoreConfig,
+    TopicPause, millis, parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::inbox::Accepted;
@@ -63,7 +64,7 @@ const PROBE_MIN: Duration = Duration::from_millis(5);
 const PROBE_MAX: Duration = Duration::from_millis(200);
 /// The probe's interval after [`PROBE_QUIET`] without a change: the relay's default poll
 /// interval, so a long-idle relay runs one statement per second to find new rows. A relay
-/// polling more often lowers every cap to its poll interval (see [`Store::nothing_due`]),
+/// polling more often lowers every cap to its poll interval (see [`Relaying::nothing_due`]),
 /// so a commit waits no longer than with a claim per poll.
 const PROBE_IDLE: Duration = Duration::from_secs(1);
 const PROBE_QUIET: Duration = Duration::from_secs(10);
@@ -721,7 +722,7 @@ struct Inner {
     quiet: Arc<Quiet>,
 }
 
-/// What the wake-up probe last saw, for [`Store::nothing_due`].
+/// What the wake-up probe last saw, for [`Relaying::nothing_due`].
 struct Quiet {
     /// Writes through this store that can make rows due (settle, replay, give-back),
     /// counted as each ends: a probe that began before one ended may not have seen it.
@@ -749,7 +750,7 @@ impl Quiet {
         self.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// See [`Store::nothing_due`]; `poll_interval` caps the probe's quiet interval.
+    /// See [`Relaying::nothing_due`]; `poll_interval` caps the probe's quiet interval.
     fn nothing_due(&self, poll_interval: Duration) -> bool {
         let ms = u64::try_from(poll_interval.as_millis())
             .unwrap_or(u64::MAX)
@@ -1032,7 +1033,7 @@ impl MySqlStore {
         }
     }
 
-    /// The limit `{prefix}_enqueue(...)` enforces (written by [`Store::migrate`] from
+    /// The limit `{prefix}_enqueue(...)` enforces (written by [`Maintenance::migrate`] from
     /// [`StoreConfig::max_message_bytes`]), in bytes; `None` before the first migration.
     ///
     /// # Errors
@@ -1168,7 +1169,7 @@ impl MySqlStore {
 // server's delayed ACK (Nagle; sqlx sets no `TCP_NODELAY`): 40 ms per statement, ~90 ms
 // per claim.
 impl MySqlStore {
-    /// One claim transaction (see [`Store::claim`]); [`retry_deadlock`] reruns it.
+    /// One claim transaction (see [`Relaying::claim`]); [`retry_deadlock`] reruns it.
     async fn claim_once(&self, req: &ClaimRequest) -> Result<Claim> {
         let token = Uuid::now_v7();
         let p = &self.inner.config.schema;
@@ -1368,7 +1369,7 @@ impl MySqlStore {
             .collect())
     }
 
-    /// One settle statement (see [`Store::settle`]); [`retry_deadlock`] reruns it.
+    /// One settle statement (see [`Relaying::settle`]); [`retry_deadlock`] reruns it.
     async fn settle_once(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
         if settlement.is_empty() {
             return Ok(Settled::default());
@@ -1438,7 +1439,7 @@ impl MySqlStore {
         Ok(super::settled(settlement, changed))
     }
 
-    /// One deleting transaction (see [`Store::delete_claimed`]); [`retry_deadlock`] reruns it.
+    /// One deleting transaction (see [`Relaying::delete_claimed`]); [`retry_deadlock`] reruns it.
     async fn delete_claimed_once(&self, token: Uuid, ids: &[i64]) -> Result<Vec<i64>> {
         let p = &self.inner.config.schema;
         let list = &Self::id_list(ids);
@@ -1468,7 +1469,7 @@ impl MySqlStore {
         Ok(held)
     }
 
-    /// One purge batch under the purge lock (see [`Store::purge`]); [`retry_deadlock`] reruns it.
+    /// One purge batch under the purge lock (see [`Maintenance::purge`]); [`retry_deadlock`] reruns it.
     async fn purge_once(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
         let p = &self.inner.config.schema;
         let mut conn = self.inner.pool.acquire().await?;
@@ -1602,80 +1603,9 @@ impl MySqlStore {
 }
 
 #[async_trait]
-impl Store for MySqlStore {
+impl Relaying for MySqlStore {
     fn kind(&self) -> &'static str {
         "mysql"
-    }
-
-    async fn migrate(&self) -> Result<()> {
-        let p = self.inner.config.schema.as_str();
-        let mut conn = self.inner.pool.acquire().await?;
-        let lock = format!("outbox_migrate_{p}");
-        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
-            .bind(&lock)
-            .fetch_one(&mut *conn)
-            .await?;
-        if got != Some(1) {
-            return Err(Error::Timeout(Duration::from_secs(60)));
-        }
-        let result = async {
-            sqlx::query(AssertSqlSafe(format!(
-                "CREATE TABLE IF NOT EXISTS {p}_schema_migrations (
-                    version BIGINT NOT NULL PRIMARY KEY,
-                    applied_at DATETIME(6) NOT NULL DEFAULT ({NOW})) ENGINE = InnoDB"
-            )))
-            .execute(&mut *conn)
-            .await?;
-            let current: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-                "SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM {p}_schema_migrations"
-            )))
-            .fetch_one(&mut *conn)
-            .await?;
-            for (i, statements) in migrations(p).into_iter().enumerate() {
-                let version = i as i64 + 1;
-                if version <= current {
-                    continue;
-                }
-                for statement in statements {
-                    sqlx::raw_sql(AssertSqlSafe(statement))
-                        .execute(&mut *conn)
-                        .await?;
-                }
-                sqlx::query(AssertSqlSafe(format!(
-                    "INSERT INTO {p}_schema_migrations (version) VALUES (?)"
-                )))
-                .bind(version)
-                .execute(&mut *conn)
-                .await?;
-            }
-            sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {p}_control SET max_message_bytes = ? WHERE id = 1"
-            )))
-            .bind(i64::try_from(self.inner.config.max_message_bytes).unwrap_or(i64::MAX))
-            .execute(&mut *conn)
-            .await?;
-            let stored: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-                "SELECT pattern FROM {p}_topic_pauses"
-            )))
-            .fetch_all(&mut *conn)
-            .await?;
-            for (pattern, regex) in super::pause_regexes(stored) {
-                sqlx::query(AssertSqlSafe(format!(
-                    "UPDATE {p}_topic_pauses SET regex = ? WHERE pattern = ?"
-                )))
-                .bind(regex)
-                .bind(pattern)
-                .execute(&mut *conn)
-                .await?;
-            }
-            Ok::<_, Error>(())
-        }
-        .await;
-        let _ = sqlx::query("SELECT RELEASE_LOCK(?)")
-            .bind(&lock)
-            .execute(&mut *conn)
-            .await;
-        result
     }
 
     async fn check_schema(&self) -> Result<()> {
@@ -1795,20 +1725,87 @@ impl Store for MySqlStore {
         })
     }
 
-    async fn set_pause(&self, reason: Option<&str>) -> Result<()> {
-        sqlx::query(self.inner.sql.set_pause.clone())
-            .bind(reason.is_some())
-            .bind(reason)
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(())
+    fn wakeups(&self) -> watch::Receiver<u64> {
+        self.start_watcher();
+        self.inner.wakeup.subscribe()
     }
 
-    async fn counts(&self) -> Result<Counts> {
-        let row: super::CountsRow = sqlx::query_as(self.inner.sql.counts.clone())
-            .fetch_one(&self.inner.pool)
+    fn nothing_due(&self, poll_interval: Duration) -> bool {
+        self.inner.quiet.nothing_due(poll_interval)
+    }
+}
+
+#[async_trait]
+impl Maintenance for MySqlStore {
+    async fn migrate(&self) -> Result<()> {
+        let p = self.inner.config.schema.as_str();
+        let mut conn = self.inner.pool.acquire().await?;
+        let lock = format!("outbox_migrate_{p}");
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
+            .bind(&lock)
+            .fetch_one(&mut *conn)
             .await?;
-        Ok(row.into())
+        if got != Some(1) {
+            return Err(Error::Timeout(Duration::from_secs(60)));
+        }
+        let result = async {
+            sqlx::query(AssertSqlSafe(format!(
+                "CREATE TABLE IF NOT EXISTS {p}_schema_migrations (
+                    version BIGINT NOT NULL PRIMARY KEY,
+                    applied_at DATETIME(6) NOT NULL DEFAULT ({NOW})) ENGINE = InnoDB"
+            )))
+            .execute(&mut *conn)
+            .await?;
+            let current: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM {p}_schema_migrations"
+            )))
+            .fetch_one(&mut *conn)
+            .await?;
+            for (i, statements) in migrations(p).into_iter().enumerate() {
+                let version = i as i64 + 1;
+                if version <= current {
+                    continue;
+                }
+                for statement in statements {
+                    sqlx::raw_sql(AssertSqlSafe(statement))
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                sqlx::query(AssertSqlSafe(format!(
+                    "INSERT INTO {p}_schema_migrations (version) VALUES (?)"
+                )))
+                .bind(version)
+                .execute(&mut *conn)
+                .await?;
+            }
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {p}_control SET max_message_bytes = ? WHERE id = 1"
+            )))
+            .bind(i64::try_from(self.inner.config.max_message_bytes).unwrap_or(i64::MAX))
+            .execute(&mut *conn)
+            .await?;
+            let stored: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT pattern FROM {p}_topic_pauses"
+            )))
+            .fetch_all(&mut *conn)
+            .await?;
+            for (pattern, regex) in super::pause_regexes(stored) {
+                sqlx::query(AssertSqlSafe(format!(
+                    "UPDATE {p}_topic_pauses SET regex = ? WHERE pattern = ?"
+                )))
+                .bind(regex)
+                .bind(pattern)
+                .execute(&mut *conn)
+                .await?;
+            }
+            Ok::<_, Error>(())
+        }
+        .await;
+        let _ = sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(&lock)
+            .execute(&mut *conn)
+            .await;
+        result
     }
 
     async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
@@ -1827,12 +1824,184 @@ impl Store for MySqlStore {
         Ok(r.rows_affected())
     }
 
-    async fn leases(&self) -> Result<Leases> {
-        let (held, last, ms): (i64, Option<NaiveDateTime>, Option<i64>) =
-            sqlx::query_as(self.inner.sql.leases.clone())
-                .fetch_one(&self.inner.pool)
+    async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
+        if !ordering.holds_dead() {
+            return Ok(0);
+        }
+        let p = self.inner.config.schema.clone();
+        let regexes = ordering.regexes();
+        self.under_parking_lock(0, async |conn| {
+            let ord = regexp_any("topic", regexes.len());
+            let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+            // The dead letters are locked (a replay or discard holding one is skipped: it
+            // releases its key): a replay that comes after waits for this transaction and
+            // then gives the parked rows back itself.
+            let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
+                "SELECT id FROM {p}_messages FORCE INDEX ({p}_messages_dead)
+                 WHERE dead_at IS NOT NULL AND order_key IS NOT NULL AND ({ord})
+                 FOR UPDATE SKIP LOCKED"
+            )));
+            for re in &regexes {
+                query = query.bind(re.as_str());
+            }
+            let dead = query.fetch_all(&mut *tx).await?;
+            let mut parked = 0;
+            for chunk in dead.chunks(REPLAY_CHUNK) {
+                parked += sqlx::raw_sql(AssertSqlSafe(format!(
+                    "UPDATE {p}_messages m FORCE INDEX ({p}_messages_key)
+                     JOIN (SELECT MIN(order_key) AS ok, topic, `key`, MIN(id) AS id
+                           FROM {p}_messages WHERE id IN ({}) AND status = 3
+                           GROUP BY topic, `key`) b
+                       ON m.order_key = b.ok AND m.topic = b.topic AND m.`key` = b.`key`
+                      AND m.id > b.id
+                     SET m.available_at = '{PARKED}'
+                     WHERE m.status = 0 AND m.live_at <= {NOW}",
+                    Self::id_list(chunk)
+                )))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            }
+            tx.commit().await?;
+            Ok(parked)
+        })
+        .await
+    }
+
+    async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
+        let _wrote = self.inner.quiet.writing();
+        let p = self.inner.config.schema.clone();
+        let strict = ordering.holds_dead();
+        let regexes = ordering.regexes();
+        self.under_parking_lock(10, async |conn| {
+            // The first parked row of each key, and whether a dead letter still holds it.
+            let ord = regexp_any("f.topic", regexes.len());
+            let mut query = sqlx::query_as::<_, (i64, i64)>(AssertSqlSafe(format!(
+                "SELECT f.id, CAST(({ord}) AND EXISTS (
+                          SELECT 1 FROM {p}_messages d FORCE INDEX ({p}_messages_key)
+                          WHERE d.order_key = f.ok AND d.topic = f.topic AND d.`key` = f.`key`
+                            AND d.status = 3 AND d.id < f.id) AS SIGNED)
+                 FROM (SELECT MIN(order_key) AS ok, topic, `key`, MIN(id) AS id
+                       FROM {p}_messages FORCE INDEX ({p}_messages_live)
+                       WHERE live_at = '{PARKED}' GROUP BY topic, `key`) f"
+            )));
+            for re in &regexes {
+                query = query.bind(re.as_str());
+            }
+            let firsts = query.fetch_all(&mut **conn).await?;
+            let free: Vec<i64> = firsts
+                .into_iter()
+                .filter(|(_, held)| !strict || *held == 0)
+                .map(|(id, _)| id)
+                .collect();
+            let mut given = 0;
+            for chunk in free.chunks(REPLAY_CHUNK) {
+                given += sqlx::raw_sql(AssertSqlSafe(format!(
+                    "UPDATE {p}_messages m FORCE INDEX ({p}_messages_key)
+                     JOIN {p}_messages f ON f.id IN ({})
+                      AND m.order_key = f.order_key AND m.topic = f.topic AND m.`key` = f.`key`
+                     SET m.available_at = {NOW}
+                     WHERE m.live_at = '{PARKED}' AND m.status = 0",
+                    Self::id_list(chunk)
+                )))
+                .execute(&mut **conn)
+                .await?
+                .rows_affected();
+            }
+            Ok(given)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Registry for MySqlStore {
+    async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()> {
+        sqlx::query(self.inner.sql.heartbeat.clone())
+            .bind(&beat.relay_id)
+            .bind(&beat.host)
+            .bind(beat.pid)
+            .bind(&beat.version)
+            .bind(&beat.sink)
+            .bind(beat.in_flight)
+            .bind(beat.last_claim_ago.map(millis))
+            .bind(super::ops::destinations_json(&beat.destinations))
+            .bind(&beat.instance)
+            .bind(millis(beat.lease))
+            .execute(&self.inner.pool)
+            .await?;
+        // Rows not seen for an hour: found by a plain read, deleted by primary key (still
+        // stale), so no range of the registry is ever locked.
+        let stale: Vec<(String, String)> = sqlx::query_as(self.inner.sql.relays_stale.clone())
+            .fetch_all(&self.inner.pool)
+            .await?;
+        for (relay_id, instance) in stale {
+            sqlx::query(self.inner.sql.relay_expire.clone())
+                .bind(relay_id)
+                .bind(instance)
+                .execute(&self.inner.pool)
                 .await?;
-        Ok(Leases::from_row(held, last.map(|t| t.and_utc()), ms))
+        }
+        Ok(())
+    }
+
+    async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()> {
+        sqlx::query(self.inner.sql.deregister.clone())
+            .bind(relay_id)
+            .bind(instance)
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {
+        type Row = (
+            String,
+            String,
+            i64,
+            String,
+            String,
+            i64,
+            NaiveDateTime,
+            NaiveDateTime,
+            i64,
+            Option<NaiveDateTime>,
+            Option<String>,
+            String,
+        );
+        let rows: Vec<Row> = sqlx::query_as(self.inner.sql.relays.clone())
+            .bind(millis(within))
+            .fetch_all(&self.inner.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| RelayRecord {
+                relay_id: r.0,
+                instance: r.11,
+                host: r.1,
+                pid: r.2,
+                version: r.3,
+                sink: r.4,
+                in_flight: r.5,
+                started_at: r.6.and_utc(),
+                last_seen: r.7.and_utc(),
+                last_seen_ago_s: r.8.max(0) as f64 / 1e6,
+                last_claim_at: r.9.map(|t| t.and_utc()),
+                destinations: super::ops::parse_destinations(r.10.as_deref()),
+            })
+            .collect())
+    }
+}
+
+#[async_trait]
+impl Operations for MySqlStore {
+    async fn set_pause(&self, reason: Option<&str>) -> Result<()> {
+        sqlx::query(self.inner.sql.set_pause.clone())
+            .bind(reason.is_some())
+            .bind(reason)
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(())
     }
 
     async fn dead_letters(
@@ -2093,82 +2262,6 @@ impl Store for MySqlStore {
             .collect())
     }
 
-    async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()> {
-        sqlx::query(self.inner.sql.heartbeat.clone())
-            .bind(&beat.relay_id)
-            .bind(&beat.host)
-            .bind(beat.pid)
-            .bind(&beat.version)
-            .bind(&beat.sink)
-            .bind(beat.in_flight)
-            .bind(beat.last_claim_ago.map(millis))
-            .bind(super::ops::destinations_json(&beat.destinations))
-            .bind(&beat.instance)
-            .bind(millis(beat.lease))
-            .execute(&self.inner.pool)
-            .await?;
-        // Rows not seen for an hour: found by a plain read, deleted by primary key (still
-        // stale), so no range of the registry is ever locked.
-        let stale: Vec<(String, String)> = sqlx::query_as(self.inner.sql.relays_stale.clone())
-            .fetch_all(&self.inner.pool)
-            .await?;
-        for (relay_id, instance) in stale {
-            sqlx::query(self.inner.sql.relay_expire.clone())
-                .bind(relay_id)
-                .bind(instance)
-                .execute(&self.inner.pool)
-                .await?;
-        }
-        Ok(())
-    }
-
-    async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()> {
-        sqlx::query(self.inner.sql.deregister.clone())
-            .bind(relay_id)
-            .bind(instance)
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(())
-    }
-
-    async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {
-        type Row = (
-            String,
-            String,
-            i64,
-            String,
-            String,
-            i64,
-            NaiveDateTime,
-            NaiveDateTime,
-            i64,
-            Option<NaiveDateTime>,
-            Option<String>,
-            String,
-        );
-        let rows: Vec<Row> = sqlx::query_as(self.inner.sql.relays.clone())
-            .bind(millis(within))
-            .fetch_all(&self.inner.pool)
-            .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| RelayRecord {
-                relay_id: r.0,
-                instance: r.11,
-                host: r.1,
-                pid: r.2,
-                version: r.3,
-                sink: r.4,
-                in_flight: r.5,
-                started_at: r.6.and_utc(),
-                last_seen: r.7.and_utc(),
-                last_seen_ago_s: r.8.max(0) as f64 / 1e6,
-                last_claim_at: r.9.map(|t| t.and_utc()),
-                destinations: super::ops::parse_destinations(r.10.as_deref()),
-            })
-            .collect())
-    }
-
     async fn pause_topic(&self, pattern: &TopicPattern, reason: &str, by: &str) -> Result<()> {
         sqlx::query(self.inner.sql.pause_topic.clone())
             .bind(pattern.as_str())
@@ -2186,6 +2279,35 @@ impl Store for MySqlStore {
             .execute(&self.inner.pool)
             .await?;
         Ok(r.rows_affected() > 0)
+    }
+
+    async fn audit(&self, entry: &super::ops::AuditEntry) -> Result<()> {
+        sqlx::query(self.inner.sql.replay_insert.clone())
+            .bind(&entry.by)
+            .bind(&entry.reason)
+            .bind(&entry.action)
+            .bind(&entry.selection)
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Views for MySqlStore {
+    async fn counts(&self) -> Result<Counts> {
+        let row: super::CountsRow = sqlx::query_as(self.inner.sql.counts.clone())
+            .fetch_one(&self.inner.pool)
+            .await?;
+        Ok(row.into())
+    }
+
+    async fn leases(&self) -> Result<Leases> {
+        let (held, last, ms): (i64, Option<NaiveDateTime>, Option<i64>) =
+            sqlx::query_as(self.inner.sql.leases.clone())
+                .fetch_one(&self.inner.pool)
+                .await?;
+        Ok(Leases::from_row(held, last.map(|t| t.and_utc()), ms))
     }
 
     async fn cleanup_horizon(&self) -> Result<super::CleanupHorizon> {
@@ -2308,95 +2430,6 @@ impl Store for MySqlStore {
         })
     }
 
-    async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
-        if !ordering.holds_dead() {
-            return Ok(0);
-        }
-        let p = self.inner.config.schema.clone();
-        let regexes = ordering.regexes();
-        self.under_parking_lock(0, async |conn| {
-            let ord = regexp_any("topic", regexes.len());
-            let mut tx = sqlx::Connection::begin(&mut **conn).await?;
-            // The dead letters are locked (a replay or discard holding one is skipped: it
-            // releases its key): a replay that comes after waits for this transaction and
-            // then gives the parked rows back itself.
-            let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
-                "SELECT id FROM {p}_messages FORCE INDEX ({p}_messages_dead)
-                 WHERE dead_at IS NOT NULL AND order_key IS NOT NULL AND ({ord})
-                 FOR UPDATE SKIP LOCKED"
-            )));
-            for re in &regexes {
-                query = query.bind(re.as_str());
-            }
-            let dead = query.fetch_all(&mut *tx).await?;
-            let mut parked = 0;
-            for chunk in dead.chunks(REPLAY_CHUNK) {
-                parked += sqlx::raw_sql(AssertSqlSafe(format!(
-                    "UPDATE {p}_messages m FORCE INDEX ({p}_messages_key)
-                     JOIN (SELECT MIN(order_key) AS ok, topic, `key`, MIN(id) AS id
-                           FROM {p}_messages WHERE id IN ({}) AND status = 3
-                           GROUP BY topic, `key`) b
-                       ON m.order_key = b.ok AND m.topic = b.topic AND m.`key` = b.`key`
-                      AND m.id > b.id
-                     SET m.available_at = '{PARKED}'
-                     WHERE m.status = 0 AND m.live_at <= {NOW}",
-                    Self::id_list(chunk)
-                )))
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            }
-            tx.commit().await?;
-            Ok(parked)
-        })
-        .await
-    }
-
-    async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
-        let _wrote = self.inner.quiet.writing();
-        let p = self.inner.config.schema.clone();
-        let strict = ordering.holds_dead();
-        let regexes = ordering.regexes();
-        self.under_parking_lock(10, async |conn| {
-            // The first parked row of each key, and whether a dead letter still holds it.
-            let ord = regexp_any("f.topic", regexes.len());
-            let mut query = sqlx::query_as::<_, (i64, i64)>(AssertSqlSafe(format!(
-                "SELECT f.id, CAST(({ord}) AND EXISTS (
-                          SELECT 1 FROM {p}_messages d FORCE INDEX ({p}_messages_key)
-                          WHERE d.order_key = f.ok AND d.topic = f.topic AND d.`key` = f.`key`
-                            AND d.status = 3 AND d.id < f.id) AS SIGNED)
-                 FROM (SELECT MIN(order_key) AS ok, topic, `key`, MIN(id) AS id
-                       FROM {p}_messages FORCE INDEX ({p}_messages_live)
-                       WHERE live_at = '{PARKED}' GROUP BY topic, `key`) f"
-            )));
-            for re in &regexes {
-                query = query.bind(re.as_str());
-            }
-            let firsts = query.fetch_all(&mut **conn).await?;
-            let free: Vec<i64> = firsts
-                .into_iter()
-                .filter(|(_, held)| !strict || *held == 0)
-                .map(|(id, _)| id)
-                .collect();
-            let mut given = 0;
-            for chunk in free.chunks(REPLAY_CHUNK) {
-                given += sqlx::raw_sql(AssertSqlSafe(format!(
-                    "UPDATE {p}_messages m FORCE INDEX ({p}_messages_key)
-                     JOIN {p}_messages f ON f.id IN ({})
-                      AND m.order_key = f.order_key AND m.topic = f.topic AND m.`key` = f.`key`
-                     SET m.available_at = {NOW}
-                     WHERE m.live_at = '{PARKED}' AND m.status = 0",
-                    Self::id_list(chunk)
-                )))
-                .execute(&mut **conn)
-                .await?
-                .rows_affected();
-            }
-            Ok(given)
-        })
-        .await
-    }
-
     async fn overview(&self, top_n: u32) -> Result<Overview> {
         let pool = &self.inner.pool;
         let sql = &self.inner.sql;
@@ -2438,15 +2471,6 @@ impl Store for MySqlStore {
             pending_by_topic: by_topic(super::status::PENDING).await?,
             dead_by_topic: by_topic(super::status::DEAD).await?,
         })
-    }
-
-    fn wakeups(&self) -> watch::Receiver<u64> {
-        self.start_watcher();
-        self.inner.wakeup.subscribe()
-    }
-
-    fn nothing_due(&self, poll_interval: Duration) -> bool {
-        self.inner.quiet.nothing_due(poll_interval)
     }
 
     async fn find_messages(
@@ -2543,17 +2567,6 @@ impl Store for MySqlStore {
         .fetch_all(&self.inner.pool)
         .await?;
         Ok(super::lookup::fill_minutes(minutes, &rows))
-    }
-
-    async fn audit(&self, entry: &super::ops::AuditEntry) -> Result<()> {
-        sqlx::query(self.inner.sql.replay_insert.clone())
-            .bind(&entry.by)
-            .bind(&entry.reason)
-            .bind(&entry.action)
-            .bind(&entry.selection)
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(())
     }
 }
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 use uuid::Uuid;
 
 /// Which dead rows an operation applies to. Every criterion given must hold; an empty
-/// selector selects nothing for [`super::Store::replay`] (it refuses), and every dead row
-/// for [`super::Store::dead_letters`].
+/// selector selects nothing for [`super::Operations::replay`] (it refuses), and every dead row
+/// for [`super::Operations::dead_letters`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DeadSelector {
     /// Rows by primary key.
@@ -251,7 +251,7 @@ impl ReplayRequest {
     }
 }
 
-/// An audited operation on dead rows ([`super::Store::replay`]).
+/// An audited operation on dead rows ([`super::Operations::replay`]).
 #[derive(Debug, Clone)]
 pub struct ReplayRequest {
     /// Which rows; must not be empty.
@@ -315,7 +315,7 @@ pub struct ReplayRecord {
     pub count: i64,
 }
 
-/// What a relay writes to the registry every heartbeat ([`super::Store::heartbeat`]).
+/// What a relay writes to the registry every heartbeat ([`super::Registry::heartbeat`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RelayHeartbeat {
     /// The relay's id (also written to `claimed_by` of its claims).
@@ -366,7 +366,7 @@ pub(crate) fn parse_destinations(text: Option<&str>) -> Vec<DestinationState> {
         .unwrap_or_default()
 }
 
-/// An operator's change other than a replay, for the audit ([`super::Store::audit`]).
+/// An operator's change other than a replay, for the audit ([`super::Operations::audit`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditEntry {
     /// Who (a user name, or the admin token's name).
@@ -410,7 +410,7 @@ pub struct RelayRecord {
     pub destinations: Vec<DestinationState>,
 }
 
-/// A topic pause ([`super::Store::pause_topic`]).
+/// A topic pause ([`super::Operations::pause_topic`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TopicPause {
     /// The topic pattern paused.
@@ -441,7 +441,7 @@ pub struct ClaimsBy {
 }
 
 /// A sampled view of the store for `outbox status`, the verdict and the store gauges
-/// ([`super::Store::overview`]). A handful of statements; the per-status counts scan the
+/// ([`super::Views::overview`]). A handful of statements; the per-status counts scan the
 /// table, the rest read the live and dead indexes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Overview {
@@ -454,7 +454,7 @@ pub struct Overview {
     /// Claimed rows whose lease has ended.
     pub expired_claims: i64,
     /// Pending rows parked behind a dead letter of their key by strict per-key ordering
-    /// ([`super::Store::park_held`]): not due, and waiting by design.
+    /// ([`super::Maintenance::park_held`]): not due, and waiting by design.
     pub parked: i64,
     /// Claimed rows by claimant.
     pub claims_by: Vec<ClaimsBy>,
@@ -465,7 +465,7 @@ pub struct Overview {
 }
 
 /// What holds back the cleanup of dead row versions on the database server, read by
-/// [`super::Store::cleanup_horizon`]. Every dispatched, rescheduled or deleted outbox row
+/// [`super::Views::cleanup_horizon`]. Every dispatched, rescheduled or deleted outbox row
 /// leaves a dead version behind; while a transaction that started before it is open (or a
 /// replication slot or prepared transaction pins the same horizon), the server may not
 /// remove it, so the claim's index scan walks more and more of them: claims slow down

@@ -8,11 +8,12 @@
 //! taken from SQLite's clock inside each statement.
 
 use super::ops::{self, Dialect};
+use super::seam::{Maintenance, Operations, Registry, Relaying, Views};
 use super::{
     Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, DueHeld, HeldKeys,
     KeyOrdering, Leases, Overview, PARKED_AT_MS, PauseState, PurgeBatch, RelayHeartbeat,
     RelayRecord, ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement,
-    Store, StoreConfig, TopicPause, millis, parse_headers,
+    StoreConfig, TopicPause, millis, parse_headers,
 };
 use crate::error::{Error, Result};
 use crate::inbox::Accepted;
@@ -969,7 +970,7 @@ impl SqliteStore {
         Ok(lines.join("\n"))
     }
 
-    /// One claim (see [`Store::claim`]).
+    /// One claim (see [`Relaying::claim`]).
     async fn claim_once(&self, req: &ClaimRequest) -> Result<Claim> {
         let token = Uuid::now_v7();
         // BEGIN IMMEDIATE takes the write lock up front (waiting under the busy timeout),
@@ -1148,54 +1149,9 @@ impl SqliteStore {
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl Relaying for SqliteStore {
     fn kind(&self) -> &'static str {
         "sqlite"
-    }
-
-    async fn migrate(&self) -> Result<()> {
-        let p = self.inner.config.schema.as_str();
-        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "CREATE TABLE IF NOT EXISTS {p}_schema_migrations (
-                 version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL DEFAULT ({NOW_MS}))"
-        )))
-        .execute(&mut *tx)
-        .await?;
-        let current: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT coalesce(max(version), 0) FROM {p}_schema_migrations"
-        )))
-        .fetch_one(&mut *tx)
-        .await?;
-        for (i, m) in migrations(p).into_iter().enumerate() {
-            let version = i as i64 + 1;
-            if version <= current {
-                continue;
-            }
-            sqlx::raw_sql(AssertSqlSafe(m)).execute(&mut *tx).await?;
-            sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {p}_schema_migrations (version) VALUES (?1)"
-            )))
-            .bind(version)
-            .execute(&mut *tx)
-            .await?;
-        }
-        let stored: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT pattern FROM {p}_topic_pauses"
-        )))
-        .fetch_all(&mut *tx)
-        .await?;
-        for (pattern, regex) in super::pause_regexes(stored) {
-            sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {p}_topic_pauses SET regex = ?2 WHERE pattern = ?1"
-            )))
-            .bind(pattern)
-            .bind(regex)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(())
     }
 
     async fn check_schema(&self) -> Result<()> {
@@ -1307,20 +1263,61 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn set_pause(&self, reason: Option<&str>) -> Result<()> {
-        sqlx::query(self.inner.sql.set_pause.clone())
-            .bind(reason.is_some())
-            .bind(reason)
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(())
+    fn wakeups(&self) -> watch::Receiver<u64> {
+        self.start_watcher();
+        self.inner.wakeup.subscribe()
     }
 
-    async fn counts(&self) -> Result<Counts> {
-        let row: super::CountsRow = sqlx::query_as(self.inner.sql.counts.clone())
-            .fetch_one(&self.inner.pool)
+    fn one_writer(&self) -> bool {
+        true
+    }
+}
+
+#[async_trait]
+impl Maintenance for SqliteStore {
+    async fn migrate(&self) -> Result<()> {
+        let p = self.inner.config.schema.as_str();
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE IF NOT EXISTS {p}_schema_migrations (
+                 version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL DEFAULT ({NOW_MS}))"
+        )))
+        .execute(&mut *tx)
+        .await?;
+        let current: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT coalesce(max(version), 0) FROM {p}_schema_migrations"
+        )))
+        .fetch_one(&mut *tx)
+        .await?;
+        for (i, m) in migrations(p).into_iter().enumerate() {
+            let version = i as i64 + 1;
+            if version <= current {
+                continue;
+            }
+            sqlx::raw_sql(AssertSqlSafe(m)).execute(&mut *tx).await?;
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {p}_schema_migrations (version) VALUES (?1)"
+            )))
+            .bind(version)
+            .execute(&mut *tx)
             .await?;
-        Ok(row.into())
+        }
+        let stored: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT pattern FROM {p}_topic_pauses"
+        )))
+        .fetch_all(&mut *tx)
+        .await?;
+        for (pattern, regex) in super::pause_regexes(stored) {
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {p}_topic_pauses SET regex = ?2 WHERE pattern = ?1"
+            )))
+            .bind(pattern)
+            .bind(regex)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
     }
 
     async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
@@ -1349,12 +1346,171 @@ impl Store for SqliteStore {
         Ok(r.rows_affected())
     }
 
-    async fn leases(&self) -> Result<Leases> {
-        let (held, last, ms): (i64, Option<i64>, Option<i64>) =
-            sqlx::query_as(self.inner.sql.leases.clone())
-                .fetch_one(&self.inner.pool)
-                .await?;
-        Ok(Leases::from_row(held, last.map(ms_to_time), ms))
+    async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
+        if !ordering.holds_dead() {
+            return Ok(0);
+        }
+        let p = self.p();
+        let n = NOW_MS;
+        // Under the write lock: a replay or discard runs wholly before or after.
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let topics = dead_topics(&mut tx, p, |t| ordering.covers(t)).await?;
+        let ordered = topic_in("topic", "?1");
+        let query = sqlx::query(AssertSqlSafe(format!(
+            "WITH blocked AS (
+               SELECT topic, key, min(id) AS id FROM {p}_messages
+               WHERE status = 3 AND key IS NOT NULL AND {ordered} GROUP BY topic, key)
+             UPDATE {p}_messages SET available_at = {PARKED_AT_MS}
+             WHERE id IN (SELECT m.id FROM blocked b JOIN {p}_messages m
+                          ON m.topic = b.topic AND m.key = b.key AND m.key IS NOT NULL
+                         AND m.status <> 2 AND m.id > b.id
+                          WHERE m.status = 0 AND m.available_at <= {n})"
+        )));
+        let parked = query.bind(topics).execute(&mut *tx).await?.rows_affected();
+        tx.commit().await?;
+        Ok(parked)
+    }
+
+    async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
+        let p = self.p();
+        let n = NOW_MS;
+        // Not ordered (or nothing held): every parked row is free (no ordered topic has a
+        // dead letter).
+        let held = format!(
+            "pk.key IS NOT NULL AND {} AND EXISTS (
+               SELECT 1 FROM {p}_messages d
+               WHERE d.topic = pk.topic AND d.key = pk.key AND d.key IS NOT NULL
+                 AND d.status <> 2 AND d.status = 3 AND d.id < pk.id)",
+            topic_in("pk.topic", "?1")
+        );
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let topics = if ordering.holds_dead() {
+            dead_topics(&mut tx, p, |t| ordering.covers(t)).await?
+        } else {
+            "[]".to_owned()
+        };
+        let query = sqlx::query(AssertSqlSafe(format!(
+            "WITH pk AS (
+               SELECT topic, key, min(id) AS id FROM {p}_messages
+               WHERE status <= 1 AND status = 0 AND available_at = {PARKED_AT_MS}
+               GROUP BY topic, key),
+             free AS (SELECT topic, key FROM pk WHERE NOT ({held}))
+             UPDATE {p}_messages SET available_at = {n}
+             WHERE status <= 1 AND status = 0 AND available_at = {PARKED_AT_MS}
+               AND EXISTS (SELECT 1 FROM free f WHERE f.topic = {p}_messages.topic
+                           AND f.key IS {p}_messages.key)"
+        )));
+        let given = query.bind(topics).execute(&mut *tx).await?.rows_affected();
+        tx.commit().await?;
+        Ok(given)
+    }
+}
+
+#[async_trait]
+impl Registry for SqliteStore {
+    async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()> {
+        let p = self.p();
+        let n = NOW_MS;
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {p}_relays (relay_id, host, pid, version, sink, in_flight, started_at,
+                                     last_seen, last_claim_at, destinations, instance, lease_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, {n}, {n}, CASE WHEN ?7 IS NULL THEN NULL ELSE {n} - ?7 END, ?8,
+                     ?9, ?10)
+             ON CONFLICT (relay_id, instance) DO UPDATE SET lease_ms = excluded.lease_ms,
+                 host = excluded.host, pid = excluded.pid, version = excluded.version,
+                 sink = excluded.sink, in_flight = excluded.in_flight,
+                 last_seen = excluded.last_seen, last_claim_at = excluded.last_claim_at,
+                 destinations = excluded.destinations"
+        )))
+        .bind(&beat.relay_id)
+        .bind(&beat.host)
+        .bind(beat.pid)
+        .bind(&beat.version)
+        .bind(&beat.sink)
+        .bind(beat.in_flight)
+        .bind(beat.last_claim_ago.map(millis))
+        .bind(super::ops::destinations_json(&beat.destinations))
+        .bind(&beat.instance)
+        .bind(millis(beat.lease))
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM {p}_relays WHERE last_seen < {n} - 3600000"
+        )))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()> {
+        let p = self.p();
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM {p}_relays WHERE relay_id = ?1 AND instance = ?2"
+        )))
+        .bind(relay_id)
+        .bind(instance)
+        .execute(&self.inner.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {
+        let p = self.p();
+        let n = NOW_MS;
+        type Row = (
+            String,
+            String,
+            i64,
+            String,
+            String,
+            i64,
+            i64,
+            i64,
+            i64,
+            Option<i64>,
+            Option<String>,
+            String,
+        );
+        let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT relay_id, host, pid, version, sink, in_flight, started_at, last_seen,
+                    {n} - last_seen, last_claim_at, destinations, instance
+             FROM {p}_relays WHERE last_seen >= {n} - ?1
+             ORDER BY started_at, relay_id, instance"
+        )))
+        .bind(millis(within))
+        .fetch_all(&self.inner.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| RelayRecord {
+                relay_id: r.0,
+                instance: r.11,
+                host: r.1,
+                pid: r.2,
+                version: r.3,
+                sink: r.4,
+                in_flight: r.5,
+                started_at: ms_to_time(r.6),
+                last_seen: ms_to_time(r.7),
+                last_seen_ago_s: r.8.max(0) as f64 / 1000.0,
+                last_claim_at: r.9.map(ms_to_time),
+                destinations: super::ops::parse_destinations(r.10.as_deref()),
+            })
+            .collect())
+    }
+}
+
+#[async_trait]
+impl Operations for SqliteStore {
+    async fn set_pause(&self, reason: Option<&str>) -> Result<()> {
+        sqlx::query(self.inner.sql.set_pause.clone())
+            .bind(reason.is_some())
+            .bind(reason)
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(())
     }
 
     async fn dead_letters(
@@ -1595,99 +1751,6 @@ impl Store for SqliteStore {
             .collect())
     }
 
-    async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()> {
-        let p = self.p();
-        let n = NOW_MS;
-        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {p}_relays (relay_id, host, pid, version, sink, in_flight, started_at,
-                                     last_seen, last_claim_at, destinations, instance, lease_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, {n}, {n}, CASE WHEN ?7 IS NULL THEN NULL ELSE {n} - ?7 END, ?8,
-                     ?9, ?10)
-             ON CONFLICT (relay_id, instance) DO UPDATE SET lease_ms = excluded.lease_ms,
-                 host = excluded.host, pid = excluded.pid, version = excluded.version,
-                 sink = excluded.sink, in_flight = excluded.in_flight,
-                 last_seen = excluded.last_seen, last_claim_at = excluded.last_claim_at,
-                 destinations = excluded.destinations"
-        )))
-        .bind(&beat.relay_id)
-        .bind(&beat.host)
-        .bind(beat.pid)
-        .bind(&beat.version)
-        .bind(&beat.sink)
-        .bind(beat.in_flight)
-        .bind(beat.last_claim_ago.map(millis))
-        .bind(super::ops::destinations_json(&beat.destinations))
-        .bind(&beat.instance)
-        .bind(millis(beat.lease))
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(AssertSqlSafe(format!(
-            "DELETE FROM {p}_relays WHERE last_seen < {n} - 3600000"
-        )))
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()> {
-        let p = self.p();
-        sqlx::query(AssertSqlSafe(format!(
-            "DELETE FROM {p}_relays WHERE relay_id = ?1 AND instance = ?2"
-        )))
-        .bind(relay_id)
-        .bind(instance)
-        .execute(&self.inner.pool)
-        .await?;
-        Ok(())
-    }
-
-    async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {
-        let p = self.p();
-        let n = NOW_MS;
-        type Row = (
-            String,
-            String,
-            i64,
-            String,
-            String,
-            i64,
-            i64,
-            i64,
-            i64,
-            Option<i64>,
-            Option<String>,
-            String,
-        );
-        let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT relay_id, host, pid, version, sink, in_flight, started_at, last_seen,
-                    {n} - last_seen, last_claim_at, destinations, instance
-             FROM {p}_relays WHERE last_seen >= {n} - ?1
-             ORDER BY started_at, relay_id, instance"
-        )))
-        .bind(millis(within))
-        .fetch_all(&self.inner.pool)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| RelayRecord {
-                relay_id: r.0,
-                instance: r.11,
-                host: r.1,
-                pid: r.2,
-                version: r.3,
-                sink: r.4,
-                in_flight: r.5,
-                started_at: ms_to_time(r.6),
-                last_seen: ms_to_time(r.7),
-                last_seen_ago_s: r.8.max(0) as f64 / 1000.0,
-                last_claim_at: r.9.map(ms_to_time),
-                destinations: super::ops::parse_destinations(r.10.as_deref()),
-            })
-            .collect())
-    }
-
     async fn pause_topic(&self, pattern: &TopicPattern, reason: &str, by: &str) -> Result<()> {
         let p = self.p();
         let n = NOW_MS;
@@ -1716,6 +1779,39 @@ impl Store for SqliteStore {
         .execute(&self.inner.pool)
         .await?;
         Ok(r.rows_affected() > 0)
+    }
+
+    async fn audit(&self, entry: &super::ops::AuditEntry) -> Result<()> {
+        let p = self.p();
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {p}_replays (requested_by, reason, action, selection)
+             VALUES (?1, ?2, ?3, ?4)"
+        )))
+        .bind(&entry.by)
+        .bind(&entry.reason)
+        .bind(&entry.action)
+        .bind(&entry.selection)
+        .execute(&self.inner.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Views for SqliteStore {
+    async fn counts(&self) -> Result<Counts> {
+        let row: super::CountsRow = sqlx::query_as(self.inner.sql.counts.clone())
+            .fetch_one(&self.inner.pool)
+            .await?;
+        Ok(row.into())
+    }
+
+    async fn leases(&self) -> Result<Leases> {
+        let (held, last, ms): (i64, Option<i64>, Option<i64>) =
+            sqlx::query_as(self.inner.sql.leases.clone())
+                .fetch_one(&self.inner.pool)
+                .await?;
+        Ok(Leases::from_row(held, last.map(ms_to_time), ms))
     }
 
     async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
@@ -1789,65 +1885,6 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
-        if !ordering.holds_dead() {
-            return Ok(0);
-        }
-        let p = self.p();
-        let n = NOW_MS;
-        // Under the write lock: a replay or discard runs wholly before or after.
-        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let topics = dead_topics(&mut tx, p, |t| ordering.covers(t)).await?;
-        let ordered = topic_in("topic", "?1");
-        let query = sqlx::query(AssertSqlSafe(format!(
-            "WITH blocked AS (
-               SELECT topic, key, min(id) AS id FROM {p}_messages
-               WHERE status = 3 AND key IS NOT NULL AND {ordered} GROUP BY topic, key)
-             UPDATE {p}_messages SET available_at = {PARKED_AT_MS}
-             WHERE id IN (SELECT m.id FROM blocked b JOIN {p}_messages m
-                          ON m.topic = b.topic AND m.key = b.key AND m.key IS NOT NULL
-                         AND m.status <> 2 AND m.id > b.id
-                          WHERE m.status = 0 AND m.available_at <= {n})"
-        )));
-        let parked = query.bind(topics).execute(&mut *tx).await?.rows_affected();
-        tx.commit().await?;
-        Ok(parked)
-    }
-
-    async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
-        let p = self.p();
-        let n = NOW_MS;
-        // Not ordered (or nothing held): every parked row is free (no ordered topic has a
-        // dead letter).
-        let held = format!(
-            "pk.key IS NOT NULL AND {} AND EXISTS (
-               SELECT 1 FROM {p}_messages d
-               WHERE d.topic = pk.topic AND d.key = pk.key AND d.key IS NOT NULL
-                 AND d.status <> 2 AND d.status = 3 AND d.id < pk.id)",
-            topic_in("pk.topic", "?1")
-        );
-        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let topics = if ordering.holds_dead() {
-            dead_topics(&mut tx, p, |t| ordering.covers(t)).await?
-        } else {
-            "[]".to_owned()
-        };
-        let query = sqlx::query(AssertSqlSafe(format!(
-            "WITH pk AS (
-               SELECT topic, key, min(id) AS id FROM {p}_messages
-               WHERE status <= 1 AND status = 0 AND available_at = {PARKED_AT_MS}
-               GROUP BY topic, key),
-             free AS (SELECT topic, key FROM pk WHERE NOT ({held}))
-             UPDATE {p}_messages SET available_at = {n}
-             WHERE status <= 1 AND status = 0 AND available_at = {PARKED_AT_MS}
-               AND EXISTS (SELECT 1 FROM free f WHERE f.topic = {p}_messages.topic
-                           AND f.key IS {p}_messages.key)"
-        )));
-        let given = query.bind(topics).execute(&mut *tx).await?.rows_affected();
-        tx.commit().await?;
-        Ok(given)
-    }
-
     async fn overview(&self, top_n: u32) -> Result<Overview> {
         let p = self.p();
         let n = NOW_MS;
@@ -1913,15 +1950,6 @@ impl Store for SqliteStore {
             pending_by_topic: by_topic(super::status::PENDING).await?,
             dead_by_topic: by_topic(super::status::DEAD).await?,
         })
-    }
-
-    fn wakeups(&self) -> watch::Receiver<u64> {
-        self.start_watcher();
-        self.inner.wakeup.subscribe()
-    }
-
-    fn one_writer(&self) -> bool {
-        true
     }
 
     async fn find_messages(
@@ -2014,21 +2042,6 @@ impl Store for SqliteStore {
         .fetch_all(&self.inner.pool)
         .await?;
         Ok(super::lookup::fill_minutes(minutes, &rows))
-    }
-
-    async fn audit(&self, entry: &super::ops::AuditEntry) -> Result<()> {
-        let p = self.p();
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {p}_replays (requested_by, reason, action, selection)
-             VALUES (?1, ?2, ?3, ?4)"
-        )))
-        .bind(&entry.by)
-        .bind(&entry.reason)
-        .bind(&entry.action)
-        .bind(&entry.selection)
-        .execute(&self.inner.pool)
-        .await?;
-        Ok(())
     }
 }
 

@@ -15,6 +15,7 @@ use crate::common::{
 use crate::conformance::Backend as _;
 use outbox::sink::SinkError;
 use outbox::sink::nats::{NatsOptions, NatsSink};
+use outbox::store::prelude::*;
 use outbox::{Error, Message, Relay, RelayError};
 use sqlx::AssertSqlSafe;
 use std::sync::Arc;
@@ -261,7 +262,7 @@ async fn scratch_store(schema: &ScratchSchema) -> outbox::postgres::PgStore {
     let store = outbox::postgres::PgStore::connect(&schema.url, config)
         .await
         .unwrap();
-    outbox::Store::migrate(&store).await.unwrap();
+    outbox::store::Maintenance::migrate(&store).await.unwrap();
     store
 }
 

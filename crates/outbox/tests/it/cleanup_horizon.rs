@@ -1,12 +1,13 @@
-//! What holds back the database's cleanup (`Store::cleanup_horizon`): an open transaction
+//! What holds back the database's cleanup (`Views::cleanup_horizon`): an open transaction
 //! of another session, held for the test's duration, is reported at least as old as it is
 //! on PostgreSQL (REPEATABLE READ with a snapshot taken) and MariaDB (`START TRANSACTION
 //! WITH CONSISTENT SNAPSHOT`); SQLite tells nothing. Other tests share the servers and may
 //! hold transactions of their own: ages are asserted as lower bounds.
 
 use crate::common::{MySqlPrefix, mysql_connect, mysql_url, pg_connect, pg_store, sqlite_store};
+use outbox::StoreConfig;
 use outbox::mysql::MySqlStore;
-use outbox::{Store, StoreConfig};
+use outbox::store::prelude::*;
 use std::time::{Duration, Instant};
 
 /// How long the test holds its transaction open before reading.

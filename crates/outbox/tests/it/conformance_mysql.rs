@@ -12,6 +12,7 @@ use crate::conformance::{Backend, Kind, Row, SqlCall, TxOpts, assert_in_source};
 use async_trait::async_trait;
 use outbox::message::{Enqueued, Message};
 use outbox::mysql::MySqlStore;
+use outbox::store::prelude::*;
 use outbox::{Ident, Store, StoreConfig};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Connection, MySql, Row as _, Transaction};

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use outbox::message::{Enqueued, Message};
 use outbox::postgres::PgStore;
 use outbox::store::ClaimRequest;
+use outbox::store::prelude::*;
 use outbox::{Ident, Store, StoreConfig};
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Connection, Postgres, Row as _, Transaction};

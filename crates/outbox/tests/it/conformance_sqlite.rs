@@ -12,6 +12,7 @@ use crate::conformance::{Backend, Kind, Row, SqlCall, TxOpts, assert_in_source};
 use async_trait::async_trait;
 use outbox::message::{Enqueued, Message};
 use outbox::sqlite::SqliteStore;
+use outbox::store::prelude::*;
 use outbox::{Ident, Relay, Store, StoreConfig};
 use sqlx::sqlite::{SqlitePool, SqlitePoolOptions, SqliteRow};
 use sqlx::{AssertSqlSafe, Row as _, Sqlite, Transaction};

@@ -15,6 +15,7 @@ use outbox::inbox::{Accepted, follow_up_id};
 use outbox::message::Message;
 use outbox::mysql::MySqlStore;
 use outbox::sqlite::SqliteStore;
+use outbox::store::prelude::*;
 use outbox::{Error, Store};
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Row as _};

@@ -11,6 +11,7 @@ use crate::conformance_postgres::PgBackend;
 use crate::sink_http::{Reply, TestServer, webhook};
 use outbox::sink::nats::{NatsOptions, NatsSink};
 use outbox::sink::router::TopicPattern;
+use outbox::store::prelude::*;
 use outbox::store::{ClaimRequest, KeyOrdering, ReplayAction};
 use outbox::{Message, Relay, RelayConfig};
 use std::collections::BTreeMap;

@@ -7,8 +7,9 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{MySqlPrefix, mysql_connect, mysql_url, pg_store_with};
+use outbox::StoreConfig;
 use outbox::mysql::MySqlStore;
-use outbox::{Store, StoreConfig};
+use outbox::store::prelude::*;
 use sqlx::AssertSqlSafe;
 
 /// The limit both stores are migrated with, so one case can exceed it by its headers.

@@ -13,6 +13,7 @@ use crate::common::{
 use outbox::mysql::MySqlStore;
 use outbox::postgres::PgStore;
 use outbox::store::ACQUIRE_TIMEOUT;
+use outbox::store::prelude::*;
 use outbox::{Error, Store, StoreConfig};
 use sqlx::ConnectOptions as _;
 use std::str::FromStr;

@@ -35,11 +35,7 @@ impl Flaky {
 }
 
 #[async_trait]
-impl outbox::Store for Flaky {
-    async fn migrate(&self) -> outbox::Result<()> {
-        self.check()?;
-        self.inner.migrate().await
-    }
+impl outbox::store::Relaying for Flaky {
     async fn check_schema(&self) -> outbox::Result<()> {
         self.check()?;
         self.inner.check_schema().await
@@ -72,13 +68,22 @@ impl outbox::Store for Flaky {
         self.check()?;
         self.inner.pause_state().await
     }
-    async fn set_pause(&self, reason: Option<&str>) -> outbox::Result<()> {
-        self.check()?;
-        self.inner.set_pause(reason).await
+    fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.wakeups()
     }
-    async fn counts(&self) -> outbox::Result<outbox::Counts> {
+    fn nothing_due(&self, poll_interval: Duration) -> bool {
+        self.inner.nothing_due(poll_interval)
+    }
+    fn one_writer(&self) -> bool {
+        self.inner.one_writer()
+    }
+}
+
+#[async_trait]
+impl outbox::store::Maintenance for Flaky {
+    async fn migrate(&self) -> outbox::Result<()> {
         self.check()?;
-        self.inner.counts().await
+        self.inner.migrate().await
     }
     async fn purge(
         &self,
@@ -92,9 +97,37 @@ impl outbox::Store for Flaky {
         self.check()?;
         self.inner.inbox_purge(older_than, batch_size).await
     }
-    async fn leases(&self) -> outbox::Result<outbox::store::Leases> {
+    async fn park_held(&self, ordering: &outbox::store::KeyOrdering) -> outbox::Result<u64> {
         self.check()?;
-        self.inner.leases().await
+        self.inner.park_held(ordering).await
+    }
+    async fn unpark_released(&self, ordering: &outbox::store::KeyOrdering) -> outbox::Result<u64> {
+        self.check()?;
+        self.inner.unpark_released(ordering).await
+    }
+}
+
+#[async_trait]
+impl outbox::store::Registry for Flaky {
+    async fn heartbeat(&self, beat: &outbox::store::RelayHeartbeat) -> outbox::Result<()> {
+        self.check()?;
+        self.inner.heartbeat(beat).await
+    }
+    async fn deregister(&self, relay_id: &str, instance: &str) -> outbox::Result<()> {
+        self.check()?;
+        self.inner.deregister(relay_id, instance).await
+    }
+    async fn relays(&self, within: Duration) -> outbox::Result<Vec<outbox::store::RelayRecord>> {
+        self.check()?;
+        self.inner.relays(within).await
+    }
+}
+
+#[async_trait]
+impl outbox::store::Operations for Flaky {
+    async fn set_pause(&self, reason: Option<&str>) -> outbox::Result<()> {
+        self.check()?;
+        self.inner.set_pause(reason).await
     }
     async fn dead_letters(
         &self,
@@ -120,18 +153,6 @@ impl outbox::Store for Flaky {
         self.check()?;
         self.inner.replays(limit).await
     }
-    async fn heartbeat(&self, beat: &outbox::store::RelayHeartbeat) -> outbox::Result<()> {
-        self.check()?;
-        self.inner.heartbeat(beat).await
-    }
-    async fn deregister(&self, relay_id: &str, instance: &str) -> outbox::Result<()> {
-        self.check()?;
-        self.inner.deregister(relay_id, instance).await
-    }
-    async fn relays(&self, within: Duration) -> outbox::Result<Vec<outbox::store::RelayRecord>> {
-        self.check()?;
-        self.inner.relays(within).await
-    }
     async fn pause_topic(
         &self,
         pattern: &outbox::sink::router::TopicPattern,
@@ -144,6 +165,22 @@ impl outbox::Store for Flaky {
     async fn resume_topic(&self, pattern: &str) -> outbox::Result<bool> {
         self.check()?;
         self.inner.resume_topic(pattern).await
+    }
+    async fn audit(&self, entry: &outbox::store::ops::AuditEntry) -> outbox::Result<()> {
+        self.check()?;
+        self.inner.audit(entry).await
+    }
+}
+
+#[async_trait]
+impl outbox::store::Views for Flaky {
+    async fn counts(&self) -> outbox::Result<outbox::Counts> {
+        self.check()?;
+        self.inner.counts().await
+    }
+    async fn leases(&self) -> outbox::Result<outbox::store::Leases> {
+        self.check()?;
+        self.inner.leases().await
     }
     async fn overview(&self, top_n: u32) -> outbox::Result<outbox::store::Overview> {
         self.check()?;
@@ -163,23 +200,6 @@ impl outbox::Store for Flaky {
         self.check()?;
         self.inner.due_held_by_order(ordering).await
     }
-    async fn park_held(&self, ordering: &outbox::store::KeyOrdering) -> outbox::Result<u64> {
-        self.check()?;
-        self.inner.park_held(ordering).await
-    }
-    async fn unpark_released(&self, ordering: &outbox::store::KeyOrdering) -> outbox::Result<u64> {
-        self.check()?;
-        self.inner.unpark_released(ordering).await
-    }
-    fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.inner.wakeups()
-    }
-    fn nothing_due(&self, poll_interval: Duration) -> bool {
-        self.inner.nothing_due(poll_interval)
-    }
-    fn one_writer(&self) -> bool {
-        self.inner.one_writer()
-    }
     async fn find_messages(
         &self,
         query: &outbox::store::lookup::MessageQuery,
@@ -194,10 +214,6 @@ impl outbox::Store for Flaky {
     ) -> outbox::Result<Vec<outbox::store::lookup::MinuteCounts>> {
         self.check()?;
         self.inner.throughput(minutes).await
-    }
-    async fn audit(&self, entry: &outbox::store::ops::AuditEntry) -> outbox::Result<()> {
-        self.check()?;
-        self.inner.audit(entry).await
     }
 }
 

@@ -12,7 +12,8 @@
 use crate::common::free_port;
 use crate::tls::{Pki, Server};
 use outbox::store::ClaimRequest;
-use outbox::{AnyStore, Message, Store, StoreConfig};
+use outbox::store::prelude::*;
+use outbox::{AnyStore, Message, StoreConfig};
 use sqlx::ConnectOptions;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;

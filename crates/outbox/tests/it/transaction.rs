@@ -6,8 +6,9 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{MySqlPrefix, mysql_url, pg_store};
+use outbox::store::prelude::*;
 use outbox::transaction::{RetryPolicy, TransactionError, transaction, transaction_with};
-use outbox::{Message, Store, StoreConfig};
+use outbox::{Message, StoreConfig};
 use sqlx::AssertSqlSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -69,10 +69,7 @@ struct Counting {
 }
 
 #[async_trait::async_trait]
-impl outbox::Store for Counting {
-    async fn migrate(&self) -> outbox::Result<()> {
-        self.inner.migrate().await
-    }
+impl outbox::store::Relaying for Counting {
     async fn check_schema(&self) -> outbox::Result<()> {
         self.inner.check_schema().await
     }
@@ -104,11 +101,21 @@ impl outbox::Store for Counting {
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.pause_state().await
     }
-    async fn set_pause(&self, reason: Option<&str>) -> outbox::Result<()> {
-        self.inner.set_pause(reason).await
+    fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.wakeups()
     }
-    async fn counts(&self) -> outbox::Result<outbox::Counts> {
-        self.inner.counts().await
+    fn nothing_due(&self, poll_interval: Duration) -> bool {
+        self.inner.nothing_due(poll_interval)
+    }
+    fn one_writer(&self) -> bool {
+        self.inner.one_writer()
+    }
+}
+
+#[async_trait::async_trait]
+impl outbox::store::Maintenance for Counting {
+    async fn migrate(&self) -> outbox::Result<()> {
+        self.inner.migrate().await
     }
     async fn purge(
         &self,
@@ -120,8 +127,31 @@ impl outbox::Store for Counting {
     async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> outbox::Result<u64> {
         self.inner.inbox_purge(older_than, batch_size).await
     }
-    async fn leases(&self) -> outbox::Result<outbox::store::Leases> {
-        self.inner.leases().await
+    async fn park_held(&self, ordering: &outbox::store::KeyOrdering) -> outbox::Result<u64> {
+        self.inner.park_held(ordering).await
+    }
+    async fn unpark_released(&self, ordering: &outbox::store::KeyOrdering) -> outbox::Result<u64> {
+        self.inner.unpark_released(ordering).await
+    }
+}
+
+#[async_trait::async_trait]
+impl outbox::store::Registry for Counting {
+    async fn heartbeat(&self, beat: &outbox::store::RelayHeartbeat) -> outbox::Result<()> {
+        self.inner.heartbeat(beat).await
+    }
+    async fn deregister(&self, relay_id: &str, instance: &str) -> outbox::Result<()> {
+        self.inner.deregister(relay_id, instance).await
+    }
+    async fn relays(&self, within: Duration) -> outbox::Result<Vec<outbox::store::RelayRecord>> {
+        self.inner.relays(within).await
+    }
+}
+
+#[async_trait::async_trait]
+impl outbox::store::Operations for Counting {
+    async fn set_pause(&self, reason: Option<&str>) -> outbox::Result<()> {
+        self.inner.set_pause(reason).await
     }
     async fn dead_letters(
         &self,
@@ -143,15 +173,6 @@ impl outbox::Store for Counting {
     async fn replays(&self, limit: u32) -> outbox::Result<Vec<outbox::store::ReplayRecord>> {
         self.inner.replays(limit).await
     }
-    async fn heartbeat(&self, beat: &outbox::store::RelayHeartbeat) -> outbox::Result<()> {
-        self.inner.heartbeat(beat).await
-    }
-    async fn deregister(&self, relay_id: &str, instance: &str) -> outbox::Result<()> {
-        self.inner.deregister(relay_id, instance).await
-    }
-    async fn relays(&self, within: Duration) -> outbox::Result<Vec<outbox::store::RelayRecord>> {
-        self.inner.relays(within).await
-    }
     async fn pause_topic(
         &self,
         pattern: &outbox::sink::router::TopicPattern,
@@ -162,6 +183,19 @@ impl outbox::Store for Counting {
     }
     async fn resume_topic(&self, pattern: &str) -> outbox::Result<bool> {
         self.inner.resume_topic(pattern).await
+    }
+    async fn audit(&self, entry: &outbox::store::ops::AuditEntry) -> outbox::Result<()> {
+        self.inner.audit(entry).await
+    }
+}
+
+#[async_trait::async_trait]
+impl outbox::store::Views for Counting {
+    async fn counts(&self) -> outbox::Result<outbox::Counts> {
+        self.inner.counts().await
+    }
+    async fn leases(&self) -> outbox::Result<outbox::store::Leases> {
+        self.inner.leases().await
     }
     async fn overview(&self, top_n: u32) -> outbox::Result<outbox::store::Overview> {
         self.inner.overview(top_n).await
@@ -178,21 +212,6 @@ impl outbox::Store for Counting {
     ) -> outbox::Result<outbox::store::DueHeld> {
         self.inner.due_held_by_order(ordering).await
     }
-    async fn park_held(&self, ordering: &outbox::store::KeyOrdering) -> outbox::Result<u64> {
-        self.inner.park_held(ordering).await
-    }
-    async fn unpark_released(&self, ordering: &outbox::store::KeyOrdering) -> outbox::Result<u64> {
-        self.inner.unpark_released(ordering).await
-    }
-    fn wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.inner.wakeups()
-    }
-    fn nothing_due(&self, poll_interval: Duration) -> bool {
-        self.inner.nothing_due(poll_interval)
-    }
-    fn one_writer(&self) -> bool {
-        self.inner.one_writer()
-    }
     async fn find_messages(
         &self,
         query: &outbox::store::lookup::MessageQuery,
@@ -205,9 +224,6 @@ impl outbox::Store for Counting {
         minutes: u32,
     ) -> outbox::Result<Vec<outbox::store::lookup::MinuteCounts>> {
         self.inner.throughput(minutes).await
-    }
-    async fn audit(&self, entry: &outbox::store::ops::AuditEntry) -> outbox::Result<()> {
-        self.inner.audit(entry).await
     }
 }
 

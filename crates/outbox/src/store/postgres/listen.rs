@@ -3,7 +3,6 @@
 use super::PgStore;
 use sqlx::postgres::{PgListener, PgPoolOptions};
 use std::time::Duration;
-use tokio::sync::watch;
 
 impl PgStore {
     pub(super) fn start_listener(&self) {
@@ -14,11 +13,6 @@ impl PgStore {
         self.inner
             .wakeup
             .start_once(|bump| listen_loop(url, channel, bump));
-    }
-
-    pub(super) fn wakeups(&self) -> watch::Receiver<u64> {
-        self.start_listener();
-        self.inner.wakeup.subscribe()
     }
 }
 

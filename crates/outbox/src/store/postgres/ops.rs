@@ -3,11 +3,13 @@
 use super::{AVAILABLE_AT, OCCURRED_AT, PgStore, UTF8_BYTES, schema_sql};
 use crate::error::Result;
 use crate::sink::router::TopicPattern;
+use crate::store::Operations;
 use crate::store::ops::{self, Dialect};
 use crate::store::{
     DeadLetter, DeadSelector, PauseState, ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest,
     TopicPause,
 };
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
@@ -36,8 +38,11 @@ impl PgStore {
                 .collect(),
         })
     }
+}
 
-    pub(super) async fn set_pause(&self, reason: Option<&str>) -> Result<()> {
+#[async_trait]
+impl Operations for PgStore {
+    async fn set_pause(&self, reason: Option<&str>) -> Result<()> {
         // The claim reads the switch itself; the notification makes a resume take effect
         // at once instead of at the relays' next poll.
         let mut tx = self.inner.pool.begin().await?;
@@ -59,12 +64,7 @@ impl PgStore {
         Ok(())
     }
 
-    pub(super) async fn pause_topic(
-        &self,
-        pattern: &TopicPattern,
-        reason: &str,
-        by: &str,
-    ) -> Result<()> {
+    async fn pause_topic(&self, pattern: &TopicPattern, reason: &str, by: &str) -> Result<()> {
         let s = self.s();
         sqlx::query(AssertSqlSafe(schema_sql(
             include_str!("sql/pause_topic.sql"),
@@ -79,7 +79,7 @@ impl PgStore {
         Ok(())
     }
 
-    pub(super) async fn resume_topic(&self, pattern: &str) -> Result<bool> {
+    async fn resume_topic(&self, pattern: &str) -> Result<bool> {
         let s = self.s();
         // The notification makes the resumed topics flow at once, not at the next poll.
         let mut tx = self.inner.pool.begin().await?;
@@ -100,7 +100,7 @@ impl PgStore {
         Ok(r.rows_affected() > 0)
     }
 
-    pub(super) async fn dead_letters(
+    async fn dead_letters(
         &self,
         selector: &DeadSelector,
         limit: u32,
@@ -154,7 +154,7 @@ impl PgStore {
             .collect()
     }
 
-    pub(super) async fn count_dead(&self, selector: &DeadSelector) -> Result<u64> {
+    async fn count_dead(&self, selector: &DeadSelector) -> Result<u64> {
         let s = self.s();
         let (filter, binds) = ops::dead_filter(selector, Dialect::Postgres, 1);
         let sql = format!("SELECT count(*) FROM {s}.messages WHERE {filter}");
@@ -165,7 +165,7 @@ impl PgStore {
         Ok(u64::try_from(query.fetch_one(&self.inner.pool).await?).unwrap_or(0))
     }
 
-    pub(super) async fn replay(&self, req: &ReplayRequest) -> Result<ReplayOutcome> {
+    async fn replay(&self, req: &ReplayRequest) -> Result<ReplayOutcome> {
         ops::validate(req)?;
         let s = self.s();
         let mut tx = self.inner.pool.begin().await?;
@@ -281,7 +281,7 @@ impl PgStore {
         })
     }
 
-    pub(super) async fn replays(&self, limit: u32) -> Result<Vec<ReplayRecord>> {
+    async fn replays(&self, limit: u32) -> Result<Vec<ReplayRecord>> {
         let s = self.s();
         type Row = (i64, DateTime<Utc>, String, String, String, String, i64);
         let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(schema_sql(
@@ -307,7 +307,7 @@ impl PgStore {
             .collect())
     }
 
-    pub(super) async fn audit(&self, entry: &crate::store::ops::AuditEntry) -> Result<()> {
+    async fn audit(&self, entry: &crate::store::ops::AuditEntry) -> Result<()> {
         let s = self.s();
         sqlx::query(AssertSqlSafe(schema_sql(include_str!("sql/audit.sql"), s)))
             .bind(&entry.by)

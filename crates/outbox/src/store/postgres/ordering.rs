@@ -7,8 +7,8 @@ use crate::store::{DueHeld, HeldKeys, KeyOrdering, PARKED_AT};
 use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
 impl PgStore {
-    /// One parker at a time ([`Store::park_held`](crate::store::Store::park_held),
-    /// [`Store::unpark_released`](crate::store::Store::unpark_released)): two
+    /// One parker at a time ([`Maintenance::park_held`](crate::store::Maintenance::park_held),
+    /// [`Maintenance::unpark_released`](crate::store::Maintenance::unpark_released)): two
     /// relays updating the same parked rows in different orders could deadlock. With
     /// `wait`, waits for it (a park is one statement); else false when another
     /// transaction holds it.

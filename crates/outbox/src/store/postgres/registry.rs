@@ -2,13 +2,16 @@
 
 use super::{PgStore, schema_sql};
 use crate::error::Result;
+use crate::store::Registry;
 use crate::store::{RelayHeartbeat, RelayRecord, millis};
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 use std::time::Duration;
 
-impl PgStore {
-    pub(super) async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()> {
+#[async_trait]
+impl Registry for PgStore {
+    async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()> {
         let s = self.s();
         sqlx::query(AssertSqlSafe(schema_sql(
             include_str!("sql/heartbeat.sql"),
@@ -29,7 +32,7 @@ impl PgStore {
         Ok(())
     }
 
-    pub(super) async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()> {
+    async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()> {
         let s = self.s();
         sqlx::query(AssertSqlSafe(schema_sql(
             include_str!("sql/deregister.sql"),
@@ -42,7 +45,7 @@ impl PgStore {
         Ok(())
     }
 
-    pub(super) async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {
+    async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {
         let s = self.s();
         type Row = (
             String,

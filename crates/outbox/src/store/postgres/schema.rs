@@ -3,7 +3,10 @@
 
 use super::{PgStore, SCHEMA_VERSION, schema_sql};
 use crate::error::{Error, Result};
+use crate::store::KeyOrdering;
+use crate::store::Maintenance;
 use crate::store::{PurgeBatch, millis};
+use async_trait::async_trait;
 use sqlx::AssertSqlSafe;
 use std::time::Duration;
 
@@ -40,7 +43,7 @@ pub(super) fn migrations(s: &str) -> Vec<String> {
 
 impl PgStore {
     /// The limit `{schema}.enqueue(...)` enforces (written by
-    /// [`Store::migrate`](crate::store::Store::migrate) from
+    /// [`Maintenance::migrate`](crate::store::Maintenance::migrate) from
     /// [`StoreConfig::max_message_bytes`](crate::StoreConfig::max_message_bytes)), in bytes;
     /// `None` before the first migration.
     ///
@@ -81,7 +84,33 @@ impl PgStore {
         Ok(())
     }
 
-    pub(super) async fn migrate(&self) -> Result<()> {
+    pub(super) async fn check_schema(&self) -> Result<()> {
+        let s = self.inner.config.schema.as_str();
+        let exists: bool = sqlx::query_scalar(include_str!("sql/schema_migrations_exists.sql"))
+            .bind(s)
+            .fetch_one(&self.inner.pool)
+            .await?;
+        let found = if exists {
+            sqlx::query_scalar(self.inner.sql.version.clone())
+                .fetch_one(&self.inner.pool)
+                .await?
+        } else {
+            0
+        };
+        if found != SCHEMA_VERSION {
+            return Err(Error::NotMigrated {
+                schema: s.to_owned(),
+                found,
+                expected: SCHEMA_VERSION,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Maintenance for PgStore {
+    async fn migrate(&self) -> Result<()> {
         let s = self.inner.config.schema.as_str();
         let mut tx = self.inner.pool.begin().await?;
         // One migrator at a time, across processes.
@@ -139,30 +168,7 @@ impl PgStore {
         Ok(())
     }
 
-    pub(super) async fn check_schema(&self) -> Result<()> {
-        let s = self.inner.config.schema.as_str();
-        let exists: bool = sqlx::query_scalar(include_str!("sql/schema_migrations_exists.sql"))
-            .bind(s)
-            .fetch_one(&self.inner.pool)
-            .await?;
-        let found = if exists {
-            sqlx::query_scalar(self.inner.sql.version.clone())
-                .fetch_one(&self.inner.pool)
-                .await?
-        } else {
-            0
-        };
-        if found != SCHEMA_VERSION {
-            return Err(Error::NotMigrated {
-                schema: s.to_owned(),
-                found,
-                expected: SCHEMA_VERSION,
-            });
-        }
-        Ok(())
-    }
-
-    pub(super) async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
+    async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
         let s = &self.inner.config.schema;
         let mut tx = self.inner.pool.begin().await?;
         let got: bool = sqlx::query_scalar(include_str!("sql/try_advisory_xact_lock.sql"))
@@ -188,7 +194,7 @@ impl PgStore {
         })
     }
 
-    pub(super) async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64> {
+    async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64> {
         if batch_size == 0 {
             return Ok(0);
         }
@@ -198,5 +204,13 @@ impl PgStore {
             .execute(&self.inner.pool)
             .await?;
         Ok(r.rows_affected())
+    }
+
+    async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
+        PgStore::park_held(self, ordering).await
+    }
+
+    async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
+        PgStore::unpark_released(self, ordering).await
     }
 }

@@ -2,13 +2,22 @@
 
 use super::{PgStore, schema_sql};
 use crate::error::Result;
+use crate::store::Relaying;
+use crate::store::{Claim, ClaimRequest, PauseState};
 use crate::store::{Settled, Settlement, millis};
+use async_trait::async_trait;
 use sqlx::AssertSqlSafe;
 use std::time::Duration;
+use tokio::sync::watch;
 use uuid::Uuid;
 
-impl PgStore {
-    pub(super) async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
+#[async_trait]
+impl Relaying for PgStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn settle(&self, token: Uuid, settlement: &Settlement) -> Result<Settled> {
         if settlement.delete_dispatched && !settlement.dispatched.is_empty() {
             return crate::store::settle_deleting(self, token, settlement).await;
         }
@@ -40,7 +49,7 @@ impl PgStore {
         Ok(crate::store::settled(settlement, changed))
     }
 
-    pub(super) async fn delete_claimed(&self, token: Uuid, ids: &[i64]) -> Result<Vec<i64>> {
+    async fn delete_claimed(&self, token: Uuid, ids: &[i64]) -> Result<Vec<i64>> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -55,12 +64,7 @@ impl PgStore {
         .await?)
     }
 
-    pub(super) async fn renew(
-        &self,
-        token: Uuid,
-        ids: &[i64],
-        lease: Duration,
-    ) -> Result<Vec<i64>> {
+    async fn renew(&self, token: Uuid, ids: &[i64], lease: Duration) -> Result<Vec<i64>> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -70,5 +74,22 @@ impl PgStore {
             .bind(ids)
             .fetch_one(&self.inner.pool)
             .await?)
+    }
+
+    async fn check_schema(&self) -> Result<()> {
+        PgStore::check_schema(self).await
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim> {
+        PgStore::claim(self, req).await
+    }
+
+    async fn pause_state(&self) -> Result<PauseState> {
+        PgStore::pause_state(self).await
+    }
+
+    fn wakeups(&self) -> watch::Receiver<u64> {
+        self.start_listener();
+        self.inner.wakeup.subscribe()
     }
 }

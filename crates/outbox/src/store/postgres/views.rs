@@ -5,19 +5,23 @@ use super::{
     AVAILABLE_AT, DISPATCHED_AT, LOCKED_UNTIL, OCCURRED_AT, PgStore, UTF8_BYTES, schema_sql,
 };
 use crate::error::Result;
+use crate::store::Views;
 use crate::store::{ClaimsBy, Counts, Leases, Overview, PARKED_AT};
+use crate::store::{DueHeld, HeldKeys, KeyOrdering};
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, Row};
 
-impl PgStore {
-    pub(super) async fn counts(&self) -> Result<Counts> {
+#[async_trait]
+impl Views for PgStore {
+    async fn counts(&self) -> Result<Counts> {
         let row: crate::store::CountsRow = sqlx::query_as(self.inner.sql.counts.clone())
             .fetch_one(&self.inner.pool)
             .await?;
         Ok(row.into())
     }
 
-    pub(super) async fn leases(&self) -> Result<Leases> {
+    async fn leases(&self) -> Result<Leases> {
         let (held, last, ms): (i64, Option<DateTime<Utc>>, Option<i64>) =
             sqlx::query_as(self.inner.sql.leases.clone())
                 .fetch_one(&self.inner.pool)
@@ -25,7 +29,7 @@ impl PgStore {
         Ok(Leases::from_row(held, last, ms))
     }
 
-    pub(super) async fn overview(&self, top_n: u32) -> Result<Overview> {
+    async fn overview(&self, top_n: u32) -> Result<Overview> {
         let s = self.s();
         let pool = &self.inner.pool;
         let counts = self.counts().await?;
@@ -93,7 +97,7 @@ impl PgStore {
         })
     }
 
-    pub(super) async fn cleanup_horizon(&self) -> Result<crate::store::CleanupHorizon> {
+    async fn cleanup_horizon(&self) -> Result<crate::store::CleanupHorizon> {
         let pool = &self.inner.pool;
         // Sessions of this database (since PostgreSQL 14 only they hold back the cleanup of
         // its tables) with a snapshot or a transaction id, and prepared transactions; this
@@ -133,7 +137,7 @@ impl PgStore {
         })
     }
 
-    pub(super) async fn find_messages(
+    async fn find_messages(
         &self,
         query: &crate::store::lookup::MessageQuery,
         limit: u32,
@@ -210,10 +214,7 @@ impl PgStore {
             .collect()
     }
 
-    pub(super) async fn throughput(
-        &self,
-        minutes: u32,
-    ) -> Result<Vec<crate::store::lookup::MinuteCounts>> {
+    async fn throughput(&self, minutes: u32) -> Result<Vec<crate::store::lookup::MinuteCounts>> {
         let s = self.s();
         let minutes = minutes.min(crate::store::lookup::MAX_THROUGHPUT_MINUTES);
         let rows: Vec<(i64, i64, i64)> = sqlx::query_as(AssertSqlSafe(schema_sql(
@@ -224,5 +225,13 @@ impl PgStore {
         .fetch_all(&self.inner.pool)
         .await?;
         Ok(crate::store::lookup::fill_minutes(minutes, &rows))
+    }
+
+    async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
+        PgStore::held_keys(self, ordering).await
+    }
+
+    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<DueHeld> {
+        PgStore::due_held_by_order(self, ordering).await
     }
 }

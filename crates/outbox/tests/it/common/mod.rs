@@ -13,6 +13,7 @@ use outbox::postgres::PgStore;
 use outbox::sink::Confirmations;
 use outbox::sink::{PublishError, Sink};
 use outbox::sqlite::SqliteStore;
+use outbox::store::prelude::*;
 use outbox::{Ident, RelayConfig, Store, StoreConfig};
 use sqlx::{AssertSqlSafe, Connection};
 use std::collections::HashMap;

@@ -1,6 +1,7 @@
 //! Store conformance: the database clock.
 
 use super::*;
+use outbox::store::prelude::*;
 
 /// Claims `store` every 20 ms until every id in `waiting` has been claimed (marking each
 /// claim at once), and returns when each was first claimed, measured from `start`.

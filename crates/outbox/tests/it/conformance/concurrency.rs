@@ -1,6 +1,7 @@
 //! Store conformance: concurrent claimers.
 
 use super::*;
+use outbox::store::prelude::*;
 
 /// Six claimers loop claim → mark over thousands of rows while a producer adds more: no
 /// row is ever in two claims (with a lease longer than the test, each id is claimed exactly

@@ -1,6 +1,7 @@
 //! Store conformance: enqueue: atomic with the business change, idempotent, delayed.
 
 use super::*;
+use outbox::store::prelude::*;
 
 /// The business change and its messages commit or roll back together (rollback, and a
 /// transaction dropped without commit, leave neither).

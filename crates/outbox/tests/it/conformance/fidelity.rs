@@ -1,6 +1,7 @@
 //! Store conformance: payload and header fidelity.
 
 use super::*;
+use outbox::store::prelude::*;
 
 /// Payload bytes and header text come back from a claim exactly as enqueued: every byte
 /// value, invalid UTF-8, NUL bytes, empty, 1 MiB; non-ASCII and empty header values and

@@ -1,6 +1,7 @@
 //! Store conformance: lease expiry and the stale claimant.
 
 use super::*;
+use outbox::store::prelude::*;
 
 /// A claim with a short lease that is never settled: while it holds, nobody else gets the
 /// rows; after it, another claim does (attempt 2), and the stale claimant's mark,
@@ -99,7 +100,7 @@ pub(crate) async fn expired_lease_fences_the_stale_claimant<B: Backend>() {
     assert_eq!(b.rows_of(&ids).await, after);
 }
 
-/// `Store::leases` counts claimed rows whose lease has not ended on the database clock and
+/// `Views::leases` counts claimed rows whose lease has not ended on the database clock and
 /// says when the last one ends: pending rows (delayed ones included), expired claims and
 /// settled rows are not counted; nothing held is `0, None, None`.
 pub(crate) async fn leases_count_live_claims_until_their_last_end<B: Backend>() {

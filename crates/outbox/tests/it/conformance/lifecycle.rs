@@ -1,6 +1,7 @@
 //! Store conformance: row lifecycle.
 
 use super::*;
+use outbox::store::prelude::*;
 
 /// pending → claim (status 1, attempts 1, token, lease on the database clock) → mark (2);
 /// transient → reschedule (0, due after the delay on the database clock, last_error);

@@ -5,6 +5,7 @@ use super::{Backend, DEFAULT_MAX, LONG, claim};
 use outbox::Message;
 use outbox::store::Dead;
 use outbox::store::lookup::MessageQuery;
+use outbox::store::prelude::*;
 
 /// Four messages of one key (one pending, one claimed, one dispatched, one dead) and one
 /// of the same key on another topic: each is found where it is, newest first; an unknown

@@ -5,6 +5,7 @@ use super::{Backend, DEFAULT_MAX, LONG, claim, claim_ids};
 use crate::common::wait_dispatched;
 use crate::common::{RecordingSink, messages, relay_config, total, wait_until};
 use outbox::sink::router::TopicPattern;
+use outbox::store::prelude::*;
 use outbox::store::{
     ClaimRequest, Dead, DeadSelector, RELAY_EXPIRY, RelayHeartbeat, ReplayAction, ReplayRequest,
     status,

@@ -2,6 +2,7 @@
 
 use super::*;
 use outbox::sink::router::TopicPattern;
+use outbox::store::prelude::*;
 use outbox::store::{HeldKeys, KeyOrdering, ReplayAction, Settlement};
 
 fn ordering(skip_dead: bool) -> KeyOrdering {

@@ -1,6 +1,7 @@
 //! Store conformance: the pause switch.
 
 use super::*;
+use outbox::store::prelude::*;
 
 /// The switch is one row: set and cleared with a reason, its change time on the database
 /// clock, and producers keep writing while it is on. The claim statement itself reads it:

@@ -1,6 +1,7 @@
 //! Store conformance: purge.
 
 use super::*;
+use outbox::store::prelude::*;
 
 /// Purge deletes dispatched rows older than the retention, at most `batch_size` per call;
 /// pending, claimed and dead rows (even with an old `dispatched_at`) and young dispatched
