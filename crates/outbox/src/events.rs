@@ -52,17 +52,18 @@ pub trait Enqueue: Send + Sync {
 }
 
 /// `Enqueue` for one store: its typed `enqueue` and its pool (as `inbox::Inbox` is made).
+/// Invoked beside each store (paths in full, so it expands anywhere in the crate).
 macro_rules! enqueue_for {
     ($feature:literal, $store:ty, $db:ty) => {
         #[cfg(feature = $feature)]
-        #[async_trait]
-        impl Enqueue for $store {
+        #[async_trait::async_trait]
+        impl $crate::events::Enqueue for $store {
             type Database = $db;
             async fn enqueue_in(
                 &self,
                 tx: &mut sqlx::Transaction<'_, $db>,
-                msg: &Message,
-            ) -> Result<Enqueued> {
+                msg: &$crate::message::Message,
+            ) -> $crate::error::Result<$crate::message::Enqueued> {
                 self.enqueue(tx, msg).await
             }
 
@@ -72,8 +73,8 @@ macro_rules! enqueue_for {
         }
     };
 }
+pub(crate) use enqueue_for;
 
-enqueue_for!("postgres", crate::postgres::PgStore, sqlx::Postgres);
 enqueue_for!("mysql", crate::mysql::MySqlStore, sqlx::MySql);
 enqueue_for!("sqlite", crate::sqlite::SqliteStore, sqlx::Sqlite);
 

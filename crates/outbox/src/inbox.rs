@@ -65,25 +65,28 @@ pub trait Inbox: Send + Sync {
     ) -> Result<Accepted>;
 }
 
+/// `Inbox` for one store: its typed `inbox_accept`. Invoked beside each store (paths in
+/// full, so it expands anywhere in the crate).
 macro_rules! inbox_for {
     ($feature:literal, $store:ty, $db:ty) => {
         #[cfg(feature = $feature)]
-        #[async_trait]
-        impl Inbox for $store {
+        #[async_trait::async_trait]
+        impl $crate::inbox::Inbox for $store {
             type Database = $db;
             async fn accept_in(
                 &self,
                 tx: &mut sqlx::Transaction<'_, $db>,
                 consumer: &str,
-                message: &(dyn Incoming + Sync),
-            ) -> Result<Accepted> {
-                self.inbox_accept(tx, consumer, message.message_id()).await
+                message: &(dyn $crate::inbox::Incoming + Sync),
+            ) -> $crate::error::Result<$crate::inbox::Accepted> {
+                let message_id = $crate::inbox::Incoming::message_id(message);
+                self.inbox_accept(tx, consumer, message_id).await
             }
         }
     };
 }
+pub(crate) use inbox_for;
 
-inbox_for!("postgres", crate::postgres::PgStore, sqlx::Postgres);
 inbox_for!("mysql", crate::mysql::MySqlStore, sqlx::MySql);
 inbox_for!("sqlite", crate::sqlite::SqliteStore, sqlx::Sqlite);
 

@@ -1,0 +1,1 @@
+DELETE FROM {s}.messages WHERE id = ANY($1) AND status = 3

@@ -1,0 +1,1 @@
+SELECT max_message_bytes FROM {s}.control WHERE id

@@ -1,0 +1,1 @@
+SELECT id FROM {s}.messages WHERE message_id = $1

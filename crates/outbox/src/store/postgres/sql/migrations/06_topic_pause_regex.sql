@@ -1,0 +1,1 @@
+ALTER TABLE {s}.topic_pauses ADD COLUMN IF NOT EXISTS regex text;

@@ -1,0 +1,1 @@
+ALTER TABLE {s}.relays ADD COLUMN IF NOT EXISTS destinations text;

@@ -1,0 +1,1 @@
+INSERT INTO {s}.schema_migrations (version) VALUES ($1)

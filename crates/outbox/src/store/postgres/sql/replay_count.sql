@@ -1,0 +1,1 @@
+UPDATE {s}.replays SET count = count + $1 WHERE id = $2

@@ -1,0 +1,1 @@
+DELETE FROM {s}.topic_pauses WHERE pattern = $1

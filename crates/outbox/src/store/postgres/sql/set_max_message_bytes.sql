@@ -1,0 +1,1 @@
+UPDATE {s}.control SET max_message_bytes = $1 WHERE id

@@ -1,0 +1,1 @@
+UPDATE {s}.topic_pauses SET regex = $2 WHERE pattern = $1

@@ -1,0 +1,1 @@
+SELECT pattern FROM {s}.topic_pauses

@@ -1,0 +1,237 @@
+//! Read-only views: counts, leases, the overview, the cleanup horizon, message look-up and
+//! throughput.
+
+use super::{
+    AVAILABLE_AT, DISPATCHED_AT, LOCKED_UNTIL, OCCURRED_AT, PgStore, UTF8_BYTES, schema_sql,
+};
+use crate::error::Result;
+use crate::store::Views;
+use crate::store::{ClaimsBy, Counts, Leases, Overview, PARKED_AT};
+use crate::store::{DueHeld, HeldKeys, KeyOrdering};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::{AssertSqlSafe, Row};
+
+#[async_trait]
+impl Views for PgStore {
+    async fn counts(&self) -> Result<Counts> {
+        let row: crate::store::CountsRow = sqlx::query_as(self.inner.sql.counts.clone())
+            .fetch_one(&self.inner.pool)
+            .await?;
+        Ok(row.into())
+    }
+
+    async fn leases(&self) -> Result<Leases> {
+        let (held, last, ms): (i64, Option<DateTime<Utc>>, Option<i64>) =
+            sqlx::query_as(self.inner.sql.leases.clone())
+                .fetch_one(&self.inner.pool)
+                .await?;
+        Ok(Leases::from_row(held, last, ms))
+    }
+
+    async fn overview(&self, top_n: u32) -> Result<Overview> {
+        let s = self.s();
+        let pool = &self.inner.pool;
+        let counts = self.counts().await?;
+        let (due, oldest_due, expired): (i64, Option<i64>, i64) =
+            sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT count(*), floor(extract(epoch FROM now() - min({AVAILABLE_AT})))::bigint,
+                        count(*) FILTER (WHERE status = 1)
+                 FROM {s}.messages WHERE status <= 1 AND available_at <= now()"
+            )))
+            .fetch_one(pool)
+            .await?;
+        let parked: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {s}.messages
+             WHERE status <= 1 AND available_at = '{PARKED_AT}'"
+        )))
+        .fetch_one(pool)
+        .await?;
+        // Each claim goes to the latest-started live instance of its relay id whose start
+        // plus lease is not after the claim's lease end (none: an earlier process's).
+        let claims_by: Vec<(Option<String>, Option<String>, i64, i64)> =
+            sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT m.claimed_by,
+                        (SELECT r.instance FROM {s}.relays r
+                         WHERE r.relay_id = m.claimed_by
+                           AND r.last_seen >= now() - {expiry} * interval '1 millisecond'
+                           AND r.started_at + r.lease_ms * interval '1 millisecond' <= m.available_at
+                         ORDER BY r.started_at DESC, r.instance LIMIT 1) AS instance,
+                        count(*), count(*) FILTER (WHERE m.available_at <= now())
+                 FROM {s}.messages m WHERE m.status = 1 GROUP BY 1, 2 ORDER BY 1, 2",
+                expiry = crate::store::RELAY_EXPIRY.as_millis()
+            )))
+        .fetch_all(pool)
+        .await?;
+        let by_topic = async |status: i16| -> Result<Vec<(String, i64)>> {
+            let rows: Vec<(Vec<u8>, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT convert_to(topic, {UTF8_BYTES}), count(*) FROM {s}.messages
+                 WHERE status = $1 GROUP BY topic ORDER BY count(*) DESC, topic LIMIT $2"
+            )))
+            .bind(status)
+            .bind(i64::from(top_n))
+            .fetch_all(pool)
+            .await?;
+            Ok(rows
+                .into_iter()
+                .map(|(t, n)| (crate::store::lossy(t), n))
+                .collect())
+        };
+        Ok(Overview {
+            counts,
+            due,
+            oldest_due_s: oldest_due.map(|s| s.max(0)),
+            expired_claims: expired,
+            parked,
+            claims_by: claims_by
+                .into_iter()
+                .map(|(r, instance, claimed, expired)| ClaimsBy {
+                    relay_id: r.unwrap_or_default(),
+                    instance,
+                    claimed,
+                    expired,
+                })
+                .collect(),
+            pending_by_topic: by_topic(crate::store::status::PENDING).await?,
+            dead_by_topic: by_topic(crate::store::status::DEAD).await?,
+        })
+    }
+
+    async fn cleanup_horizon(&self) -> Result<crate::store::CleanupHorizon> {
+        let pool = &self.inner.pool;
+        // Sessions of this database (since PostgreSQL 14 only they hold back the cleanup of
+        // its tables) with a snapshot or a transaction id, and prepared transactions; this
+        // connection's own statement excluded.
+        type Oldest = (
+            String,
+            f64,
+            Option<i64>,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+        );
+        let oldest: Option<Oldest> =
+            sqlx::query_as(include_str!("sql/cleanup_oldest_transaction.sql"))
+                .fetch_optional(pool)
+                .await?;
+        let (xmin_age, slot, slot_age): (Option<i64>, Option<String>, Option<i64>) =
+            sqlx::query_as(include_str!("sql/cleanup_xmin_age.sql"))
+                .fetch_one(pool)
+                .await?;
+        Ok(crate::store::CleanupHorizon {
+            oldest: oldest.map(|(kind, age_s, pid, user, application, state, gid)| {
+                crate::store::OldTransaction {
+                    kind,
+                    age_s: age_s.max(0.0),
+                    pid,
+                    user,
+                    application,
+                    state,
+                    gid,
+                }
+            }),
+            xmin_age,
+            slot: slot.zip(slot_age),
+            history_length: None,
+        })
+    }
+
+    async fn find_messages(
+        &self,
+        query: &crate::store::lookup::MessageQuery,
+        limit: u32,
+    ) -> Result<Vec<crate::store::lookup::MessageLocation>> {
+        use crate::store::lookup::MessageQuery;
+        let s = self.s();
+        // Text as bytes, shown with U+FFFD for what is not UTF-8 (see `dead_letters`).
+        let cols = format!(
+            "id, message_id, convert_to(topic, {UTF8_BYTES}) AS topic,
+             convert_to(key, {UTF8_BYTES}) AS key, status, attempts, {OCCURRED_AT} AS occurred_at,
+             {AVAILABLE_AT} AS available_at, claimed_by, {LOCKED_UNTIL} AS locked_until,
+             {DISPATCHED_AT} AS dispatched_at, last_error,
+             octet_length(payload)::bigint AS payload_bytes, replay_id"
+        );
+        let rows = match query {
+            MessageQuery::MessageId(id) => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {cols} FROM {s}.messages WHERE message_id = $1"
+                )))
+                .bind(id)
+                .fetch_all(&self.inner.pool)
+                .await?
+            }
+            MessageQuery::Key {
+                key,
+                topic: Some(topic),
+            } => {
+                // md5(key) as the per-key index has it.
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {cols} FROM {s}.messages
+                     WHERE topic = $1 AND md5(key) = md5($2) AND key = $2
+                     ORDER BY id DESC LIMIT $3"
+                )))
+                .bind(topic)
+                .bind(key)
+                .bind(i64::from(limit))
+                .fetch_all(&self.inner.pool)
+                .await?
+            }
+            MessageQuery::Key { key, topic: None } => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {cols} FROM {s}.messages WHERE key = $1 ORDER BY id DESC LIMIT $2"
+                )))
+                .bind(key)
+                .bind(i64::from(limit))
+                .fetch_all(&self.inner.pool)
+                .await?
+            }
+        };
+        rows.iter()
+            .map(|r| {
+                Ok(crate::store::lookup::MessageLocation {
+                    id: r.try_get("id")?,
+                    message_id: r.try_get("message_id")?,
+                    topic: crate::store::lossy(r.try_get("topic")?),
+                    key: r
+                        .try_get::<Option<Vec<u8>>, _>("key")?
+                        .map(crate::store::lossy),
+                    status: crate::store::lookup::status_name(i64::from(
+                        r.try_get::<i16, _>("status")?,
+                    )),
+                    attempts: r.try_get("attempts")?,
+                    occurred_at: r.try_get("occurred_at")?,
+                    available_at: r.try_get("available_at")?,
+                    claimed_by: r.try_get("claimed_by")?,
+                    locked_until: r.try_get("locked_until")?,
+                    dispatched_at: r.try_get("dispatched_at")?,
+                    last_error: r.try_get("last_error")?,
+                    payload_bytes: r.try_get("payload_bytes")?,
+                    replay_id: r.try_get("replay_id")?,
+                }
+                .noting_parked())
+            })
+            .collect()
+    }
+
+    async fn throughput(&self, minutes: u32) -> Result<Vec<crate::store::lookup::MinuteCounts>> {
+        let s = self.s();
+        let minutes = minutes.min(crate::store::lookup::MAX_THROUGHPUT_MINUTES);
+        let rows: Vec<(i64, i64, i64)> = sqlx::query_as(AssertSqlSafe(schema_sql(
+            include_str!("sql/throughput.sql"),
+            s,
+        )))
+        .bind(f64::from(minutes))
+        .fetch_all(&self.inner.pool)
+        .await?;
+        Ok(crate::store::lookup::fill_minutes(minutes, &rows))
+    }
+
+    async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
+        PgStore::held_keys(self, ordering).await
+    }
+
+    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<DueHeld> {
+        PgStore::due_held_by_order(self, ordering).await
+    }
+}
