@@ -185,7 +185,7 @@ pub(crate) fn classify(e: &sqlx::Error) -> Failure {
 }
 
 /// Each database's error codes as [`Failure`]s: the driver-specific tables [`classify`]
-/// reads (the MySQL store reads `mysql::error_number` too, at its old path).
+/// reads (the MySQL store reads `mysql::error_number` too).
 pub(crate) mod codes {
     #[cfg(feature = "postgres")]
     pub(crate) mod postgres {

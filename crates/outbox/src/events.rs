@@ -52,22 +52,22 @@ pub trait Enqueue: Send + Sync {
 }
 
 /// `Enqueue` for one store: its typed `enqueue` and its pool (as `inbox::Inbox` is made).
-/// Invoked beside each store (paths in full, so it expands anywhere in the crate).
+/// Invoked beside the store (`crate::events::enqueue_for!(feature, Store, Database)`).
 macro_rules! enqueue_for {
     ($feature:literal, $store:ty, $db:ty) => {
         #[cfg(feature = $feature)]
-        #[async_trait::async_trait]
+        #[::async_trait::async_trait]
         impl $crate::events::Enqueue for $store {
             type Database = $db;
             async fn enqueue_in(
                 &self,
-                tx: &mut sqlx::Transaction<'_, $db>,
+                tx: &mut ::sqlx::Transaction<'_, $db>,
                 msg: &$crate::message::Message,
             ) -> $crate::error::Result<$crate::message::Enqueued> {
                 self.enqueue(tx, msg).await
             }
 
-            fn pool(&self) -> &sqlx::Pool<$db> {
+            fn pool(&self) -> &::sqlx::Pool<$db> {
                 <$store>::pool(self)
             }
         }
@@ -75,7 +75,6 @@ macro_rules! enqueue_for {
 }
 pub(crate) use enqueue_for;
 
-enqueue_for!("mysql", crate::mysql::MySqlStore, sqlx::MySql);
 enqueue_for!("sqlite", crate::sqlite::SqliteStore, sqlx::Sqlite);
 
 /// Integration events collected during one business operation, as messages.

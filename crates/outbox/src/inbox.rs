@@ -65,29 +65,28 @@ pub trait Inbox: Send + Sync {
     ) -> Result<Accepted>;
 }
 
-/// `Inbox` for one store: its typed `inbox_accept`. Invoked beside each store (paths in
-/// full, so it expands anywhere in the crate).
+/// `Inbox` for one store: its typed `inbox_accept` (as `events::Enqueue` is made). Invoked
+/// beside the store (`crate::inbox::inbox_for!(feature, Store, Database)`).
 macro_rules! inbox_for {
     ($feature:literal, $store:ty, $db:ty) => {
         #[cfg(feature = $feature)]
-        #[async_trait::async_trait]
+        #[::async_trait::async_trait]
         impl $crate::inbox::Inbox for $store {
             type Database = $db;
             async fn accept_in(
                 &self,
-                tx: &mut sqlx::Transaction<'_, $db>,
+                tx: &mut ::sqlx::Transaction<'_, $db>,
                 consumer: &str,
                 message: &(dyn $crate::inbox::Incoming + Sync),
             ) -> $crate::error::Result<$crate::inbox::Accepted> {
-                let message_id = $crate::inbox::Incoming::message_id(message);
-                self.inbox_accept(tx, consumer, message_id).await
+                self.inbox_accept(tx, consumer, $crate::inbox::Incoming::message_id(message))
+                    .await
             }
         }
     };
 }
 pub(crate) use inbox_for;
 
-inbox_for!("mysql", crate::mysql::MySqlStore, sqlx::MySql);
 inbox_for!("sqlite", crate::sqlite::SqliteStore, sqlx::Sqlite);
 
 /// What an inbox accepts: anything that names the delivered message's id — an

@@ -21,7 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
 
-const STORE_SOURCE: &str = include_str!("../../src/store/mysql.rs");
+const STORE_SOURCE: &str = include_str!("../../src/store/mysql/claim.rs");
+const STORE_MOD_SOURCE: &str = include_str!("../../src/store/mysql/mod.rs");
 
 pub(crate) struct MySqlBackend {
     pub(crate) store: MySqlStore,
@@ -270,11 +271,11 @@ impl Backend for MySqlBackend {
          ORDER BY live_at, id
          LIMIT ?
          FOR UPDATE SKIP LOCKED";
-        assert_in_source(STORE_SOURCE, template, "src/store/mysql.rs");
+        assert_in_source(STORE_SOURCE, template, "src/store/mysql/claim.rs");
         assert_in_source(
-            STORE_SOURCE,
+            STORE_MOD_SOURCE,
             "const NOW: &str = \"UTC_TIMESTAMP(6)\";",
-            "src/store/mysql.rs",
+            "src/store/mysql/mod.rs",
         );
         let query = template
             .replace("{p}", self.p())

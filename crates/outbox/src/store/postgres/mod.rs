@@ -22,7 +22,6 @@ mod schema;
 mod settle;
 mod views;
 
-
 /// Schema version this build creates and expects (4: the consumer inbox; 5: `enqueue(...)`
 /// skips its header checks for a message without headers; 6: topic pauses carry their
 /// regex, so the claim itself honours them; 7: the `messages_key` index of per-key

@@ -1,0 +1,197 @@
+//! Read-only views for status, the dashboard and metrics: counts, leases, the overview,
+//! the cleanup horizon, message lookup and throughput.
+
+use super::MySqlStore;
+use crate::error::Result;
+use crate::store::{ClaimsBy, Counts, DueHeld, HeldKeys, KeyOrdering, Leases, Overview, Views};
+use async_trait::async_trait;
+use chrono::NaiveDateTime;
+use sqlx::Row;
+
+#[async_trait]
+impl Views for MySqlStore {
+    async fn counts(&self) -> Result<Counts> {
+        let row: crate::store::CountsRow = sqlx::query_as(self.inner.sql.counts.clone())
+            .fetch_one(&self.inner.pool)
+            .await?;
+        Ok(row.into())
+    }
+
+    async fn leases(&self) -> Result<Leases> {
+        let (held, last, ms): (i64, Option<NaiveDateTime>, Option<i64>) =
+            sqlx::query_as(self.inner.sql.leases.clone())
+                .fetch_one(&self.inner.pool)
+                .await?;
+        Ok(Leases::from_row(held, last.map(|t| t.and_utc()), ms))
+    }
+
+    async fn overview(&self, top_n: u32) -> Result<Overview> {
+        let pool = &self.inner.pool;
+        let sql = &self.inner.sql;
+        let counts = self.counts().await?;
+        let (due, oldest_due, expired): (i64, Option<i64>, i64) =
+            sqlx::query_as(sql.due.clone()).fetch_one(pool).await?;
+        let claims_by: Vec<(Option<String>, Option<String>, i64, i64)> =
+            sqlx::query_as(sql.claims_by.clone())
+                .fetch_all(pool)
+                .await?;
+        let parked: i64 = sqlx::query_scalar(sql.parked.clone())
+            .fetch_one(pool)
+            .await?;
+        let by_topic = async |status: i16| -> Result<Vec<(String, i64)>> {
+            Ok(sqlx::query_as(sql.by_topic.clone())
+                .bind(status)
+                .bind(i64::from(top_n))
+                .fetch_all(pool)
+                .await?)
+        };
+        Ok(Overview {
+            counts,
+            due,
+            oldest_due_s: oldest_due.map(|s| s.max(0)),
+            expired_claims: expired,
+            parked,
+            claims_by: claims_by
+                .into_iter()
+                .map(|(r, instance, claimed, expired)| ClaimsBy {
+                    relay_id: r.unwrap_or_default(),
+                    instance,
+                    claimed,
+                    expired,
+                })
+                .collect(),
+            pending_by_topic: by_topic(crate::store::status::PENDING).await?,
+            dead_by_topic: by_topic(crate::store::status::DEAD).await?,
+        })
+    }
+
+    async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
+        self.count_held_keys(ordering).await
+    }
+
+    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<DueHeld> {
+        self.count_due_held(ordering).await
+    }
+
+    async fn cleanup_horizon(&self) -> Result<crate::store::CleanupHorizon> {
+        let pool = &self.inner.pool;
+        let sql = &self.inner.sql;
+        // The oldest InnoDB transaction of another connection: its read view keeps purge
+        // from removing the undo records (and delete-marked rows) of every later change.
+        // `trx_started` and NOW() are both in the session's time zone.
+        // Age (s), thread id, user, host, state.
+        type Oldest = (
+            i64,
+            Option<i64>,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+        );
+        let oldest: Option<Oldest> = sqlx::query_as(sql.oldest_transaction.clone())
+            .fetch_optional(pool)
+            .await?;
+        // The history list length, where the server tells it (MariaDB's status variable;
+        // MySQL's INNODB_METRICS counter); unreadable is None, not an error.
+        let history: Option<i64> =
+            match sqlx::query_scalar::<_, String>(sql.history_mariadb.clone())
+                .fetch_optional(pool)
+                .await
+            {
+                Ok(Some(v)) => v.trim().parse().ok(),
+                _ => sqlx::query_scalar::<_, i64>(sql.history_mysql.clone())
+                    .fetch_optional(pool)
+                    .await
+                    .ok()
+                    .flatten(),
+            };
+        Ok(crate::store::CleanupHorizon {
+            oldest: oldest.map(
+                |(age_s, pid, user, host, state)| crate::store::OldTransaction {
+                    kind: "session".to_owned(),
+                    age_s: age_s.max(0) as f64,
+                    pid,
+                    user,
+                    application: host,
+                    state,
+                    gid: None,
+                },
+            ),
+            xmin_age: None,
+            slot: None,
+            history_length: history,
+        })
+    }
+
+    async fn find_messages(
+        &self,
+        query: &crate::store::lookup::MessageQuery,
+        limit: u32,
+    ) -> Result<Vec<crate::store::lookup::MessageLocation>> {
+        use crate::store::lookup::MessageQuery;
+        let sql = &self.inner.sql;
+        let rows = match query {
+            MessageQuery::MessageId(id) => {
+                sqlx::query(sql.find_by_id.clone())
+                    .bind(id.hyphenated().to_string())
+                    .fetch_all(&self.inner.pool)
+                    .await?
+            }
+            MessageQuery::Key {
+                key,
+                topic: Some(topic),
+            } => {
+                sqlx::query(sql.find_by_topic_key.clone())
+                    .bind(topic)
+                    .bind(key)
+                    .bind(i64::from(limit))
+                    .fetch_all(&self.inner.pool)
+                    .await?
+            }
+            MessageQuery::Key { key, topic: None } => {
+                sqlx::query(sql.find_by_key.clone())
+                    .bind(key)
+                    .bind(i64::from(limit))
+                    .fetch_all(&self.inner.pool)
+                    .await?
+            }
+        };
+        rows.iter()
+            .map(|r| {
+                let id: i64 = r.try_get("id")?;
+                let message_id =
+                    crate::store::text_message_id(id, &r.try_get::<String, _>("message_id")?)?;
+                let time = |c: &str| -> Result<Option<chrono::DateTime<chrono::Utc>>> {
+                    Ok(r.try_get::<Option<NaiveDateTime>, _>(c)?
+                        .map(|t| t.and_utc()))
+                };
+                Ok(crate::store::lookup::MessageLocation {
+                    id,
+                    message_id,
+                    topic: r.try_get("topic")?,
+                    key: r.try_get("key")?,
+                    status: crate::store::lookup::status_name(r.try_get("status")?),
+                    attempts: r.try_get("attempts")?,
+                    occurred_at: r.try_get::<NaiveDateTime, _>("occurred_at")?.and_utc(),
+                    available_at: r.try_get::<NaiveDateTime, _>("available_at")?.and_utc(),
+                    claimed_by: r.try_get("claimed_by")?,
+                    locked_until: time("locked_until")?,
+                    dispatched_at: time("dispatched_at")?,
+                    last_error: r.try_get("last_error")?,
+                    payload_bytes: r.try_get("payload_bytes")?,
+                    replay_id: r.try_get("replay_id")?,
+                }
+                .noting_parked())
+            })
+            .collect()
+    }
+
+    async fn throughput(&self, minutes: u32) -> Result<Vec<crate::store::lookup::MinuteCounts>> {
+        let minutes = minutes.min(crate::store::lookup::MAX_THROUGHPUT_MINUTES);
+        let rows: Vec<(i64, i64, i64)> = sqlx::query_as(self.inner.sql.throughput.clone())
+            .bind(i64::from(minutes))
+            .bind(i64::from(minutes))
+            .fetch_all(&self.inner.pool)
+            .await?;
+        Ok(crate::store::lookup::fill_minutes(minutes, &rows))
+    }
+}
