@@ -8,24 +8,29 @@
 //! taken from SQLite's clock inside each statement.
 
 mod busy;
+mod decode;
+mod error;
 #[cfg(test)]
 mod tests;
+mod topics;
 mod wakeup;
 
 use super::ops::{self, Dialect};
 use super::seam::{Maintenance, Operations, Registry, Relaying, Views};
 use super::{
-    Claim, ClaimRequest, ClaimsBy, Counts, Dead, DeadLetter, DeadSelector, DueHeld, HeldKeys,
+    Claim, ClaimRequest, ClaimsBy, Counts, DeadLetter, DeadSelector, DueHeld, HeldKeys,
     KeyOrdering, Leases, Overview, PARKED_AT_MS, PauseState, PurgeBatch, RelayHeartbeat,
     RelayRecord, ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement,
-    StoreConfig, TopicPause, millis, parse_headers,
+    StoreConfig, TopicPause, millis,
 };
 use crate::error::{Error, Result};
 use crate::inbox::Accepted;
-use crate::message::{Enqueued, Message, OutgoingMessage};
+use crate::message::{Enqueued, Message};
 use crate::sink::router::TopicPattern;
 use async_trait::async_trait;
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Utc};
+use decode::ms_to_time;
+use error::regexp_refused;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
@@ -35,6 +40,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+use topics::{dead_topics, topic_in, topics_where};
 use uuid::Uuid;
 
 /// Schema version this build creates and expects (4: the consumer inbox; 5: topic pauses
@@ -214,53 +220,6 @@ fn claim_fence_sql(p: &str, skip_dead: bool) -> String {
                  ORDER BY e.id LIMIT 1) AS fence
          FROM k"
     )
-}
-
-/// Whether `e` is sqlx's `REGEXP` function refusing its input
-/// (`SQLITE_CONSTRAINT_FUNCTION`): text that is not UTF-8 (the patterns themselves are
-/// checked before they are bound).
-fn regexp_refused(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("1043"))
-}
-
-/// `column`, a topic, is one of the JSON array bound at `param` (from [`dead_topics`]).
-/// Read as text, as `REGEXP` reads it, so a topic written by hand as a BLOB compares by
-/// its bytes.
-fn topic_in(column: &str, param: &str) -> String {
-    format!("CAST({column} AS TEXT) IN (SELECT value FROM json_each({param}))")
-}
-
-/// The distinct topics of dead rows that `matches` accepts, as a JSON array for
-/// [`topic_in`]. The statements over dead letters (strict ordering's, selections by
-/// topic) match topics here rather than by `REGEXP`: a row quarantined as malformed keeps
-/// its topic, and one that is not UTF-8 would fail the whole statement
-/// ([`regexp_refused`]) for as long as it stays. Such a topic matches no pattern.
-async fn dead_topics(
-    conn: &mut sqlx::SqliteConnection,
-    p: &str,
-    matches: impl Fn(&str) -> bool,
-) -> Result<String> {
-    topics_where(conn, p, "status = 3", matches).await
-}
-
-/// As [`dead_topics`], over the rows of `condition`.
-async fn topics_where(
-    conn: &mut sqlx::SqliteConnection,
-    p: &str,
-    condition: &str,
-    matches: impl Fn(&str) -> bool,
-) -> Result<String> {
-    let topics: Vec<Vec<u8>> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT DISTINCT CAST(topic AS BLOB) FROM {p}_messages WHERE {condition}"
-    )))
-    .fetch_all(&mut *conn)
-    .await?;
-    let matching: Vec<String> = topics
-        .into_iter()
-        .filter_map(|t| String::from_utf8(t).ok())
-        .filter(|t| matches(t))
-        .collect();
-    Ok(serde_json::Value::from(matching).to_string())
 }
 
 /// [`ops::dead_filter`] for SQLite, with the topic pattern matched by [`dead_topics`].
@@ -588,57 +547,6 @@ impl SqliteStore {
             .await?;
         Ok(Accepted::from_rows(r.rows_affected()))
     }
-
-    fn row_to_message(row: &SqliteRow) -> std::result::Result<OutgoingMessage, Dead> {
-        let id: i64 = row.try_get("id").map_err(|e| Dead {
-            id: -1,
-            error: e.to_string(),
-        })?;
-        let read = || -> Result<OutgoingMessage> {
-            let message_id = super::text_message_id(id, &row.try_get::<String, _>("message_id")?)?;
-            let headers: String = row.try_get("headers")?;
-            let headers: serde_json::Value =
-                serde_json::from_str(&headers).map_err(|e| Error::MalformedRow {
-                    id,
-                    reason: format!("headers are not JSON: {e}"),
-                })?;
-            let occurred: i64 = row.try_get("occurred_at")?;
-            Ok(OutgoingMessage {
-                id,
-                message_id,
-                topic: row.try_get("topic")?,
-                key: row.try_get("key")?,
-                payload: bytes::Bytes::from(row.try_get::<Vec<u8>, _>("payload")?),
-                headers: parse_headers(id, headers)?,
-                // Out of range: a malformed row (quarantined), as on the other stores,
-                // not a message sent with a made-up time.
-                occurred_at: Utc.timestamp_millis_opt(occurred).single().ok_or_else(|| {
-                    Error::MalformedRow {
-                        id,
-                        reason: format!("occurred_at is not a representable time ({occurred} ms)"),
-                    }
-                })?,
-                attempts: row.try_get("attempts")?,
-            })
-        };
-        read().map_err(|e| Dead {
-            id,
-            error: super::malformed_reason(e),
-        })
-    }
-}
-
-/// A stored time for people: clamped to what chrono represents (years -262143 to
-/// 262142), so a hand-written time at the integer limits shows as the nearest end rather
-/// than as 1970.
-fn ms_to_time(ms: i64) -> DateTime<Utc> {
-    let (lo, hi) = (
-        DateTime::<Utc>::MIN_UTC.timestamp_millis(),
-        DateTime::<Utc>::MAX_UTC.timestamp_millis(),
-    );
-    Utc.timestamp_millis_opt(ms.clamp(lo, hi))
-        .single()
-        .unwrap_or_default()
 }
 
 fn ids_json(ids: &[i64]) -> String {
