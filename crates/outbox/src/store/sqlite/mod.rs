@@ -10,18 +10,21 @@
 mod busy;
 mod decode;
 mod error;
+mod ordering;
+mod retention;
+mod schema;
 #[cfg(test)]
 mod tests;
 mod topics;
 mod wakeup;
 
 use super::ops::{self, Dialect};
-use super::seam::{Maintenance, Operations, Registry, Relaying, Views};
+use super::seam::{Operations, Registry, Relaying, Views};
 use super::{
     Claim, ClaimRequest, ClaimsBy, Counts, DeadLetter, DeadSelector, DueHeld, HeldKeys,
-    KeyOrdering, Leases, Overview, PARKED_AT_MS, PauseState, PurgeBatch, RelayHeartbeat,
-    RelayRecord, ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement,
-    StoreConfig, TopicPause, millis,
+    KeyOrdering, Leases, Overview, PARKED_AT_MS, PauseState, RelayHeartbeat, RelayRecord,
+    ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest, Settled, Settlement, StoreConfig,
+    TopicPause, millis,
 };
 use crate::error::{Error, Result};
 use crate::inbox::Accepted;
@@ -40,7 +43,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-use topics::{dead_topics, topic_in, topics_where};
+use topics::{dead_topics, topic_in};
 use uuid::Uuid;
 
 /// Schema version this build creates and expects (4: the consumer inbox; 5: topic pauses
@@ -251,130 +254,6 @@ fn claim_ids_sql(p: &str) -> String {
          WHERE id IN (SELECT value FROM json_each(?4))
          RETURNING id, message_id, topic, key, payload, headers, occurred_at, attempts, {n} AS now_ms"
     )
-}
-
-fn migrations(p: &str) -> Vec<String> {
-    let n = NOW_MS;
-    vec![
-        format!(
-            r#"
-CREATE TABLE IF NOT EXISTS {p}_messages (
-    id            INTEGER PRIMARY KEY AUTOINCREMENT,
-    message_id    TEXT NOT NULL UNIQUE
-                  CHECK (length(message_id) = 36 AND message_id = lower(message_id)),
-    topic         TEXT NOT NULL CHECK (topic <> ''),
-    key           TEXT,
-    payload       BLOB NOT NULL,
-    headers       TEXT NOT NULL DEFAULT '{{}}' CHECK (json_type(headers) = 'object'),
-    occurred_at   INTEGER NOT NULL DEFAULT ({n}),
-    available_at  INTEGER NOT NULL DEFAULT ({n}),
-    status        INTEGER NOT NULL DEFAULT 0 CHECK (status BETWEEN 0 AND 3),
-    attempts      INTEGER NOT NULL DEFAULT 0,
-    claimed_by    TEXT,
-    claim_token   TEXT,
-    locked_until  INTEGER,
-    dispatched_at INTEGER,
-    last_error    TEXT
-);
-CREATE INDEX IF NOT EXISTS {p}_messages_live ON {p}_messages (available_at, id) WHERE status <= 1;
-CREATE TABLE IF NOT EXISTS {p}_control (
-    id         INTEGER PRIMARY KEY CHECK (id = 1),
-    paused     INTEGER NOT NULL DEFAULT 0,
-    reason     TEXT,
-    changed_at INTEGER NOT NULL DEFAULT ({n})
-);
-INSERT OR IGNORE INTO {p}_control (id) VALUES (1);
-"#
-        ),
-        format!(
-            r#"
-CREATE INDEX IF NOT EXISTS {p}_messages_dispatched ON {p}_messages (dispatched_at) WHERE status = 2;
-"#
-        ),
-        format!(
-            r#"
--- Operations: dead letters by when they died (available_at), audited replays, the relay
--- registry, topic pauses.
-CREATE INDEX IF NOT EXISTS {p}_messages_dead ON {p}_messages (available_at, id) WHERE status = 3;
-ALTER TABLE {p}_messages ADD COLUMN replay_id INTEGER;
-CREATE TABLE IF NOT EXISTS {p}_replays (
-    id           INTEGER PRIMARY KEY AUTOINCREMENT,
-    at           INTEGER NOT NULL DEFAULT ({n}),
-    requested_by TEXT NOT NULL,
-    reason       TEXT NOT NULL,
-    action       TEXT NOT NULL,
-    selection    TEXT NOT NULL,
-    count        INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS {p}_relays (
-    relay_id      TEXT PRIMARY KEY,
-    host          TEXT NOT NULL,
-    pid           INTEGER NOT NULL,
-    version       TEXT NOT NULL,
-    sink          TEXT NOT NULL,
-    in_flight     INTEGER NOT NULL DEFAULT 0,
-    started_at    INTEGER NOT NULL,
-    last_seen     INTEGER NOT NULL,
-    last_claim_at INTEGER
-);
-CREATE TABLE IF NOT EXISTS {p}_topic_pauses (
-    pattern   TEXT PRIMARY KEY,
-    reason    TEXT NOT NULL,
-    paused_by TEXT NOT NULL,
-    paused_at INTEGER NOT NULL
-);
-"#
-        ),
-        format!(
-            r#"
--- The consumer inbox: one row per (consumer, message id) a consumer accepted, written in
--- the consumer's own transaction; the purge reads it by age (integer ms, UTC).
-CREATE TABLE IF NOT EXISTS {p}_inbox (
-    consumer    TEXT NOT NULL CHECK (length(CAST(consumer AS BLOB)) BETWEEN 1 AND 255),
-    message_id  TEXT NOT NULL,
-    received_at INTEGER NOT NULL DEFAULT ({n}),
-    PRIMARY KEY (consumer, message_id)
-);
-CREATE INDEX IF NOT EXISTS {p}_inbox_received ON {p}_inbox (received_at);
-"#
-        ),
-        // v5: a topic pause carries its pattern's regex (`TopicPattern::regex`), so the
-        // claim matches topics against it; `migrate` fills it for pauses made before.
-        format!("ALTER TABLE {p}_topic_pauses ADD COLUMN regex TEXT;"),
-        // v6: per-key ordering reads a key's rows that are not dispatched, in id order.
-        format!(
-            "CREATE INDEX IF NOT EXISTS {p}_messages_key ON {p}_messages (topic, key, id)
-             WHERE key IS NOT NULL AND status <> 2;"
-        ),
-        // v7: the registry keeps each relay's destinations and their state (JSON).
-        format!("ALTER TABLE {p}_relays ADD COLUMN destinations TEXT;"),
-        // v8: a registry row per relay instance (two relays under one id each keep
-        // theirs), with the instance's lease (which claims are whose). SQLite cannot
-        // change a primary key: the table is rebuilt.
-        format!(
-            "CREATE TABLE {p}_relays_v8 (
-                 relay_id      TEXT NOT NULL,
-                 instance      TEXT NOT NULL DEFAULT '',
-                 host          TEXT NOT NULL,
-                 pid           INTEGER NOT NULL,
-                 version       TEXT NOT NULL,
-                 sink          TEXT NOT NULL,
-                 in_flight     INTEGER NOT NULL DEFAULT 0,
-                 started_at    INTEGER NOT NULL,
-                 last_seen     INTEGER NOT NULL,
-                 last_claim_at INTEGER,
-                 destinations  TEXT,
-                 lease_ms      INTEGER NOT NULL DEFAULT 0,
-                 PRIMARY KEY (relay_id, instance)
-             );
-             INSERT INTO {p}_relays_v8 (relay_id, host, pid, version, sink, in_flight, started_at,
-                                        last_seen, last_claim_at, destinations)
-             SELECT relay_id, host, pid, version, sink, in_flight, started_at, last_seen,
-                    last_claim_at, destinations FROM {p}_relays;
-             DROP TABLE {p}_relays;
-             ALTER TABLE {p}_relays_v8 RENAME TO {p}_relays;"
-        ),
-    ]
 }
 
 struct Inner {
@@ -770,31 +649,7 @@ impl Relaying for SqliteStore {
     }
 
     async fn check_schema(&self) -> Result<()> {
-        let p = self.inner.config.schema.as_str();
-        let table = format!("{p}_schema_migrations");
-        let exists: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
-        )
-        .bind(&table)
-        .fetch_one(&self.inner.pool)
-        .await?;
-        let found: i64 = if exists {
-            sqlx::query_scalar(AssertSqlSafe(format!(
-                "SELECT coalesce(max(version), 0) FROM {table}"
-            )))
-            .fetch_one(&self.inner.pool)
-            .await?
-        } else {
-            0
-        };
-        if found != SCHEMA_VERSION {
-            return Err(Error::NotMigrated {
-                schema: p.to_owned(),
-                found,
-                expected: SCHEMA_VERSION,
-            });
-        }
-        Ok(())
+        SqliteStore::check_schema(self).await
     }
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim> {
@@ -885,139 +740,6 @@ impl Relaying for SqliteStore {
 
     fn one_writer(&self) -> bool {
         true
-    }
-}
-
-#[async_trait]
-impl Maintenance for SqliteStore {
-    async fn migrate(&self) -> Result<()> {
-        let p = self.inner.config.schema.as_str();
-        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "CREATE TABLE IF NOT EXISTS {p}_schema_migrations (
-                 version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL DEFAULT ({NOW_MS}))"
-        )))
-        .execute(&mut *tx)
-        .await?;
-        let current: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT coalesce(max(version), 0) FROM {p}_schema_migrations"
-        )))
-        .fetch_one(&mut *tx)
-        .await?;
-        for (i, m) in migrations(p).into_iter().enumerate() {
-            let version = i as i64 + 1;
-            if version <= current {
-                continue;
-            }
-            sqlx::raw_sql(AssertSqlSafe(m)).execute(&mut *tx).await?;
-            sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {p}_schema_migrations (version) VALUES (?1)"
-            )))
-            .bind(version)
-            .execute(&mut *tx)
-            .await?;
-        }
-        let stored: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT pattern FROM {p}_topic_pauses"
-        )))
-        .fetch_all(&mut *tx)
-        .await?;
-        for (pattern, regex) in super::pause_regexes(stored) {
-            sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {p}_topic_pauses SET regex = ?2 WHERE pattern = ?1"
-            )))
-            .bind(pattern)
-            .bind(regex)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
-        // SQLite has one writer at a time: the write lock is the purge lock.
-        let r = sqlx::query(self.inner.sql.purge.clone())
-            .bind(millis(older_than))
-            .bind(i64::from(batch_size))
-            .execute(&self.inner.pool)
-            .await?;
-        crate::metrics::purged(r.rows_affected());
-        Ok(PurgeBatch {
-            deleted: r.rows_affected(),
-            locked_out: false,
-        })
-    }
-
-    async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64> {
-        if batch_size == 0 {
-            return Ok(0);
-        }
-        let r = sqlx::query(self.inner.sql.inbox_purge.clone())
-            .bind(millis(older_than))
-            .bind(i64::from(batch_size))
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(r.rows_affected())
-    }
-
-    async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
-        if !ordering.holds_dead() {
-            return Ok(0);
-        }
-        let p = self.p();
-        let n = NOW_MS;
-        // Under the write lock: a replay or discard runs wholly before or after.
-        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let topics = dead_topics(&mut tx, p, |t| ordering.covers(t)).await?;
-        let ordered = topic_in("topic", "?1");
-        let query = sqlx::query(AssertSqlSafe(format!(
-            "WITH blocked AS (
-               SELECT topic, key, min(id) AS id FROM {p}_messages
-               WHERE status = 3 AND key IS NOT NULL AND {ordered} GROUP BY topic, key)
-             UPDATE {p}_messages SET available_at = {PARKED_AT_MS}
-             WHERE id IN (SELECT m.id FROM blocked b JOIN {p}_messages m
-                          ON m.topic = b.topic AND m.key = b.key AND m.key IS NOT NULL
-                         AND m.status <> 2 AND m.id > b.id
-                          WHERE m.status = 0 AND m.available_at <= {n})"
-        )));
-        let parked = query.bind(topics).execute(&mut *tx).await?.rows_affected();
-        tx.commit().await?;
-        Ok(parked)
-    }
-
-    async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
-        let p = self.p();
-        let n = NOW_MS;
-        // Not ordered (or nothing held): every parked row is free (no ordered topic has a
-        // dead letter).
-        let held = format!(
-            "pk.key IS NOT NULL AND {} AND EXISTS (
-               SELECT 1 FROM {p}_messages d
-               WHERE d.topic = pk.topic AND d.key = pk.key AND d.key IS NOT NULL
-                 AND d.status <> 2 AND d.status = 3 AND d.id < pk.id)",
-            topic_in("pk.topic", "?1")
-        );
-        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let topics = if ordering.holds_dead() {
-            dead_topics(&mut tx, p, |t| ordering.covers(t)).await?
-        } else {
-            "[]".to_owned()
-        };
-        let query = sqlx::query(AssertSqlSafe(format!(
-            "WITH pk AS (
-               SELECT topic, key, min(id) AS id FROM {p}_messages
-               WHERE status <= 1 AND status = 0 AND available_at = {PARKED_AT_MS}
-               GROUP BY topic, key),
-             free AS (SELECT topic, key FROM pk WHERE NOT ({held}))
-             UPDATE {p}_messages SET available_at = {n}
-             WHERE status <= 1 AND status = 0 AND available_at = {PARKED_AT_MS}
-               AND EXISTS (SELECT 1 FROM free f WHERE f.topic = {p}_messages.topic
-                           AND f.key IS {p}_messages.key)"
-        )));
-        let given = query.bind(topics).execute(&mut *tx).await?.rows_affected();
-        tx.commit().await?;
-        Ok(given)
     }
 }
 
@@ -1430,74 +1152,11 @@ impl Views for SqliteStore {
     }
 
     async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
-        if !ordering.is_on() {
-            return Ok(HeldKeys::default());
-        }
-        let p = self.p();
-        let n = NOW_MS;
-        let mut tx = self.inner.pool.begin().await?;
-        let topics = dead_topics(&mut tx, p, |t| ordering.covers(t)).await?;
-        let ordered = topic_in("topic", "?1");
-        let (blocked_keys, held, oldest) =
-            sqlx::query_as::<_, (i64, i64, Option<i64>)>(AssertSqlSafe(format!(
-                "WITH blocked AS (
-                   SELECT topic, key, min(id) AS id FROM {p}_messages
-                   WHERE status = 3 AND key IS NOT NULL AND {ordered} GROUP BY topic, key),
-                 held AS (
-                   SELECT m.occurred_at FROM blocked b JOIN {p}_messages m
-                     ON m.topic = b.topic AND m.key = b.key AND m.status <> 2
-                    AND m.status <= 1 AND m.id > b.id)
-                 SELECT (SELECT count(*) FROM blocked), (SELECT count(*) FROM held),
-                        (SELECT CAST(({n} - min(occurred_at)) / 1000 AS INTEGER) FROM held)"
-            )))
-            .bind(topics)
-            .fetch_one(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(HeldKeys {
-            blocked_keys,
-            held,
-            oldest_held_age_seconds: oldest,
-        })
+        SqliteStore::held_keys(self, ordering).await
     }
 
     async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<DueHeld> {
-        let p = self.p();
-        let n = NOW_MS;
-        let dead_h = if ordering.skip_dead {
-            " AND h.status <> 3"
-        } else {
-            ""
-        };
-        let ordered = topic_in("m.topic", "?1");
-        let mut tx = self.inner.pool.begin().await?;
-        let topics = topics_where(&mut tx, p, "status <= 1 AND key IS NOT NULL", |t| {
-            ordering.covers(t)
-        })
-        .await?;
-        // The key's head is read as the ordered claim reads it (see
-        // `claim_ordered_select`), and only for the due rows of ordered keys.
-        let (held, oldest_free_ms): (i64, Option<i64>) = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT coalesce(sum(held), 0),
-                    CAST({n} - min(CASE WHEN NOT held THEN available_at END) AS INTEGER)
-             FROM (
-               SELECT m.available_at,
-                      CASE WHEN m.key IS NOT NULL AND {ordered} THEN coalesce(
-                        (SELECT h.id <> m.id AND (h.status = 3 OR h.available_at > {n})
-                         FROM {p}_messages h
-                         WHERE h.topic = m.topic AND h.key = m.key AND h.status <> 2{dead_h}
-                         ORDER BY h.id LIMIT 1), 0)
-                      ELSE 0 END AS held
-               FROM {p}_messages m WHERE m.status <= 1 AND m.available_at <= {n})"
-        )))
-        .bind(topics)
-        .fetch_one(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(DueHeld {
-            held,
-            oldest_free_due_s: oldest_free_ms.map(|ms| ms.max(0) / 1000),
-        })
+        SqliteStore::due_held_by_order(self, ordering).await
     }
 
     async fn overview(&self, top_n: u32) -> Result<Overview> {
