@@ -7,6 +7,7 @@ use super::busy::{BUSY_TIMEOUT, busy_sleep};
 use super::wakeup::AUTOCHECKPOINT_PAGES;
 use super::*;
 use crate::store::Maintenance;
+use std::time::Duration;
 
 #[test]
 fn the_busy_handler_retries_every_millisecond_then_every_ten_for_five_seconds() {
