@@ -6,6 +6,7 @@
 use super::busy::{BUSY_TIMEOUT, busy_sleep};
 use super::wakeup::AUTOCHECKPOINT_PAGES;
 use super::*;
+use crate::message::Message;
 use crate::store::Maintenance;
 use std::time::Duration;
 
