@@ -75,8 +75,6 @@ macro_rules! enqueue_for {
 }
 pub(crate) use enqueue_for;
 
-enqueue_for!("sqlite", crate::sqlite::SqliteStore, sqlx::Sqlite);
-
 /// Integration events collected during one business operation, as messages.
 #[derive(Debug, Clone, Default)]
 pub struct Events {

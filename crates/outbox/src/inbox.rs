@@ -87,8 +87,6 @@ macro_rules! inbox_for {
 }
 pub(crate) use inbox_for;
 
-inbox_for!("sqlite", crate::sqlite::SqliteStore, sqlx::Sqlite);
-
 /// What an inbox accepts: anything that names the delivered message's id — an
 /// [`Envelope`](crate::Envelope) read with one of the [`crate::envelope`] functions, or
 /// the bare [`Uuid`] a consumer in another shape found in its message.

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 use uuid::Uuid;
 
-const STORE_SOURCE: &str = include_str!("../../src/store/sqlite.rs");
+const STORE_SOURCE: &str = include_str!("../../src/store/sqlite/claim.rs");
 const STORE_MOD_SOURCE: &str = include_str!("../../src/store/mod.rs");
 
 /// The store's clock expression (`NOW_MS` in the store), checked against its source.
@@ -229,7 +229,7 @@ impl Backend for SqliteBackend {
                       WHERE status <= 1 AND available_at <= {n}{skip}
                         AND NOT EXISTS (SELECT 1 FROM {p}_control c WHERE c.id = 1 AND c.paused)
                       ORDER BY available_at, id LIMIT ?4";
-        assert_in_source(STORE_SOURCE, template, "src/store/sqlite.rs");
+        assert_in_source(STORE_SOURCE, template, "src/store/sqlite/claim.rs");
         assert_in_source(
             STORE_MOD_SOURCE,
             &format!("const SQLITE_NOW_MS: &str = {NOW_MS:?};"),

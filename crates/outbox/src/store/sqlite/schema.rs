@@ -1,0 +1,134 @@
+//! The schema: its migrations (tables and indexes, in `sql/migration_N.sql`), `migrate`
+//! and the version check.
+
+use super::{NOW_MS, SCHEMA_VERSION, SqliteStore};
+use crate::error::{Error, Result};
+use crate::store::{KeyOrdering, Maintenance, PurgeBatch};
+use async_trait::async_trait;
+use sqlx::AssertSqlSafe;
+use std::time::Duration;
+
+/// The migrations in order, migration N in `sql/migration_N.sql`: each the text sent as it
+/// is, with `{p}` the table prefix and `{n}` [`NOW_MS`] (whitespace included: SQLite keeps
+/// the text of a `CREATE` in `sqlite_master`). Each is applied once, all in `migrate`'s
+/// one transaction.
+const MIGRATIONS: [&str; 8] = [
+    include_str!("sql/migration_1.sql"),
+    include_str!("sql/migration_2.sql"),
+    include_str!("sql/migration_3.sql"),
+    include_str!("sql/migration_4.sql"),
+    // v5: a topic pause carries its pattern's regex (`TopicPattern::regex`), so the
+    // claim matches topics against it; `migrate` fills it for pauses made before.
+    include_str!("sql/migration_5.sql"),
+    // v6: per-key ordering reads a key's rows that are not dispatched, in id order.
+    include_str!("sql/migration_6.sql"),
+    // v7: the registry keeps each relay's destinations and their state (JSON).
+    include_str!("sql/migration_7.sql"),
+    // v8: a registry row per relay instance (two relays under one id each keep
+    // theirs), with the instance's lease (which claims are whose). SQLite cannot
+    // change a primary key: the table is rebuilt.
+    include_str!("sql/migration_8.sql"),
+];
+
+const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
+
+fn migrations(p: &str) -> Vec<String> {
+    MIGRATIONS
+        .iter()
+        .map(|text| text.replace("{p}", p).replace("{n}", NOW_MS))
+        .collect()
+}
+
+impl SqliteStore {
+    pub(super) async fn check_schema(&self) -> Result<()> {
+        let p = self.inner.config.schema.as_str();
+        let table = format!("{p}_schema_migrations");
+        let exists: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+        )
+        .bind(&table)
+        .fetch_one(&self.inner.pool)
+        .await?;
+        let found: i64 = if exists {
+            sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT coalesce(max(version), 0) FROM {table}"
+            )))
+            .fetch_one(&self.inner.pool)
+            .await?
+        } else {
+            0
+        };
+        if found != SCHEMA_VERSION {
+            return Err(Error::NotMigrated {
+                schema: p.to_owned(),
+                found,
+                expected: SCHEMA_VERSION,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Maintenance for SqliteStore {
+    async fn migrate(&self) -> Result<()> {
+        let p = self.inner.config.schema.as_str();
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE IF NOT EXISTS {p}_schema_migrations (
+                 version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL DEFAULT ({NOW_MS}))"
+        )))
+        .execute(&mut *tx)
+        .await?;
+        let current: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT coalesce(max(version), 0) FROM {p}_schema_migrations"
+        )))
+        .fetch_one(&mut *tx)
+        .await?;
+        for (i, m) in migrations(p).into_iter().enumerate() {
+            let version = i as i64 + 1;
+            if version <= current {
+                continue;
+            }
+            sqlx::raw_sql(AssertSqlSafe(m)).execute(&mut *tx).await?;
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {p}_schema_migrations (version) VALUES (?1)"
+            )))
+            .bind(version)
+            .execute(&mut *tx)
+            .await?;
+        }
+        let stored: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT pattern FROM {p}_topic_pauses"
+        )))
+        .fetch_all(&mut *tx)
+        .await?;
+        for (pattern, regex) in crate::store::pause_regexes(stored) {
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {p}_topic_pauses SET regex = ?2 WHERE pattern = ?1"
+            )))
+            .bind(pattern)
+            .bind(regex)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch> {
+        self.purge_dispatched(older_than, batch_size).await
+    }
+
+    async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64> {
+        self.purge_inbox(older_than, batch_size).await
+    }
+
+    async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
+        SqliteStore::park_held(self, ordering).await
+    }
+
+    async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64> {
+        SqliteStore::unpark_released(self, ordering).await
+    }
+}

@@ -1,0 +1,1 @@
+ALTER TABLE {p}_topic_pauses ADD COLUMN regex TEXT;

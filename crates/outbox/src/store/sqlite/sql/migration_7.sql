@@ -1,0 +1,1 @@
+ALTER TABLE {p}_relays ADD COLUMN destinations TEXT;

@@ -1,0 +1,199 @@
+//! Read-only views for `outbox status`, the dashboard and the sampled gauges: counts,
+//! leases, the overview, where a message is, and throughput.
+
+use super::decode::ms_to_time;
+use super::{NOW_MS, SqliteStore};
+use crate::error::Result;
+use crate::store::{
+    ClaimsBy, Counts, DueHeld, HeldKeys, KeyOrdering, Leases, Overview, PARKED_AT_MS, Views,
+};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::{AssertSqlSafe, Row};
+
+#[async_trait]
+impl Views for SqliteStore {
+    async fn counts(&self) -> Result<Counts> {
+        let row: crate::store::CountsRow = sqlx::query_as(self.inner.sql.counts.clone())
+            .fetch_one(&self.inner.pool)
+            .await?;
+        Ok(row.into())
+    }
+
+    async fn leases(&self) -> Result<Leases> {
+        let (held, last, ms): (i64, Option<i64>, Option<i64>) =
+            sqlx::query_as(self.inner.sql.leases.clone())
+                .fetch_one(&self.inner.pool)
+                .await?;
+        Ok(Leases::from_row(held, last.map(ms_to_time), ms))
+    }
+
+    async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
+        SqliteStore::held_keys(self, ordering).await
+    }
+
+    async fn due_held_by_order(&self, ordering: &KeyOrdering) -> Result<DueHeld> {
+        SqliteStore::due_held_by_order(self, ordering).await
+    }
+
+    async fn overview(&self, top_n: u32) -> Result<Overview> {
+        let p = self.p();
+        let n = NOW_MS;
+        let pool = &self.inner.pool;
+        let counts = self.counts().await?;
+        let (due, oldest_due_ms, expired): (i64, Option<i64>, i64) =
+            sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT count(*), CAST({n} - min(available_at) AS INTEGER), coalesce(sum(status = 1), 0)
+                 FROM {p}_messages WHERE status <= 1 AND available_at <= {n}"
+            )))
+            .fetch_one(pool)
+            .await?;
+        let parked: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {p}_messages
+             WHERE status <= 1 AND available_at = {PARKED_AT_MS}"
+        )))
+        .fetch_one(pool)
+        .await?;
+        // Each claim goes to the latest-started live instance of its relay id whose start
+        // plus lease is not after the claim's lease end (none: an earlier process's).
+        let claims_by: Vec<(Option<String>, Option<String>, i64, i64)> =
+            sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT m.claimed_by,
+                        (SELECT r.instance FROM {p}_relays r
+                         WHERE r.relay_id = m.claimed_by AND r.last_seen >= {n} - {expiry}
+                           AND r.started_at + r.lease_ms <= m.available_at
+                         ORDER BY r.started_at DESC, r.instance LIMIT 1) AS instance,
+                        count(*), coalesce(sum(m.available_at <= {n}), 0)
+                 FROM {p}_messages m WHERE m.status = 1 GROUP BY 1, 2 ORDER BY 1, 2",
+                expiry = crate::store::RELAY_EXPIRY.as_millis()
+            )))
+            .fetch_all(pool)
+            .await?;
+        let by_topic = async |status: i16| -> Result<Vec<(String, i64)>> {
+            let rows: Vec<(Vec<u8>, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT CAST(topic AS BLOB), count(*) FROM {p}_messages WHERE status = ?1
+                 GROUP BY topic ORDER BY count(*) DESC, topic LIMIT ?2"
+            )))
+            .bind(status)
+            .bind(i64::from(top_n))
+            .fetch_all(pool)
+            .await?;
+            Ok(rows
+                .into_iter()
+                .map(|(t, n)| (crate::store::lossy(t), n))
+                .collect())
+        };
+        Ok(Overview {
+            counts,
+            due,
+            oldest_due_s: oldest_due_ms.map(|ms| ms.max(0) / 1000),
+            expired_claims: expired,
+            parked,
+            claims_by: claims_by
+                .into_iter()
+                .map(|(r, instance, claimed, expired)| ClaimsBy {
+                    relay_id: r.unwrap_or_default(),
+                    instance,
+                    claimed,
+                    expired,
+                })
+                .collect(),
+            pending_by_topic: by_topic(crate::store::status::PENDING).await?,
+            dead_by_topic: by_topic(crate::store::status::DEAD).await?,
+        })
+    }
+
+    async fn find_messages(
+        &self,
+        query: &crate::store::lookup::MessageQuery,
+        limit: u32,
+    ) -> Result<Vec<crate::store::lookup::MessageLocation>> {
+        use crate::store::lookup::MessageQuery;
+        let p = self.p();
+        // Text as bytes, shown with U+FFFD for what is not UTF-8 (see `dead_letters`).
+        let cols = "id, message_id, CAST(topic AS BLOB) AS topic, CAST(key AS BLOB) AS key,
+                    status, attempts, occurred_at, available_at, claimed_by, locked_until,
+                    dispatched_at, last_error, length(payload) AS payload_bytes, replay_id";
+        let rows = match query {
+            MessageQuery::MessageId(id) => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {cols} FROM {p}_messages WHERE message_id = ?1"
+                )))
+                .bind(id.hyphenated().to_string())
+                .fetch_all(&self.inner.pool)
+                .await?
+            }
+            MessageQuery::Key {
+                key,
+                topic: Some(topic),
+            } => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {cols} FROM {p}_messages WHERE topic = ?1 AND key = ?2
+                     ORDER BY id DESC LIMIT ?3"
+                )))
+                .bind(topic)
+                .bind(key)
+                .bind(i64::from(limit))
+                .fetch_all(&self.inner.pool)
+                .await?
+            }
+            MessageQuery::Key { key, topic: None } => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {cols} FROM {p}_messages WHERE key = ?1 ORDER BY id DESC LIMIT ?2"
+                )))
+                .bind(key)
+                .bind(i64::from(limit))
+                .fetch_all(&self.inner.pool)
+                .await?
+            }
+        };
+        rows.iter()
+            .map(|r| {
+                let id: i64 = r.try_get("id")?;
+                let message_id =
+                    crate::store::text_message_id(id, &r.try_get::<String, _>("message_id")?)?;
+                let time = |c: &str| -> Result<Option<DateTime<Utc>>> {
+                    Ok(r.try_get::<Option<i64>, _>(c)?.map(ms_to_time))
+                };
+                Ok(crate::store::lookup::MessageLocation {
+                    id,
+                    message_id,
+                    topic: crate::store::lossy(r.try_get("topic")?),
+                    key: r
+                        .try_get::<Option<Vec<u8>>, _>("key")?
+                        .map(crate::store::lossy),
+                    status: crate::store::lookup::status_name(r.try_get("status")?),
+                    attempts: r.try_get("attempts")?,
+                    occurred_at: ms_to_time(r.try_get("occurred_at")?),
+                    available_at: ms_to_time(r.try_get("available_at")?),
+                    claimed_by: r.try_get("claimed_by")?,
+                    locked_until: time("locked_until")?,
+                    dispatched_at: time("dispatched_at")?,
+                    last_error: r.try_get("last_error")?,
+                    payload_bytes: r.try_get("payload_bytes")?,
+                    replay_id: r.try_get("replay_id")?,
+                }
+                .noting_parked())
+            })
+            .collect()
+    }
+
+    async fn throughput(&self, minutes: u32) -> Result<Vec<crate::store::lookup::MinuteCounts>> {
+        let p = self.p();
+        let n = NOW_MS;
+        let minutes = minutes.min(crate::store::lookup::MAX_THROUGHPUT_MINUTES);
+        let rows: Vec<(i64, i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT m, sum(d), sum(x) FROM (
+               SELECT ({n} - dispatched_at) / 60000 AS m, 1 AS d, 0 AS x
+               FROM {p}_messages WHERE status = 2 AND dispatched_at >= {n} - ?1 * 60000
+               UNION ALL
+               SELECT ({n} - available_at) / 60000, 0, 1
+               FROM {p}_messages WHERE status = 3 AND available_at >= {n} - ?1 * 60000
+             ) GROUP BY m"
+        )))
+        .bind(i64::from(minutes))
+        .fetch_all(&self.inner.pool)
+        .await?;
+        Ok(crate::store::lookup::fill_minutes(minutes, &rows))
+    }
+}
