@@ -130,7 +130,7 @@ impl MySqlStore {
         Ok(())
     }
 
-    /// The limit `{prefix}_enqueue(...)` enforces (written by [`Maintenance::migrate`](crate::store::Maintenance::migrate) from
+    /// The limit `{prefix}_enqueue(...)` enforces (written by [`Maintenance::migrate`] from
     /// [`StoreConfig::max_message_bytes`](crate::store::StoreConfig::max_message_bytes)), in bytes; `None` before the first migration.
     ///
     /// # Errors

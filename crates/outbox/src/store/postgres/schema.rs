@@ -43,7 +43,7 @@ pub(super) fn migrations(s: &str) -> Vec<String> {
 
 impl PgStore {
     /// The limit `{schema}.enqueue(...)` enforces (written by
-    /// [`Maintenance::migrate`](crate::store::Maintenance::migrate) from
+    /// [`Maintenance::migrate`] from
     /// [`StoreConfig::max_message_bytes`](crate::StoreConfig::max_message_bytes)), in bytes;
     /// `None` before the first migration.
     ///
