@@ -296,8 +296,6 @@ impl Relay {
             )));
         }
         self.store.check_schema().await?;
-        // Each worker claims, publishes and settles its own batches; SKIP LOCKED keeps
-        // their claims apart, and one worker's publish overlaps another's claim and mark.
         crate::metrics::relay_info(&self.store_kind(), &self.router.describe());
         // Logged once the id is ours: a refused relay never says it started.
         let _running = self.refuse_if_id_taken().await?;
@@ -306,19 +304,7 @@ impl Relay {
         // Parked rows this relay's ordering does not hold come back before the first
         // claim (so a drain sees them due).
         self.unpark().await;
-        // Subscribed before the first claim: a commit after it moves the counter even if
-        // no worker is idle yet.
-        *self.listener.lock().await = Some(self.store.wakeups());
-        let done = CancellationToken::new();
-        let workers = async {
-            let r = futures::future::join_all(
-                (0..cfg.in_flight_batches).map(|w| self.worker(w, &cancel)),
-            )
-            .await;
-            done.cancel();
-            r
-        };
-        let (results, ()) = tokio::join!(workers, self.background(&done));
+        let results = self.run_workers(&cancel).await;
         // A broker that is down must not keep the process from exiting.
         if tokio::time::timeout(cfg.shutdown_grace, self.router.close())
             .await

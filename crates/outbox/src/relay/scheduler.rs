@@ -1,5 +1,6 @@
-//! The workers: each claims, publishes and settles its own batches; while idle one of
-//! them listens for the store's wake-up, and the others join when a claim comes back full.
+//! The workers: started together and joined beside the background; each claims,
+//! publishes and settles its own batches; while idle one of them listens for the store's
+//! wake-up, and the others join when a claim comes back full.
 
 use super::health::add;
 use super::{Relay, RelayError};
@@ -30,6 +31,32 @@ impl Drop for Working<'_> {
 }
 
 impl Relay {
+    /// Runs the relay's `in_flight_batches` workers until each has stopped (shutdown, a
+    /// drain that found nothing due, an error), with the background beside them
+    /// ([`Relay::background`]), which ends once the last worker has. Returns each
+    /// worker's result.
+    pub(super) async fn run_workers(
+        &self,
+        cancel: &CancellationToken,
+    ) -> Vec<Result<(), RelayError>> {
+        // Subscribed before the first claim: a commit after it moves the counter even if
+        // no worker is idle yet.
+        *self.listener.lock().await = Some(self.store.wakeups());
+        let done = CancellationToken::new();
+        // Each worker claims, publishes and settles its own batches; SKIP LOCKED keeps
+        // their claims apart, and one worker's publish overlaps another's claim and mark.
+        let workers = async {
+            let r = futures::future::join_all(
+                (0..self.config.in_flight_batches).map(|w| self.worker(w, cancel)),
+            )
+            .await;
+            done.cancel();
+            r
+        };
+        let (results, ()) = tokio::join!(workers, self.background(&done));
+        results
+    }
+
     /// Waits while idle: for the store's wake-up or the poll interval when this worker is
     /// the relay's listener (one idle worker at a time is), for a full batch found by
     /// another worker, or for shutdown. One claim follows per wake-up, not one per worker,
@@ -108,11 +135,7 @@ impl Relay {
     /// One claim → publish → settle loop (worker `index`). While idle, one worker at a
     /// time listens for the store's wake-up and polls (see [`Relay::idle`]); a claim that
     /// found rows is followed at once by another.
-    pub(super) async fn worker(
-        &self,
-        index: u32,
-        cancel: &CancellationToken,
-    ) -> Result<(), RelayError> {
+    async fn worker(&self, index: u32, cancel: &CancellationToken) -> Result<(), RelayError> {
         let cfg = &self.config;
         // One worker claims first; the others join when a claim comes back full (or a
         // wake-up comes), as while idle, so a small backlog is one batch, not one split
