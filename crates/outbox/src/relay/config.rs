@@ -1,12 +1,15 @@
-//! The relay's settings: [`RelayConfig`], [`OnDispatch`] and their defaults.
+//! The relay's settings: [`RelayConfig`], [`OnDispatch`] and their defaults, and the
+//! rules a configuration must meet for the relay to start ([`RelayConfig::validate`],
+//! [`ConfigError`]).
 
+use super::RelayError;
 use super::registry::host_name;
 use crate::store::KeyOrdering;
 use std::time::Duration;
 
 /// The longest [`RelayConfig::relay_id`], in bytes: what every store's `claimed_by` column
 /// and relay registry hold (MariaDB's are `VARCHAR(255)`). A longer or empty id is refused
-/// with [`RelayError::Config`](super::RelayError::Config) before anything is claimed.
+/// with [`RelayError::Config`] before anything is claimed.
 pub const MAX_RELAY_ID_BYTES: usize = 255;
 
 /// Settings of one relay. `Default` gives production values.
@@ -88,12 +91,107 @@ pub enum OnDispatch {
     Delete,
 }
 
+/// The shortest [`RelayConfig::lease`]: the lease is renewed every third of it.
+const MIN_LEASE: Duration = Duration::from_millis(30);
+
 impl RelayConfig {
     /// The claim size's bounds in rows, (smallest, largest): `min_batch_size` kept within
     /// 1..=`batch_size`, and `batch_size` (at least 1 here; `run` refuses 0).
     pub(super) fn claim_bounds(&self) -> (u32, u32) {
         let max = self.batch_size.max(1);
         (self.min_batch_size.clamp(1, max), max)
+    }
+
+    /// Checks the settings a relay cannot work with; [`Relay::run`](super::Relay::run)
+    /// calls it first and refuses to start with [`RelayError::Config`], whose text is
+    /// the [`ConfigError`]'s. The rules, checked in this order (the first broken one is
+    /// returned): `batch_size` at least 1, `max_attempts` at least 1, `lease` at least
+    /// 30 ms, `publish_timeout` more than zero, `in_flight_batches` at least 1, and
+    /// `relay_id` 1 to [`MAX_RELAY_ID_BYTES`] bytes. Every other setting is taken as it
+    /// is (`min_batch_size` is kept within 1..=`batch_size`, not refused).
+    ///
+    /// # Errors
+    /// The first rule the configuration breaks.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.batch_size == 0 {
+            return Err(ConfigError::BatchSizeZero);
+        }
+        if self.max_attempts < 1 {
+            return Err(ConfigError::MaxAttemptsBelowOne {
+                max_attempts: self.max_attempts,
+            });
+        }
+        if self.lease < MIN_LEASE {
+            return Err(ConfigError::LeaseTooShort { lease: self.lease });
+        }
+        if self.publish_timeout.is_zero() {
+            return Err(ConfigError::PublishTimeoutZero);
+        }
+        if self.in_flight_batches == 0 {
+            return Err(ConfigError::InFlightBatchesZero);
+        }
+        if self.relay_id.is_empty() || self.relay_id.len() > MAX_RELAY_ID_BYTES {
+            return Err(ConfigError::RelayIdLength {
+                len: self.relay_id.len(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A rule of [`RelayConfig::validate`] that a configuration breaks: each variant names
+/// its field ([`ConfigError::field`]) and its text states the rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `batch_size` is 0: a claim must ask for at least one row.
+    #[error("batch_size must be at least 1")]
+    BatchSizeZero,
+    /// `max_attempts` is below 1: no message could ever be published.
+    #[error("max_attempts must be at least 1")]
+    MaxAttemptsBelowOne {
+        /// The value given.
+        max_attempts: i32,
+    },
+    /// `lease` is shorter than 30 ms: it is renewed every third of it.
+    #[error("the lease ({lease:?}) must be at least 30 ms: it is renewed every third of it")]
+    LeaseTooShort {
+        /// The value given.
+        lease: Duration,
+    },
+    /// `publish_timeout` is zero: no message could wait for its confirmation.
+    #[error("publish_timeout must be more than zero")]
+    PublishTimeoutZero,
+    /// `in_flight_batches` is 0: no worker would claim.
+    #[error("in_flight_batches must be at least 1")]
+    InFlightBatchesZero,
+    /// `relay_id` is empty or longer than [`MAX_RELAY_ID_BYTES`] bytes (what the stores'
+    /// `claimed_by` column and relay registry hold).
+    #[error("relay_id must be 1-{max} bytes, got {len}", max = MAX_RELAY_ID_BYTES)]
+    RelayIdLength {
+        /// Its length in bytes.
+        len: usize,
+    },
+}
+
+impl ConfigError {
+    /// The [`RelayConfig`] field at fault, as spelled there (`"lease"`, `"relay_id"`, …).
+    pub fn field(&self) -> &'static str {
+        match self {
+            ConfigError::BatchSizeZero => "batch_size",
+            ConfigError::MaxAttemptsBelowOne { .. } => "max_attempts",
+            ConfigError::LeaseTooShort { .. } => "lease",
+            ConfigError::PublishTimeoutZero => "publish_timeout",
+            ConfigError::InFlightBatchesZero => "in_flight_batches",
+            ConfigError::RelayIdLength { .. } => "relay_id",
+        }
+    }
+}
+
+impl From<ConfigError> for RelayError {
+    /// [`RelayError::Config`] with the rule's text.
+    fn from(e: ConfigError) -> Self {
+        RelayError::Config(e.to_string())
     }
 }
 
@@ -129,4 +227,171 @@ pub fn default_relay_id() -> String {
         std::process::id(),
         rand::random::<u16>()
     )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A configuration that passes, with a short lease (the defaults pass too).
+    fn valid() -> RelayConfig {
+        RelayConfig {
+            relay_id: "relay-1".into(),
+            lease: MIN_LEASE,
+            ..RelayConfig::default()
+        }
+    }
+
+    /// `cfg` breaks exactly `want`, whose field it names, with the text `text`.
+    fn refused(cfg: &RelayConfig, want: ConfigError, field: &str, text: &str) {
+        let e = cfg.validate().unwrap_err();
+        assert_eq!(e, want);
+        assert_eq!(e.field(), field);
+        assert_eq!(e.to_string(), text);
+    }
+
+    #[test]
+    fn the_defaults_and_the_bounds_pass() {
+        RelayConfig::default().validate().unwrap();
+        valid().validate().unwrap();
+        let bounds = RelayConfig {
+            batch_size: 1,
+            min_batch_size: 0, // kept within 1..=batch_size, not refused
+            max_attempts: 1,
+            publish_timeout: Duration::from_nanos(1),
+            in_flight_batches: 1,
+            relay_id: "r".repeat(MAX_RELAY_ID_BYTES),
+            ..valid()
+        };
+        bounds.validate().unwrap();
+        let over = RelayConfig {
+            min_batch_size: 5_000, // above batch_size: kept within it, not refused
+            ..valid()
+        };
+        over.validate().unwrap();
+    }
+
+    #[test]
+    fn a_zero_batch_size_is_refused() {
+        let cfg = RelayConfig {
+            batch_size: 0,
+            ..valid()
+        };
+        refused(
+            &cfg,
+            ConfigError::BatchSizeZero,
+            "batch_size",
+            "batch_size must be at least 1",
+        );
+    }
+
+    #[test]
+    fn max_attempts_below_one_is_refused() {
+        for max_attempts in [0, -3] {
+            let cfg = RelayConfig {
+                max_attempts,
+                ..valid()
+            };
+            refused(
+                &cfg,
+                ConfigError::MaxAttemptsBelowOne { max_attempts },
+                "max_attempts",
+                "max_attempts must be at least 1",
+            );
+        }
+    }
+
+    #[test]
+    fn a_lease_under_30_ms_is_refused() {
+        let lease = Duration::from_millis(29);
+        let cfg = RelayConfig { lease, ..valid() };
+        refused(
+            &cfg,
+            ConfigError::LeaseTooShort { lease },
+            "lease",
+            "the lease (29ms) must be at least 30 ms: it is renewed every third of it",
+        );
+    }
+
+    #[test]
+    fn a_zero_publish_timeout_is_refused() {
+        let cfg = RelayConfig {
+            publish_timeout: Duration::ZERO,
+            ..valid()
+        };
+        refused(
+            &cfg,
+            ConfigError::PublishTimeoutZero,
+            "publish_timeout",
+            "publish_timeout must be more than zero",
+        );
+    }
+
+    #[test]
+    fn zero_in_flight_batches_are_refused() {
+        let cfg = RelayConfig {
+            in_flight_batches: 0,
+            ..valid()
+        };
+        refused(
+            &cfg,
+            ConfigError::InFlightBatchesZero,
+            "in_flight_batches",
+            "in_flight_batches must be at least 1",
+        );
+    }
+
+    #[test]
+    fn an_empty_or_too_long_relay_id_is_refused() {
+        let empty = RelayConfig {
+            relay_id: String::new(),
+            ..valid()
+        };
+        refused(
+            &empty,
+            ConfigError::RelayIdLength { len: 0 },
+            "relay_id",
+            "relay_id must be 1-255 bytes, got 0",
+        );
+        let long = RelayConfig {
+            relay_id: "r".repeat(MAX_RELAY_ID_BYTES + 1),
+            ..valid()
+        };
+        refused(
+            &long,
+            ConfigError::RelayIdLength { len: 256 },
+            "relay_id",
+            "relay_id must be 1-255 bytes, got 256",
+        );
+    }
+
+    #[test]
+    fn the_first_broken_rule_is_reported() {
+        let cfg = RelayConfig {
+            batch_size: 0,
+            in_flight_batches: 0,
+            relay_id: String::new(),
+            ..valid()
+        };
+        assert_eq!(cfg.validate(), Err(ConfigError::BatchSizeZero));
+        let cfg = RelayConfig {
+            batch_size: 1,
+            ..cfg
+        };
+        assert_eq!(cfg.validate(), Err(ConfigError::InFlightBatchesZero));
+    }
+
+    #[test]
+    fn the_relay_refuses_with_the_rule_s_text() {
+        let e = RelayError::from(ConfigError::PublishTimeoutZero);
+        assert!(
+            matches!(&e, RelayError::Config(text) if text == "publish_timeout must be more than zero"),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "invalid relay configuration: publish_timeout must be more than zero"
+        );
+    }
 }

@@ -38,7 +38,7 @@ mod registry;
 mod scheduler;
 mod upkeep;
 
-pub use config::{MAX_RELAY_ID_BYTES, OnDispatch, RelayConfig, default_relay_id};
+pub use config::{ConfigError, MAX_RELAY_ID_BYTES, OnDispatch, RelayConfig, default_relay_id};
 pub(crate) use decide::{Ending, Policy, decide, plan, rounds};
 pub use health::{RelayHealth, RelayStats};
 
@@ -49,7 +49,6 @@ use crate::store::Store;
 use failing::Failing;
 use health::Counters;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Why a relay stopped with an error.
@@ -65,7 +64,8 @@ pub enum RelayError {
         /// The reason given when pausing.
         reason: String,
     },
-    /// The relay's configuration cannot work.
+    /// The relay's configuration cannot work: the text of the [`ConfigError`] that
+    /// [`RelayConfig::validate`] returned.
     #[error("invalid relay configuration: {0}")]
     Config(String),
     /// Another live relay already runs under this relay id: another process (the
@@ -267,34 +267,7 @@ impl Relay {
     /// settings that cannot work.
     pub async fn run(self, cancel: CancellationToken) -> Result<RelayStats, RelayError> {
         let cfg = &self.config;
-        if cfg.batch_size == 0 {
-            return Err(RelayError::Config("batch_size must be at least 1".into()));
-        }
-        if cfg.max_attempts < 1 {
-            return Err(RelayError::Config("max_attempts must be at least 1".into()));
-        }
-        if cfg.lease < Duration::from_millis(30) {
-            return Err(RelayError::Config(format!(
-                "the lease ({:?}) must be at least 30 ms: it is renewed every third of it",
-                cfg.lease
-            )));
-        }
-        if cfg.publish_timeout.is_zero() {
-            return Err(RelayError::Config(
-                "publish_timeout must be more than zero".into(),
-            ));
-        }
-        if cfg.in_flight_batches == 0 {
-            return Err(RelayError::Config(
-                "in_flight_batches must be at least 1".into(),
-            ));
-        }
-        if cfg.relay_id.is_empty() || cfg.relay_id.len() > MAX_RELAY_ID_BYTES {
-            return Err(RelayError::Config(format!(
-                "relay_id must be 1-{MAX_RELAY_ID_BYTES} bytes, got {}",
-                cfg.relay_id.len()
-            )));
-        }
+        cfg.validate()?;
         self.store.check_schema().await?;
         crate::metrics::relay_info(&self.store_kind(), &self.router.describe());
         // Logged once the id is ours: a refused relay never says it started.
