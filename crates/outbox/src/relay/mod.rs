@@ -24,10 +24,10 @@
 //!   interval; while idle only one worker per relay polls.
 //!
 //! The rooms: `config` (the settings), `scheduler` (the workers: when each claims or
-//! waits), `process` (one batch: publish, await the confirmations, settle), `decide` (the
-//! pure decisions), `upkeep` (the background beside the workers), `registry` (the relay
-//! id's row and its uniqueness), `health` (counters and health), `failing` (the store's
-//! outage as the relay sees it).
+//! waits), `process` (one batch: publish, await the confirmations, settle), `decide` and
+//! `rounds` (the pure decisions; `rounds` those of ordered keys), `upkeep` (the background
+//! beside the workers), `registry` (the relay id's row and its uniqueness), `health`
+//! (counters and health), `failing` (the store's outage as the relay sees it).
 
 mod config;
 mod decide;
@@ -35,12 +35,14 @@ mod failing;
 mod health;
 mod process;
 mod registry;
+mod rounds;
 mod scheduler;
 mod upkeep;
 
 pub use config::{ConfigError, MAX_RELAY_ID_BYTES, OnDispatch, RelayConfig, default_relay_id};
-pub(crate) use decide::{Ending, Policy, decide, plan, rounds};
+pub(crate) use decide::{Ending, Policy, decide, plan};
 pub use health::{RelayHealth, RelayStats};
+pub(crate) use rounds::rounds;
 
 use crate::error::Error;
 use crate::sink::Sink;
