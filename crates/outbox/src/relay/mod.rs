@@ -42,7 +42,7 @@ mod upkeep;
 pub use config::{ConfigError, MAX_RELAY_ID_BYTES, OnDispatch, RelayConfig, default_relay_id};
 pub(crate) use decide::{Ending, Policy, decide, plan};
 pub use health::{RelayHealth, RelayStats};
-pub(crate) use rounds::rounds;
+pub(crate) use rounds::{DeadStops, KeyStops, rounds};
 
 use crate::error::Error;
 use crate::sink::Sink;

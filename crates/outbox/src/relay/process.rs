@@ -2,7 +2,7 @@
 //! is in flight, wait for the confirmations, then settle it in one store call.
 
 use super::health::add;
-use super::{Ending, Policy, Relay, decide, plan, rounds};
+use super::{DeadStops, Ending, KeyStops, Policy, Relay, decide, plan, rounds};
 use crate::error::Error;
 use crate::message::OutgoingMessage;
 use crate::sink::Confirmations;
@@ -25,40 +25,16 @@ impl Relay {
             db_now,
         } = claim;
         // Messages that go dead unpublished stop what follows them when dead rows hold
-        // their key: one past max_attempts stops its key (`dead_keys`), a malformed row,
-        // whose key is not known, every ordered message after it (`stop_after`).
-        let strict = cfg.ordering.holds_dead();
-        let stop_after = if strict {
-            malformed.iter().map(|d| d.id).min().unwrap_or(i64::MAX)
-        } else {
-            i64::MAX
-        };
-        let dead_keys: Vec<(String, Option<String>)> = if strict {
-            messages
-                .iter()
-                .filter(|m| m.attempts > policy.max_attempts && cfg.ordering.covers(&m.topic))
-                .map(|m| (m.topic.clone(), m.key.clone()))
-                .collect()
-        } else {
-            Vec::new()
-        };
+        // their key: one past max_attempts stops its key, a malformed row, whose key is
+        // not known, every message after it (`DeadStops`, then `KeyStops` per round).
+        let dead_stops = DeadStops::of(&messages, &malformed, &cfg.ordering, &policy);
         let (mut to_publish, mut dead) = plan(messages, &policy);
         let mut dead_all: Vec<Dead> = malformed;
         dead_all.append(&mut dead);
         let rounds = rounds(&to_publish, &cfg.ordering);
-        // Per ordered key of the claim: true once it must not be published further.
-        let mut stopped = vec![false; rounds.keys];
-        for (m, k) in to_publish.iter().zip(&rounds.key) {
-            if let Some(k) = k
-                && dead_keys
-                    .iter()
-                    .any(|(t, key)| *t == m.topic && *key == m.key)
-            {
-                stopped[*k] = true;
-            }
-        }
+        let stops = KeyStops::at_claim(&dead_stops, &to_publish, &rounds);
         // One round with nothing held back: the batch goes out as one publish.
-        let whole = rounds.of.len() == 1 && dead_keys.is_empty() && stop_after == i64::MAX;
+        let whole = rounds.of.len() == 1 && dead_stops.is_empty();
         let sent = std::sync::Mutex::new(vec![whole; to_publish.len()]);
 
         // A producer span per message (only with an OpenTelemetry layer); it also puts
@@ -79,19 +55,12 @@ impl Relay {
                             .publish(&to_publish, &confirm, cfg.publish_timeout)
                             .await;
                     }
-                    let mut stopped = stopped;
+                    let mut stops = stops;
                     for round in &rounds.of {
                         if cancel.is_cancelled() {
                             break; // the rest is released
                         }
-                        let ids: Vec<usize> = round
-                            .iter()
-                            .copied()
-                            .filter(|&i| {
-                                to_publish[i].id < stop_after
-                                    && rounds.key[i].is_none_or(|k| !stopped[k])
-                            })
-                            .collect();
+                        let ids = stops.pick(round, &to_publish, &rounds);
                         if ids.is_empty() {
                             continue;
                         }
@@ -106,13 +75,11 @@ impl Relay {
                         self.router
                             .publish(&part, &confirm.subset(&ids), cfg.publish_timeout)
                             .await;
-                        for &i in &ids {
-                            if !matches!(confirm.get(i), Some(Ok(())))
-                                && let Some(k) = rounds.key[i]
-                            {
-                                stopped[k] = true;
-                            }
-                        }
+                        stops.stop_failed(
+                            &ids,
+                            |i| matches!(confirm.get(i), Some(Ok(()))),
+                            &rounds,
+                        );
                     }
                 };
                 tokio::pin!(route);
