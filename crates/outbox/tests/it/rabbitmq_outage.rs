@@ -109,10 +109,16 @@ impl Node {
             });
         std::thread::spawn(move || child.wait());
         let start = Instant::now();
-        while Connection::connect(&self.url(), ConnectionProperties::default())
-            .await
-            .is_err()
-        {
+        // Each attempt is bounded: a connection the booting node accepts and then drops can
+        // leave lapin's handshake waiting forever, with nothing left to wake it.
+        while !matches!(
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                Connection::connect(&self.url(), ConnectionProperties::default()),
+            )
+            .await,
+            Ok(Ok(_))
+        ) {
             assert!(
                 start.elapsed() < Duration::from_secs(120),
                 "the private RabbitMQ node did not come up on port {}",
