@@ -3,11 +3,15 @@
 //! Every change goes through `Operations::replay`, which writes the audit row in the same
 //! transaction.
 
-use super::dead::SelectArgs;
+use crate::shared::parse_duration;
 use crate::shared::{CONFIRM_ABOVE, confirm, out};
 use crate::text::counted;
+use anyhow::Context as _;
+use chrono::{DateTime, Utc};
 use outbox::store::{DeadSelector, ReplayAction, ReplayOutcome, ReplayRequest, Store};
+use outbox::topic::TopicPattern;
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// What every change to dead rows needs: which, who, why, and how carefully.
 #[derive(clap::Args, Debug)]
@@ -198,3 +202,89 @@ fn report_refused(o: &ReplayOutcome) {
         eprintln!("refused {}: {}", r.what, r.reason);
     }
 }
+
+/// How dead rows are chosen (every option given must hold).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub(crate) struct SelectArgs {
+    /// Row ids (the `id` column) or message ids (UUIDs); comma-separated or repeated.
+    #[arg(value_delimiter = ',')]
+    pub(crate) ids: Vec<String>,
+    /// Rows whose id is in A..B (inclusive), e.g. 100..250.
+    #[arg(long)]
+    pub(crate) id_range: Option<String>,
+    /// Topic pattern: dotted, `*` one token, `>` (last) one or more (orders.>).
+    #[arg(long)]
+    pub(crate) topic: Option<String>,
+    /// Died within this long (90s, 15m, 2h, 7d) or at/after this RFC 3339 time.
+    #[arg(long)]
+    pub(crate) since: Option<String>,
+    /// Last error contains this text (case-insensitive).
+    #[arg(long)]
+    pub(crate) error: Option<String>,
+}
+
+impl SelectArgs {
+    pub(crate) fn selector(&self) -> anyhow::Result<DeadSelector> {
+        let mut sel = DeadSelector::default();
+        for id in &self.ids {
+            let id = id.trim();
+            if id.is_empty() {
+                continue;
+            }
+            if let Ok(n) = id.parse::<i64>() {
+                sel.ids.push(n);
+            } else {
+                sel.message_ids
+                    .push(uuid::Uuid::parse_str(id).with_context(|| {
+                        format!("{id:?} is neither a row id (an integer) nor a message id (a UUID)")
+                    })?);
+            }
+        }
+        if let Some(r) = &self.id_range {
+            let (a, b) = r
+                .split_once("..")
+                .with_context(|| format!("--id-range {r:?} must be A..B"))?;
+            let a: i64 = a
+                .trim()
+                .parse()
+                .context("--id-range: A must be an integer")?;
+            let b: i64 = b
+                .trim()
+                .trim_start_matches('=')
+                .parse()
+                .context("--id-range: B must be an integer")?;
+            anyhow::ensure!(a <= b, "--id-range {r:?}: A must not exceed B");
+            sel.id_range = Some((a, b));
+        }
+        if let Some(t) = &self.topic {
+            sel.topic = Some(TopicPattern::parse(t).map_err(anyhow::Error::msg)?);
+        }
+        if let Some(s) = &self.since {
+            match parse_duration(s) {
+                Ok(d) => {
+                    anyhow::ensure!(
+                        d <= MAX_SINCE,
+                        "--since {s:?} reaches back too far: give at most 100y (a duration) or an RFC 3339 time"
+                    );
+                    sel.died_within = Some(d);
+                }
+                Err(_) => {
+                    let t = DateTime::parse_from_rfc3339(s).with_context(|| {
+                        format!(
+                            "--since {s:?} is neither a duration (a number and a unit: 90s, 15m, 2h, 7d) nor an RFC 3339 time (2026-12-01T10:00:00Z)"
+                        )
+                    })?;
+                    sel.died_after = Some(t.with_timezone(&Utc));
+                }
+            }
+        }
+        if let Some(e) = &self.error {
+            anyhow::ensure!(!e.trim().is_empty(), "--error must not be empty");
+            sel.error_contains = Some(e.clone());
+        }
+        Ok(sel)
+    }
+}
+
+/// The longest `--since` duration: 100 years (older times are given as RFC 3339 times).
+const MAX_SINCE: Duration = Duration::from_secs(100 * 31_557_600);

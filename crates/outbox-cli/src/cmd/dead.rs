@@ -2,15 +2,11 @@
 //! how a payload is shown.
 
 use super::OrderingArgs;
-use super::change::{ChangeArgs, change_dead};
-use crate::shared::{GlobalArgs, open_checked, out, parse_duration};
+use super::change::{ChangeArgs, SelectArgs, change_dead};
+use crate::shared::{GlobalArgs, open_checked, out};
 use crate::text::{clip, counted, group, one_line, safe, safe_multiline};
-use anyhow::Context as _;
-use chrono::{DateTime, Utc};
-use outbox::sink::router::TopicPattern;
-use outbox::store::{DeadLetter, DeadSelector, ReplayAction, Store};
+use outbox::store::{DeadLetter, ReplayAction, Store};
 use std::process::ExitCode;
-use std::time::Duration;
 
 /// `outbox dead …`
 #[derive(clap::Subcommand, Debug)]
@@ -155,92 +151,6 @@ async fn dead(store: &dyn Store, cmd: &DeadCommand) -> anyhow::Result<ExitCode> 
         }
     }
 }
-
-/// How dead rows are chosen (every option given must hold).
-#[derive(clap::Args, Debug, Clone, Default)]
-pub(crate) struct SelectArgs {
-    /// Row ids (the `id` column) or message ids (UUIDs); comma-separated or repeated.
-    #[arg(value_delimiter = ',')]
-    pub(crate) ids: Vec<String>,
-    /// Rows whose id is in A..B (inclusive), e.g. 100..250.
-    #[arg(long)]
-    pub(crate) id_range: Option<String>,
-    /// Topic pattern: dotted, `*` one token, `>` (last) one or more (orders.>).
-    #[arg(long)]
-    pub(crate) topic: Option<String>,
-    /// Died within this long (90s, 15m, 2h, 7d) or at/after this RFC 3339 time.
-    #[arg(long)]
-    pub(crate) since: Option<String>,
-    /// Last error contains this text (case-insensitive).
-    #[arg(long)]
-    pub(crate) error: Option<String>,
-}
-
-impl SelectArgs {
-    pub(crate) fn selector(&self) -> anyhow::Result<DeadSelector> {
-        let mut sel = DeadSelector::default();
-        for id in &self.ids {
-            let id = id.trim();
-            if id.is_empty() {
-                continue;
-            }
-            if let Ok(n) = id.parse::<i64>() {
-                sel.ids.push(n);
-            } else {
-                sel.message_ids
-                    .push(uuid::Uuid::parse_str(id).with_context(|| {
-                        format!("{id:?} is neither a row id (an integer) nor a message id (a UUID)")
-                    })?);
-            }
-        }
-        if let Some(r) = &self.id_range {
-            let (a, b) = r
-                .split_once("..")
-                .with_context(|| format!("--id-range {r:?} must be A..B"))?;
-            let a: i64 = a
-                .trim()
-                .parse()
-                .context("--id-range: A must be an integer")?;
-            let b: i64 = b
-                .trim()
-                .trim_start_matches('=')
-                .parse()
-                .context("--id-range: B must be an integer")?;
-            anyhow::ensure!(a <= b, "--id-range {r:?}: A must not exceed B");
-            sel.id_range = Some((a, b));
-        }
-        if let Some(t) = &self.topic {
-            sel.topic = Some(TopicPattern::parse(t).map_err(anyhow::Error::msg)?);
-        }
-        if let Some(s) = &self.since {
-            match parse_duration(s) {
-                Ok(d) => {
-                    anyhow::ensure!(
-                        d <= MAX_SINCE,
-                        "--since {s:?} reaches back too far: give at most 100y (a duration) or an RFC 3339 time"
-                    );
-                    sel.died_within = Some(d);
-                }
-                Err(_) => {
-                    let t = DateTime::parse_from_rfc3339(s).with_context(|| {
-                        format!(
-                            "--since {s:?} is neither a duration (a number and a unit: 90s, 15m, 2h, 7d) nor an RFC 3339 time (2026-12-01T10:00:00Z)"
-                        )
-                    })?;
-                    sel.died_after = Some(t.with_timezone(&Utc));
-                }
-            }
-        }
-        if let Some(e) = &self.error {
-            anyhow::ensure!(!e.trim().is_empty(), "--error must not be empty");
-            sel.error_contains = Some(e.clone());
-        }
-        Ok(sel)
-    }
-}
-
-/// The longest `--since` duration: 100 years (older times are given as RFC 3339 times).
-const MAX_SINCE: Duration = Duration::from_secs(100 * 31_557_600);
 
 /// True when `r` holds back the later messages of its key (its topic is ordered, it has
 /// a key, and dead letters are not skipped).

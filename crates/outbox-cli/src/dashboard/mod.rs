@@ -239,7 +239,7 @@ impl Filter {
     /// The selector, by the CLI's own parsing (empty strings are no criterion).
     fn selector(&self) -> Result<DeadSelector, ApiError> {
         let given = |s: &Option<String>| s.clone().filter(|v| !v.trim().is_empty());
-        dead::SelectArgs {
+        crate::cmd::change::SelectArgs {
             ids: self.ids.clone(),
             id_range: None,
             topic: given(&self.topic),

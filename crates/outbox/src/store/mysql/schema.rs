@@ -1,7 +1,7 @@
 //! The schema: migrations (tables, indexes and the SQL entry points `{prefix}_enqueue` and
 //! `{prefix}_inbox_accept`, in `sql/migration_N.sql`), `migrate` and `check_schema`.
 
-use super::statements::sections;
+use super::statements::{inbox_lock_name, sections};
 use super::{MySqlStore, SCHEMA_VERSION, error_number};
 use crate::error::{Error, Result};
 use crate::store::{KeyOrdering, Maintenance, PurgeBatch};
@@ -63,28 +63,6 @@ fn migrations(p: &str) -> Vec<Vec<String>> {
                 .collect()
         })
         .collect()
-}
-
-/// The name of the inbox lock of (`consumer`, `message_id`), SQL expressions (the
-/// consumer as bytes, the id as lower-case text): `outbox_inbox:` and the MD5 of the
-/// database, the table prefix, the consumer and the id, 45 characters (a lock name may
-/// have 64). `MySqlStore::inbox_accept` and `{prefix}_inbox_accept` name it alike, so
-/// accepts through either wait for each other.
-///
-/// Why a lock beside the row: when the first transaction to insert an id rolls back while
-/// two others wait on its uncommitted row, InnoDB grants both waiters the lock they waited
-/// for (shared for `INSERT IGNORE`, exclusive for `INSERT … ON DUPLICATE KEY UPDATE`; both
-/// are kept on the gap once the row is gone) and then both insert, each waiting for the
-/// other: a deadlock, and the victim's whole transaction is rolled back (MariaDB 10.11:
-/// 25 of 30 such ids, either statement). Holding this lock across the insert lets one
-/// accept at a time wait on an id's row, so there are never two waiters to deadlock. It
-/// is a user-level lock (`GET_LOCK`), not part of the transaction: taken with the
-/// session's `innodb_lock_wait_timeout` and released as soon as the insert returns,
-/// whatever its outcome.
-pub(super) fn inbox_lock_name(p: &str, consumer: &str, message_id: &str) -> String {
-    format!(
-        "CONCAT('outbox_inbox:', MD5(CONCAT(DATABASE(), CHAR(0), '{p}', CHAR(0), {consumer}, CHAR(0), {message_id})))"
-    )
 }
 
 /// Statements that run `alter` only while `table` has no column `column` (MySQL has no
