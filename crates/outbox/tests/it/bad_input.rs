@@ -12,7 +12,7 @@ use crate::common::{
     RecordingWrapper, Seen, TestStream, nats_connect, nats_url, pg_store_unmigrated, relay_config,
     replay_ids, sqlite_store_unmigrated, wait_settled,
 };
-use crate::conformance::Backend as _;
+use crate::store::conformance::Backend as _;
 use outbox::sink::SinkError;
 use outbox::sink::nats::{NatsOptions, NatsSink};
 use outbox::store::prelude::*;
@@ -73,7 +73,7 @@ async fn unknown_sink_url_is_invalid() {
 async fn nats_subject_without_stream_is_quarantined_at_once() {
     let client = nats_connect().await;
     let stream = TestStream::shared(&client).await;
-    let db = crate::conformance_postgres::PgBackend::create(
+    let db = crate::store::conformance_postgres::PgBackend::create(
         "nostream",
         outbox::store::DEFAULT_MAX_MESSAGE_BYTES,
     )
@@ -169,9 +169,11 @@ async fn a_panicking_sink_ends_the_relay_with_the_panic_and_loses_nothing() {
             "panics".into()
         }
     }
-    let db =
-        crate::conformance_sqlite::SqliteBackend::create("sqlite", crate::conformance::DEFAULT_MAX)
-            .await;
+    let db = crate::store::conformance_sqlite::SqliteBackend::create(
+        "sqlite",
+        crate::store::conformance::DEFAULT_MAX,
+    )
+    .await;
     let enq = db.enqueue_all(&crate::common::messages("t.panic", 5)).await;
     let mut cfg = relay_config("relay-panics");
     cfg.lease = Duration::from_millis(500);
@@ -486,9 +488,11 @@ async fn postgres_text_with_no_utf8_form_is_quarantined_and_the_rest_flows() {
 /// discarded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_text_that_is_not_utf8_is_quarantined_and_can_be_seen_and_discarded() {
-    let db =
-        crate::conformance_sqlite::SqliteBackend::create("sqlite", crate::conformance::DEFAULT_MAX)
-            .await;
+    let db = crate::store::conformance_sqlite::SqliteBackend::create(
+        "sqlite",
+        crate::store::conformance::DEFAULT_MAX,
+    )
+    .await;
     let p = db.store.config().schema.clone();
     // (topic, key, headers) as SQL; the bad ones hold a byte 0xff or 0xfe.
     let rows: [(&str, &str, &str, bool); 5] = [
@@ -560,10 +564,10 @@ async fn sqlite_text_that_is_not_utf8_is_quarantined_and_can_be_seen_and_discard
 /// by topic see the others, and the pattern never matches it.
 #[tokio::test]
 async fn sqlite_dead_letters_select_by_topic_beside_a_topic_not_utf8() {
-    use crate::conformance_sqlite::SqliteBackend;
+    use crate::store::conformance_sqlite::SqliteBackend;
     use outbox::sink::router::TopicPattern;
     use outbox::store::{DeadSelector, ReplayAction};
-    let db = SqliteBackend::create("deadtopic", crate::conformance::DEFAULT_MAX).await;
+    let db = SqliteBackend::create("deadtopic", crate::store::conformance::DEFAULT_MAX).await;
     sqlx::raw_sql(
         "INSERT INTO outbox_messages (id, message_id, topic, payload, status) VALUES
            (1, '00000000-0000-7000-8000-000000000001', CAST(X'6F2EFF' AS TEXT), X'00', 3),
@@ -611,8 +615,8 @@ async fn sqlite_dead_letters_select_by_topic_beside_a_topic_not_utf8() {
 /// overflow SQLite's integers into reals, which are read back as the largest age.
 #[tokio::test]
 async fn sqlite_times_at_the_integer_limits_do_not_break_status() {
-    use crate::conformance_sqlite::SqliteBackend;
-    let db = SqliteBackend::create("minint", crate::conformance::DEFAULT_MAX).await;
+    use crate::store::conformance_sqlite::SqliteBackend;
+    let db = SqliteBackend::create("minint", crate::store::conformance::DEFAULT_MAX).await;
     sqlx::raw_sql(
         "INSERT INTO outbox_messages (id, message_id, topic, payload, status, occurred_at, available_at)
          VALUES (1, '00000000-0000-7000-8000-000000000001', 'o.a', X'00', 0,
@@ -679,7 +683,7 @@ async fn sqlite_times_at_the_integer_limits_do_not_break_status() {
 async fn postgres_times_past_the_representable_range_do_not_break_status() {
     use outbox::store::DeadSelector;
     use outbox::store::lookup::MessageQuery;
-    let db = crate::conformance_postgres::PgBackend::create(
+    let db = crate::store::conformance_postgres::PgBackend::create(
         "fartime",
         outbox::store::DEFAULT_MAX_MESSAGE_BYTES,
     )

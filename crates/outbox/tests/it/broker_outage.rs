@@ -9,7 +9,7 @@ use crate::common::{
     NatsServer, TestStream, assert_outage_spent_nothing, messages, outage_length, produce_for,
     relay_config, wait_dispatched, wait_until,
 };
-use crate::conformance::Backend as _;
+use crate::store::conformance::Backend as _;
 use async_nats::jetstream::stream::StorageType;
 use outbox::Relay;
 use outbox::sink::nats::{NatsOptions, NatsSink};
@@ -28,9 +28,11 @@ async fn nats_outage_keeps_rows_pending_then_delivers_all() {
     drop(admin);
     server.stop();
 
-    let db =
-        crate::conformance_postgres::PgBackend::create("outage", crate::conformance::DEFAULT_MAX)
-            .await;
+    let db = crate::store::conformance_postgres::PgBackend::create(
+        "outage",
+        crate::store::conformance::DEFAULT_MAX,
+    )
+    .await;
     let store = db.store();
     let enq = db
         .enqueue_all(&messages(&stream.subject("orders"), N))
@@ -144,9 +146,11 @@ async fn nats_killed_mid_run_then_restarted_loses_nothing() {
     let stream = TestStream::create(&admin, &server.url(), StorageType::File).await;
     drop(admin);
 
-    let db =
-        crate::conformance_postgres::PgBackend::create("midrun", crate::conformance::DEFAULT_MAX)
-            .await;
+    let db = crate::store::conformance_postgres::PgBackend::create(
+        "midrun",
+        crate::store::conformance::DEFAULT_MAX,
+    )
+    .await;
     let store = db.store();
     let sink = NatsSink::connect(
         &server.url(),
@@ -238,9 +242,9 @@ async fn a_long_nats_outage_recovers_within_seconds() {
     drop(admin);
 
     let db = std::sync::Arc::new(
-        crate::conformance_postgres::PgBackend::create(
+        crate::store::conformance_postgres::PgBackend::create(
             "long_outage",
-            crate::conformance::DEFAULT_MAX,
+            crate::store::conformance::DEFAULT_MAX,
         )
         .await,
     );

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{RecordingSink, messages, relay_config, total, wait_until};
-use crate::conformance::Backend as _;
+use crate::store::conformance::Backend as _;
 use async_trait::async_trait;
 use outbox::sink::Confirmations;
 use outbox::sink::{PublishError, Sink};
@@ -15,9 +15,9 @@ use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn four_relays_over_ten_thousand_messages_publish_each_once() {
-    let db = crate::conformance_postgres::PgBackend::create(
+    let db = crate::store::conformance_postgres::PgBackend::create(
         "four_relays",
-        crate::conformance::DEFAULT_MAX,
+        crate::store::conformance::DEFAULT_MAX,
     )
     .await;
     let (sink, seen) = RecordingSink::new();
@@ -83,9 +83,9 @@ async fn backends(conn: &mut sqlx::PgConnection, name: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_crashed_relays_claims_are_delivered_after_the_lease() {
-    let db = crate::conformance_postgres::PgBackend::create(
+    let db = crate::store::conformance_postgres::PgBackend::create(
         "crashed_relay",
-        crate::conformance::DEFAULT_MAX,
+        crate::store::conformance::DEFAULT_MAX,
     )
     .await;
     let enq = db.enqueue_all(&messages("crash.t", 200)).await;

@@ -6,7 +6,7 @@
 
 use crate::common::relay_config;
 use crate::common::{RecordingWrapper, Seen, TestStream, messages, nats_connect};
-use crate::conformance::Backend as _;
+use crate::store::conformance::Backend as _;
 use outbox::Relay;
 use outbox::store::status;
 use std::collections::HashSet;
@@ -19,9 +19,11 @@ const N: usize = 50;
 async fn crash_after_confirmation_republishes_same_id_and_stream_dedups() {
     let client = nats_connect().await;
     let stream = TestStream::shared(&client).await;
-    let db =
-        crate::conformance_postgres::PgBackend::create("crash", crate::conformance::DEFAULT_MAX)
-            .await;
+    let db = crate::store::conformance_postgres::PgBackend::create(
+        "crash",
+        crate::store::conformance::DEFAULT_MAX,
+    )
+    .await;
     let store = db.store();
     let enq = db
         .enqueue_all(&messages(&stream.subject("orders"), N))

@@ -30,8 +30,8 @@ fn assert_refused(r: &Result<(), PublishError>, topic: &str, code: &str) {
 mod nats {
     use super::*;
     use crate::common::{nats_connect, nats_url, relay_config, wait_until};
-    use crate::conformance::Backend as _;
-    use crate::conformance_postgres::PgBackend;
+    use crate::store::conformance::Backend as _;
+    use crate::store::conformance_postgres::PgBackend;
     use futures::StreamExt as _;
     use outbox::sink::nats::{NatsOptions, NatsSink};
     use outbox::{Message, Relay};

@@ -16,11 +16,11 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{relay_config, wait_until};
-use crate::conformance::{Backend, DEFAULT_MAX, Kind, TxOpts};
-use crate::conformance_mysql::MySqlBackend;
-use crate::conformance_postgres::PgBackend;
-use crate::conformance_sqlite::SqliteBackend;
 use crate::publisher_conformance::Harness;
+use crate::store::conformance::{Backend, DEFAULT_MAX, Kind, TxOpts};
+use crate::store::conformance_mysql::MySqlBackend;
+use crate::store::conformance_postgres::PgBackend;
+use crate::store::conformance_sqlite::SqliteBackend;
 use outbox::{Error, Message, Relay, Store};
 use sqlx::AssertSqlSafe;
 use std::sync::Arc;

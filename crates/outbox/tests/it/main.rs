@@ -15,20 +15,15 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-#[macro_use]
-mod conformance;
+mod store;
 #[macro_use]
 mod publisher_conformance;
 
 mod bad_input;
 mod broker_outage;
-mod cleanup_horizon;
 mod cloudevents;
 mod concurrent_relays;
 mod confirm_crash;
-mod conformance_mysql;
-mod conformance_postgres;
-mod conformance_sqlite;
 mod consumer_e2e;
 mod control_topics;
 mod hostile_sizes;
@@ -54,12 +49,6 @@ mod sink_mqtt;
 mod sink_rabbitmq;
 mod sink_redis;
 mod slow_destinations;
-mod sql_enqueue_headers;
 mod sqlite_e2e;
-mod store_outage;
-mod store_outage_log;
-mod store_tls;
 mod timeout_after_send;
 mod tls;
-mod transaction;
-mod wakeup;

@@ -6,9 +6,9 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{TestStream, nats_connect, nats_url, relay_config, wait_until};
-use crate::conformance::Backend as _;
-use crate::conformance_postgres::PgBackend;
 use crate::sink_http::{Reply, TestServer, webhook};
+use crate::store::conformance::Backend as _;
+use crate::store::conformance_postgres::PgBackend;
 use outbox::sink::nats::{NatsOptions, NatsSink};
 use outbox::sink::router::TopicPattern;
 use outbox::store::prelude::*;
@@ -70,7 +70,7 @@ fn by_key<'a>(bodies: impl IntoIterator<Item = &'a [u8]>) -> BTreeMap<String, Ve
 async fn two_relays_keep_every_keys_order_into_jetstream() {
     const KEYS: usize = 50;
     const PER_KEY: usize = 200;
-    let db = PgBackend::create("ordered_nats", crate::conformance::DEFAULT_MAX).await;
+    let db = PgBackend::create("ordered_nats", crate::store::conformance::DEFAULT_MAX).await;
     let client = nats_connect().await;
     let stream = TestStream::shared(&client).await;
     let topic = stream.subject("orders.placed");
@@ -137,7 +137,7 @@ async fn two_relays_keep_every_keys_order_into_jetstream() {
 async fn crashed_relays_keep_every_keys_order() {
     const KEYS: usize = 50;
     const PER_KEY: usize = 100;
-    let db = PgBackend::create("ordered_crash", crate::conformance::DEFAULT_MAX).await;
+    let db = PgBackend::create("ordered_crash", crate::store::conformance::DEFAULT_MAX).await;
     let client = nats_connect().await;
     let stream = TestStream::shared(&client).await;
     let topic = stream.subject("orders.placed");
@@ -264,7 +264,7 @@ fn accepted(answers: &Answers) -> BTreeMap<String, Vec<u32>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transient_failure_holds_back_only_its_own_key() {
-    let db = PgBackend::create("ordered_retry", crate::conformance::DEFAULT_MAX).await;
+    let db = PgBackend::create("ordered_retry", crate::store::conformance::DEFAULT_MAX).await;
     // k0:3 fails once (500); everything else is accepted.
     let failed_once = Arc::new(AtomicBool::new(false));
     let f = failed_once.clone();
@@ -320,7 +320,7 @@ async fn a_transient_failure_holds_back_only_its_own_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_blocks_its_key_until_replayed_or_discarded() {
-    let db = PgBackend::create("ordered_dead", crate::conformance::DEFAULT_MAX).await;
+    let db = PgBackend::create("ordered_dead", crate::store::conformance::DEFAULT_MAX).await;
     // k0:2 and k1:2 are refused (400, permanent) until `fixed`; k2 is never refused.
     let fixed = Arc::new(AtomicBool::new(false));
     let f = fixed.clone();
@@ -420,8 +420,8 @@ async fn a_dead_letter_blocks_its_key_until_replayed_or_discarded() {
 /// longer holds them (here: a drain without `--ordered`), and are delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_that_no_longer_orders_gives_parked_rows_back() {
-    use crate::conformance_sqlite::SqliteBackend;
-    let db = SqliteBackend::create("unpark_at_start", crate::conformance::DEFAULT_MAX).await;
+    use crate::store::conformance_sqlite::SqliteBackend;
+    let db = SqliteBackend::create("unpark_at_start", crate::store::conformance::DEFAULT_MAX).await;
     let store = db.store();
     let ids: Vec<i64> = db
         .enqueue_all(&interleaved("o.t", 1, 4))
@@ -476,7 +476,7 @@ async fn a_relay_that_no_longer_orders_gives_parked_rows_back() {
 /// full claim woke three workers for three empty claims.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_hot_key_does_not_wake_the_idle_workers_for_nothing() {
-    let db = PgBackend::create("ordered_hot", crate::conformance::DEFAULT_MAX).await;
+    let db = PgBackend::create("ordered_hot", crate::store::conformance::DEFAULT_MAX).await;
     // Each request answered after 3 ms: a claim of 50 rows of one key is in flight for
     // 150 ms or more, one message after another.
     let server = TestServer::start(|_, _| Reply::status(200).after(Duration::from_millis(3))).await;
@@ -513,8 +513,8 @@ async fn a_held_hot_key_does_not_wake_the_idle_workers_for_nothing() {
 /// back malformed, to be quarantined, while the other rows are claimed as usual.
 #[tokio::test]
 async fn sqlite_rows_with_blob_keys_do_not_stop_the_ordered_claim() {
-    use crate::conformance_sqlite::SqliteBackend;
-    let db = SqliteBackend::create("blob", crate::conformance::DEFAULT_MAX).await;
+    use crate::store::conformance_sqlite::SqliteBackend;
+    let db = SqliteBackend::create("blob", crate::store::conformance::DEFAULT_MAX).await;
     sqlx::raw_sql(
         "INSERT INTO outbox_messages (message_id, topic, key, payload) VALUES
            ('00000000-0000-7000-8000-000000000001', 'o.a', X'6B31', X'00'),
@@ -541,8 +541,8 @@ async fn sqlite_rows_with_blob_keys_do_not_stop_the_ordered_claim() {
 /// holds, parking and giving back) read it without failing, and it holds nothing back.
 #[tokio::test]
 async fn sqlite_dead_letters_with_non_utf8_topics_do_not_fail_the_background() {
-    use crate::conformance_sqlite::SqliteBackend;
-    let db = SqliteBackend::create("deadblob", crate::conformance::DEFAULT_MAX).await;
+    use crate::store::conformance_sqlite::SqliteBackend;
+    let db = SqliteBackend::create("deadblob", crate::store::conformance::DEFAULT_MAX).await;
     // Dead: `o.\xff` keyed `k` and `o.a` keyed `k1`; pending behind each, one of each key.
     sqlx::raw_sql(
         "INSERT INTO outbox_messages (message_id, topic, key, payload, status) VALUES
@@ -584,7 +584,7 @@ async fn sqlite_dead_letters_with_non_utf8_topics_do_not_fail_the_background() {
 /// bytes) is enqueued and claimed in order like any other.
 #[tokio::test]
 async fn postgres_takes_keys_longer_than_an_index_entry() {
-    let db = PgBackend::create("longkey", crate::conformance::DEFAULT_MAX).await;
+    let db = PgBackend::create("longkey", crate::store::conformance::DEFAULT_MAX).await;
     let key: String = (0..400)
         .map(|_| uuid::Uuid::new_v4().simple().to_string())
         .collect();
@@ -624,7 +624,7 @@ async fn postgres_takes_keys_longer_than_an_index_entry() {
 /// flow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_holds_a_key_whose_head_another_claim_has_locked() {
-    let db = PgBackend::create("headlock", crate::conformance::DEFAULT_MAX).await;
+    let db = PgBackend::create("headlock", crate::store::conformance::DEFAULT_MAX).await;
     let ids: Vec<i64> = db
         .enqueue_all(&[
             Message::new("o.a", b"a1".to_vec()).key("a"),

@@ -9,7 +9,7 @@
 use crate::common::{
     assert_outage_spent_nothing, free_port, messages, outage_length, produce_for, wait_dispatched,
 };
-use crate::conformance::Backend as _;
+use crate::store::conformance::Backend as _;
 use lapin::options::{BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
@@ -173,9 +173,9 @@ async fn a_long_rabbitmq_outage_recovers_within_seconds() {
     }
 
     let db = Arc::new(
-        crate::conformance_postgres::PgBackend::create(
+        crate::store::conformance_postgres::PgBackend::create(
             "rmq_outage",
-            crate::conformance::DEFAULT_MAX,
+            crate::store::conformance::DEFAULT_MAX,
         )
         .await,
     );

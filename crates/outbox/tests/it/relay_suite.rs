@@ -1,12 +1,12 @@
 //! The relay over a store, on SQLite with recording sinks: what the relay decides (pause,
 //! graceful shutdown, poison, crash loops). What each needs of a store (the pause switch,
 //! release, retry, quarantine, attempts counted at the claim) is a store-suite case run
-//! on every store (`conformance::pause`, `conformance::lifecycle`); these run once.
+//! on every store (`store::conformance::pause`, `store::conformance::lifecycle`); these run once.
 
 use crate::common::wait_dispatched;
 use crate::common::{RecordingSink, Seen, messages, record, relay_config, total};
-use crate::conformance::{Backend, DEFAULT_MAX, claim};
-use crate::conformance_sqlite::SqliteBackend as B;
+use crate::store::conformance::{Backend, DEFAULT_MAX, claim};
+use crate::store::conformance_sqlite::SqliteBackend as B;
 use async_trait::async_trait;
 use outbox::message::{Message, OutgoingMessage};
 use outbox::sink::{Confirmations, PublishError, Sink};

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{RecordingSink, messages, relay_config, wait_until};
-use crate::conformance::Backend as _;
+use crate::store::conformance::Backend as _;
 use async_trait::async_trait;
 use outbox::sink::Confirmations;
 use outbox::sink::router::{BreakerState, Router, RouterOptions, TopicPattern};
@@ -69,9 +69,11 @@ fn pattern(p: &str) -> TopicPattern {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn outage_and_slowness_stay_with_their_destination() {
-    let db =
-        crate::conformance_postgres::PgBackend::create("routing", crate::conformance::DEFAULT_MAX)
-            .await;
+    let db = crate::store::conformance_postgres::PgBackend::create(
+        "routing",
+        crate::store::conformance::DEFAULT_MAX,
+    )
+    .await;
     let (healthy, healthy_seen) = RecordingSink::new();
     let (flaky_inner, flaky_seen) = RecordingSink::new();
     let flaky = Arc::new(Flaky {

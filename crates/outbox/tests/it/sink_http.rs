@@ -10,8 +10,8 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{relay_config, wait_until};
-use crate::conformance::Backend as _;
 use crate::publisher_conformance::http::percent_decode;
+use crate::store::conformance::Backend as _;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
@@ -600,9 +600,11 @@ async fn relay_honours_retry_after_then_delivers() {
         }
     })
     .await;
-    let db =
-        crate::conformance_sqlite::SqliteBackend::create("sqlite", crate::conformance::DEFAULT_MAX)
-            .await;
+    let db = crate::store::conformance_sqlite::SqliteBackend::create(
+        "sqlite",
+        crate::store::conformance::DEFAULT_MAX,
+    )
+    .await;
     let msgs = crate::common::messages("orders.retry.v1", N);
     db.enqueue_all(&msgs).await;
     // Backoff alone would retry within 200 ms: only Retry-After can hold it for 2 s.
@@ -645,9 +647,11 @@ async fn relay_honours_retry_after_then_delivers() {
 async fn relay_quarantines_a_400_after_one_attempt() {
     const N: usize = 5;
     let server = TestServer::start(|_, _| Reply::status(400).body("schema violation")).await;
-    let db =
-        crate::conformance_sqlite::SqliteBackend::create("sqlite", crate::conformance::DEFAULT_MAX)
-            .await;
+    let db = crate::store::conformance_sqlite::SqliteBackend::create(
+        "sqlite",
+        crate::store::conformance::DEFAULT_MAX,
+    )
+    .await;
     db.enqueue_all(&crate::common::messages("orders.rejected.v1", N))
         .await;
     let cfg = relay_config("relay-http-400");

@@ -139,7 +139,7 @@ async fn oversize_unknown_topic_and_down_brokers_are_classified() {
 /// partition order, are in id order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_relays_keep_every_keys_order_into_kafka() {
-    use crate::conformance::Backend as _;
+    use crate::store::conformance::Backend as _;
     use outbox::store::KeyOrdering;
     use outbox::{Relay, RelayConfig};
     use std::sync::Arc;
@@ -147,9 +147,9 @@ async fn two_relays_keep_every_keys_order_into_kafka() {
     const PER_KEY: usize = 200;
     let topic = unique_topic("ordered");
     create_topic(&topic);
-    let db = crate::conformance_postgres::PgBackend::create(
+    let db = crate::store::conformance_postgres::PgBackend::create(
         "ordered_kafka",
-        crate::conformance::DEFAULT_MAX,
+        crate::store::conformance::DEFAULT_MAX,
     )
     .await;
     let mut handles = Vec::new();

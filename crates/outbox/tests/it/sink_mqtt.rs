@@ -12,8 +12,8 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{relay_config, unique};
-use crate::conformance::Backend as _;
 use crate::publisher_conformance::mqtt::{Subscriber, require_broker};
+use crate::store::conformance::Backend as _;
 use outbox::message::OutgoingMessage;
 use outbox::sink::mqtt::{MqttSink, MqttSinkOptions};
 use outbox::sink::{ErrorKind, Sink};
@@ -421,9 +421,11 @@ async fn a_message_that_breaks_the_connection_is_quarantined_not_retried_forever
     // Through the relay: the big message ends up dead after max_attempts; the small ones
     // claimed before it in the same batch are delivered once.
     const SMALL: usize = 20;
-    let db =
-        crate::conformance_sqlite::SqliteBackend::create("sqlite", crate::conformance::DEFAULT_MAX)
-            .await;
+    let db = crate::store::conformance_sqlite::SqliteBackend::create(
+        "sqlite",
+        crate::store::conformance::DEFAULT_MAX,
+    )
+    .await;
     let mut msgs = crate::common::messages("small.v1", SMALL);
     msgs.push(Message::new("big.v1", vec![7u8; 5000]));
     let enq = db.enqueue_all(&msgs).await;

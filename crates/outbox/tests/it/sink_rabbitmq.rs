@@ -11,8 +11,8 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{relay_config, unique};
-use crate::conformance::Backend as _;
 use crate::publisher_conformance::rabbitmq::{admin, amqp_url, header_text};
+use crate::store::conformance::Backend as _;
 use lapin::options::{
     BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
     QueueDeclareOptions, QueueDeleteOptions,
@@ -445,9 +445,11 @@ async fn unroutable_then_bound_then_replayed_is_delivered() {
     cleanup.exchange(&ch, &exchange).await;
     cleanup.queue(&ch, &queue).await;
 
-    let db =
-        crate::conformance_sqlite::SqliteBackend::create("sqlite", crate::conformance::DEFAULT_MAX)
-            .await;
+    let db = crate::store::conformance_sqlite::SqliteBackend::create(
+        "sqlite",
+        crate::store::conformance::DEFAULT_MAX,
+    )
+    .await;
     let store = db.store();
     let enq = db
         .enqueue_all(&[Message::new(topic.as_str(), b"invoice-1".to_vec())])

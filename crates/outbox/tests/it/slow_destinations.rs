@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{messages, relay_config, wait_until};
-use crate::conformance::Backend as _;
+use crate::store::conformance::Backend as _;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -86,8 +86,11 @@ async fn a_slow_message_times_out_alone() {
     }))
     .await;
     let db = Arc::new(
-        crate::conformance_postgres::PgBackend::create("slow_one", crate::conformance::DEFAULT_MAX)
-            .await,
+        crate::store::conformance_postgres::PgBackend::create(
+            "slow_one",
+            crate::store::conformance::DEFAULT_MAX,
+        )
+        .await,
     );
     let enq = db.enqueue_all(&messages("hooks.slow.v1", 5)).await;
     let mut cfg = relay_config("relay-slow-one");
@@ -160,9 +163,11 @@ async fn the_shutdown_grace_keeps_confirmations() {
         fast(body).then_some(Duration::from_millis(10))
     }))
     .await;
-    let db =
-        crate::conformance_postgres::PgBackend::create("grace", crate::conformance::DEFAULT_MAX)
-            .await;
+    let db = crate::store::conformance_postgres::PgBackend::create(
+        "grace",
+        crate::store::conformance::DEFAULT_MAX,
+    )
+    .await;
     let enq = db.enqueue_all(&messages("hooks.grace.v1", 10)).await;
     let mut cfg = relay_config("relay-grace");
     cfg.shutdown_grace = Duration::from_millis(500);
@@ -225,9 +230,11 @@ async fn the_shutdown_grace_keeps_confirmations() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_but_live_publish_keeps_its_lease() {
     let (url, deliveries) = endpoint(Arc::new(|_: &[u8]| Some(Duration::from_millis(2_500)))).await;
-    let db =
-        crate::conformance_postgres::PgBackend::create("renew", crate::conformance::DEFAULT_MAX)
-            .await;
+    let db = crate::store::conformance_postgres::PgBackend::create(
+        "renew",
+        crate::store::conformance::DEFAULT_MAX,
+    )
+    .await;
     let enq = db.enqueue_all(&messages("hooks.renew.v1", 3)).await;
     let mut cfg = relay_config("relay-renew-a");
     cfg.lease = Duration::from_millis(900);
@@ -298,9 +305,9 @@ async fn a_blackholed_endpoint_spends_attempts_only_after_the_refunds() {
             .then_some(Duration::ZERO)
     }))
     .await;
-    let db = crate::conformance_postgres::PgBackend::create(
+    let db = crate::store::conformance_postgres::PgBackend::create(
         "blackhole",
-        crate::conformance::DEFAULT_MAX,
+        crate::store::conformance::DEFAULT_MAX,
     )
     .await;
     let enq = db.enqueue_all(&messages("hooks.blackhole.v1", 5)).await;

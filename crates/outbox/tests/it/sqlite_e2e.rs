@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::relay_config;
-use crate::conformance::Backend as _;
+use crate::store::conformance::Backend as _;
 use outbox::sink::file::{FileSink, payload_from_json_line};
 use outbox::{Message, Relay};
 use std::collections::HashMap;
@@ -15,9 +15,11 @@ const N: usize = 500;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_drain_to_file_delivers_every_message_once() {
-    let db =
-        crate::conformance_sqlite::SqliteBackend::create("sqlite", crate::conformance::DEFAULT_MAX)
-            .await;
+    let db = crate::store::conformance_sqlite::SqliteBackend::create(
+        "sqlite",
+        crate::store::conformance::DEFAULT_MAX,
+    )
+    .await;
     let store = db.store();
     store.migrate().await.unwrap(); // idempotent: a second migrate changes nothing
     store.check_schema().await.unwrap();

@@ -10,7 +10,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{messages, relay_config, wait_until};
-use crate::conformance::Backend as _;
+use crate::store::conformance::Backend as _;
 use outbox::Relay;
 use outbox::sink::http::{WebhookOptions, WebhookSink};
 use outbox::sink::router::TIMEOUT_REFUNDS;
@@ -150,9 +150,9 @@ async fn webhook(url: &str, timeout: Duration) -> Arc<WebhookSink> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_endpoint_gets_one_copy_and_its_late_answer_confirms() {
     let (url, seen) = endpoint(Some(Duration::from_secs(2))).await;
-    let db = crate::conformance_postgres::PgBackend::create(
+    let db = crate::store::conformance_postgres::PgBackend::create(
         "late_answer",
-        crate::conformance::DEFAULT_MAX,
+        crate::store::conformance::DEFAULT_MAX,
     )
     .await;
     let enq = db.enqueue_all(&messages("hooks.late.v1", 1)).await;
@@ -189,9 +189,9 @@ async fn a_slow_endpoint_gets_one_copy_and_its_late_answer_confirms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_endpoint_that_never_answers_in_time_gets_bounded_requests() {
     let (url, seen) = endpoint(None).await;
-    let db = crate::conformance_postgres::PgBackend::create(
+    let db = crate::store::conformance_postgres::PgBackend::create(
         "never_answers",
-        crate::conformance::DEFAULT_MAX,
+        crate::store::conformance::DEFAULT_MAX,
     )
     .await;
     let enq = db.enqueue_all(&messages("hooks.never.v1", 1)).await;
@@ -244,9 +244,11 @@ async fn a_refused_connection_spends_no_attempt() {
         l.local_addr().unwrap().port()
     };
     let url = format!("http://127.0.0.1:{port}/hook");
-    let db =
-        crate::conformance_postgres::PgBackend::create("refused", crate::conformance::DEFAULT_MAX)
-            .await;
+    let db = crate::store::conformance_postgres::PgBackend::create(
+        "refused",
+        crate::store::conformance::DEFAULT_MAX,
+    )
+    .await;
     let enq = db.enqueue_all(&messages("hooks.refused.v1", 3)).await;
     let mut cfg = relay_config("relay-refused");
     cfg.publish_timeout = Duration::from_millis(300);

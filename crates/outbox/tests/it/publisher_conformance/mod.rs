@@ -21,7 +21,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use crate::conformance::Backend as _;
+use crate::store::conformance::Backend as _;
 use async_trait::async_trait;
 use chrono::Utc;
 use outbox::OutgoingMessage;
@@ -339,9 +339,11 @@ pub(crate) async fn relay_delivers_200_messages_end_to_end<H: Harness>() {
     const N: usize = 200;
     let mut h = H::setup().await;
     let topic = h.topic("e2e");
-    let db =
-        crate::conformance_sqlite::SqliteBackend::create("sqlite", crate::conformance::DEFAULT_MAX)
-            .await;
+    let db = crate::store::conformance_sqlite::SqliteBackend::create(
+        "sqlite",
+        crate::store::conformance::DEFAULT_MAX,
+    )
+    .await;
     let msgs: Vec<outbox::Message> = (0..N)
         .map(|i| {
             outbox::Message::new(topic.as_str(), format!("payload-{i}").into_bytes())

@@ -1,4 +1,4 @@
-//! The store conformance suite (`tests/conformance/mod.rs`) on SQLite: each test with a
+//! The store conformance suite (`store/conformance/mod.rs`) on SQLite: each test with a
 //! database file in a temp dir of its own (table prefix `outbox`, as documented). Plus the
 //! SQLite-only case: an application writing through its own pool while two relays drain.
 //!
@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{RecordingSink, relay_config};
-use crate::conformance::{Backend, Kind, Row, SqlCall, TxOpts, assert_in_source};
+use crate::store::conformance::{Backend, Kind, Row, SqlCall, TxOpts, assert_in_source};
 use async_trait::async_trait;
 use outbox::message::{Enqueued, Message};
 use outbox::sqlite::SqliteStore;
@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 use uuid::Uuid;
 
-const STORE_SOURCE: &str = include_str!("../../src/store/sqlite/claim.rs");
-const STORE_MOD_SOURCE: &str = include_str!("../../src/store/mod.rs");
+const STORE_SOURCE: &str = include_str!("../../../src/store/sqlite/claim.rs");
+const STORE_MOD_SOURCE: &str = include_str!("../../../src/store/mod.rs");
 
 /// The store's clock expression (`NOW_MS` in the store), checked against its source.
 const NOW_MS: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
@@ -56,7 +56,7 @@ impl SqliteBackend {
             .await
             .map_err(|e| e.to_string())?;
         }
-        crate::conformance::enqueue_and_end(&self.store, tx, msgs, opts.end).await
+        crate::store::conformance::enqueue_and_end(&self.store, tx, msgs, opts.end).await
     }
 }
 
@@ -192,7 +192,7 @@ impl Backend for SqliteBackend {
         sqlx::query(AssertSqlSafe(format!(
             "UPDATE {P}_messages SET dispatched_at = {NOW_MS} - ?1, occurred_at = {NOW_MS} - ?1
              WHERE {}",
-            crate::conformance::id_filter(ids)
+            crate::store::conformance::id_filter(ids)
         )))
         .bind(ms(ago))
         .execute(&self.app)
@@ -263,7 +263,7 @@ impl Backend for SqliteBackend {
         // the key index.
         let plan = self
             .store
-            .explain_ordered_claim(&crate::conformance::ordered_plan_request())
+            .explain_ordered_claim(&crate::store::conformance::ordered_plan_request())
             .await
             .unwrap();
         eprintln!("ordered claim plans:\n{plan}");
@@ -329,14 +329,14 @@ impl Backend for SqliteBackend {
     }
 }
 
-crate::conformance::conformance_cases!(SqliteBackend);
+crate::store::conformance::conformance_cases!(SqliteBackend);
 
 /// An application writing business rows and their messages through its own pool for ~3 s
 /// while two relays drain: the application never sees a busy error, no row is handed to
 /// the sink twice, and everything is delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn app_writes_while_two_relays_drain() {
-    let b = Arc::new(SqliteBackend::create("app", crate::conformance::DEFAULT_MAX).await);
+    let b = Arc::new(SqliteBackend::create("app", crate::store::conformance::DEFAULT_MAX).await);
     let store = b.store();
     let (sink, seen) = RecordingSink::new();
     let relays: Vec<_> = (0..2)

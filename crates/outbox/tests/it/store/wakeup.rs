@@ -6,10 +6,10 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{RecordingSink, messages, relay_config};
-use crate::conformance::{Backend, DEFAULT_MAX};
-use crate::conformance_mysql::MySqlBackend;
-use crate::conformance_postgres::PgBackend;
-use crate::conformance_sqlite::SqliteBackend;
+use crate::store::conformance::{Backend, DEFAULT_MAX};
+use crate::store::conformance_mysql::MySqlBackend;
+use crate::store::conformance_postgres::PgBackend;
+use crate::store::conformance_sqlite::SqliteBackend;
 use outbox::Relay;
 use std::time::{Duration, Instant};
 
@@ -231,9 +231,9 @@ impl outbox::store::Views for Counting {
 /// worker) and reads the pause switch at most about once a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_idle_relay_claims_once_per_poll_interval() {
-    let db = crate::conformance_postgres::PgBackend::create(
+    let db = crate::store::conformance_postgres::PgBackend::create(
         "idle_claims",
-        crate::conformance::DEFAULT_MAX,
+        crate::store::conformance::DEFAULT_MAX,
     )
     .await;
     let store = std::sync::Arc::new(Counting {

@@ -1,6 +1,6 @@
 //! The store conformance suite: one body of cases, instantiated once per store by
-//! [`conformance_cases!`] in `tests/conformance_postgres.rs`, `tests/conformance_mysql.rs`
-//! and `tests/conformance_sqlite.rs`, so every case is its own `#[tokio::test]` per store.
+//! [`conformance_cases!`] in `store/conformance_postgres.rs`, `store/conformance_mysql.rs`
+//! and `store/conformance_sqlite.rs`, so every case is its own `#[tokio::test]` per store.
 //!
 //! A case talks to the store through [`outbox::Store`] (what a relay uses) and to the
 //! database through a [`Backend`]: the producer's side (enqueue is typed per store, inside a
@@ -354,7 +354,7 @@ pub(crate) const LONG: Duration = Duration::from_secs(60);
 /// Instantiates every case for one backend type, each as its own test.
 macro_rules! conformance_cases {
     ($backend:ty) => {
-        $crate::conformance::conformance_cases!(@each $backend;
+        $crate::store::conformance::conformance_cases!(@each $backend;
             row_lifecycle,
             concurrent_claimers_never_overlap,
             expired_lease_fences_the_stale_claimant,
@@ -386,7 +386,7 @@ macro_rules! conformance_cases {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
-                $crate::conformance::$case::<$backend>().await;
+                $crate::store::conformance::$case::<$backend>().await;
             }
         )*
     };

@@ -1,10 +1,10 @@
-//! The store conformance suite (`tests/conformance/mod.rs`) on PostgreSQL: each test in a
+//! The store conformance suite (`store/conformance/mod.rs`) on PostgreSQL: each test in a
 //! schema of its own (`StoreConfig.schema`), dropped afterwards.
 
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{PgSchema, pg_connect, pg_url};
-use crate::conformance::{Backend, Kind, Row, SqlCall, TxOpts};
+use crate::store::conformance::{Backend, Kind, Row, SqlCall, TxOpts};
 use async_trait::async_trait;
 use outbox::message::{Enqueued, Message};
 use outbox::postgres::PgStore;
@@ -48,7 +48,7 @@ impl PgBackend {
             .await
             .map_err(|e| e.to_string())?;
         }
-        crate::conformance::enqueue_and_end(&self.store, tx, msgs, opts.end).await
+        crate::store::conformance::enqueue_and_end(&self.store, tx, msgs, opts.end).await
     }
 }
 
@@ -259,7 +259,7 @@ impl Backend for PgBackend {
         // index (the head of a candidate's key, the fence of each key claimed).
         let plan = self
             .store
-            .explain_claim(&crate::conformance::ordered_plan_request())
+            .explain_claim(&crate::store::conformance::ordered_plan_request())
             .await
             .unwrap();
         eprintln!("ordered claim plan:\n{plan}");
@@ -316,7 +316,7 @@ impl Backend for PgBackend {
     }
 }
 
-crate::conformance::conformance_cases!(PgBackend);
+crate::store::conformance::conformance_cases!(PgBackend);
 
 /// The unordered claim sets `synchronous_commit = off` for its own transaction only (its
 /// effect, one WAL flush less before the publish, shows in the relay bench's latency): on
@@ -325,7 +325,7 @@ crate::conformance::conformance_cases!(PgBackend);
 /// and the ordered claim leave the setting alone too.
 #[tokio::test]
 async fn postgres_claim_leaves_the_connections_commit_setting_alone() {
-    let db = PgBackend::create("asyncclaim", crate::conformance::DEFAULT_MAX).await;
+    let db = PgBackend::create("asyncclaim", crate::store::conformance::DEFAULT_MAX).await;
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .connect(&pg_url())

@@ -1,4 +1,4 @@
-//! The store conformance suite (`tests/conformance/mod.rs`) on MySQL / MariaDB: each test
+//! The store conformance suite (`store/conformance/mod.rs`) on MySQL / MariaDB: each test
 //! with a table prefix of its own (`StoreConfig.schema` → `<prefix>_messages`, …), whose
 //! tables and procedure are dropped afterwards.
 //!
@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{MySqlPrefix, mysql_connect, mysql_url};
-use crate::conformance::{Backend, Kind, Row, SqlCall, TxOpts, assert_in_source};
+use crate::store::conformance::{Backend, Kind, Row, SqlCall, TxOpts, assert_in_source};
 use async_trait::async_trait;
 use outbox::message::{Enqueued, Message};
 use outbox::mysql::MySqlStore;
@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
 
-const STORE_SOURCE: &str = include_str!("../../src/store/mysql/claim.rs");
-const STORE_MOD_SOURCE: &str = include_str!("../../src/store/mysql/mod.rs");
+const STORE_SOURCE: &str = include_str!("../../../src/store/mysql/claim.rs");
+const STORE_MOD_SOURCE: &str = include_str!("../../../src/store/mysql/mod.rs");
 
 pub(crate) struct MySqlBackend {
     pub(crate) store: MySqlStore,
@@ -62,7 +62,7 @@ impl MySqlBackend {
             .await
             .map_err(|e| e.to_string())?;
         }
-        crate::conformance::enqueue_and_end(&self.store, tx, msgs, opts.end).await
+        crate::store::conformance::enqueue_and_end(&self.store, tx, msgs, opts.end).await
     }
 }
 
@@ -222,7 +222,7 @@ impl Backend for MySqlBackend {
                  occurred_at = TIMESTAMPADD(MICROSECOND, -? * 1000, UTC_TIMESTAMP(6))
              WHERE {}",
             self.p(),
-            crate::conformance::id_filter(ids)
+            crate::store::conformance::id_filter(ids)
         )))
         .bind(ms(ago))
         .bind(ms(ago))
@@ -320,7 +320,7 @@ impl Backend for MySqlBackend {
         // and fence (e) by the key index.
         let plan = self
             .store
-            .explain_ordered_claim(&crate::conformance::ordered_plan_request())
+            .explain_ordered_claim(&crate::store::conformance::ordered_plan_request())
             .await
             .unwrap();
         eprintln!("ordered claim plans:\n{plan}");
@@ -386,4 +386,4 @@ impl Backend for MySqlBackend {
     }
 }
 
-crate::conformance::conformance_cases!(MySqlBackend);
+crate::store::conformance::conformance_cases!(MySqlBackend);
