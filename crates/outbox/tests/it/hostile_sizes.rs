@@ -16,7 +16,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{relay_config, wait_until};
-use crate::publisher_conformance::Harness;
+use crate::sink::publisher_conformance::Harness;
 use crate::store::conformance::{Backend, DEFAULT_MAX, Kind, TxOpts};
 use crate::store::conformance_mysql::MySqlBackend;
 use crate::store::conformance_postgres::PgBackend;
@@ -264,7 +264,7 @@ async fn sink_case<H: Harness>(label: &str, limit_words: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_delivers_or_quarantines_hostile_rows() {
-    sink_case::<crate::publisher_conformance::nats::NatsHarness>(
+    sink_case::<crate::sink::publisher_conformance::nats::NatsHarness>(
         "hostile_nats",
         &["max_payload", "maximum"],
     )
@@ -273,7 +273,7 @@ async fn nats_delivers_or_quarantines_hostile_rows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_delivers_or_quarantines_hostile_rows() {
-    sink_case::<crate::publisher_conformance::redis::RedisHarness>(
+    sink_case::<crate::sink::publisher_conformance::redis::RedisHarness>(
         "hostile_redis",
         &["max_message_bytes", "proto-max-bulk-len"],
     )
@@ -282,7 +282,7 @@ async fn redis_delivers_or_quarantines_hostile_rows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_delivers_or_quarantines_hostile_rows() {
-    sink_case::<crate::publisher_conformance::rabbitmq::RabbitMqHarness>(
+    sink_case::<crate::sink::publisher_conformance::rabbitmq::RabbitMqHarness>(
         "hostile_amqp",
         &["max_message_bytes", "max_message_size", "frame"],
     )
@@ -291,7 +291,7 @@ async fn rabbitmq_delivers_or_quarantines_hostile_rows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqtt_delivers_or_quarantines_hostile_rows() {
-    sink_case::<crate::publisher_conformance::mqtt::MqttHarness>(
+    sink_case::<crate::sink::publisher_conformance::mqtt::MqttHarness>(
         "hostile_mqtt",
         &["packet size", "maximum packet", "too large"],
     )
@@ -300,7 +300,7 @@ async fn mqtt_delivers_or_quarantines_hostile_rows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_delivers_or_quarantines_hostile_rows() {
-    sink_case::<crate::publisher_conformance::http::HttpHarness>(
+    sink_case::<crate::sink::publisher_conformance::http::HttpHarness>(
         "hostile_http",
         &["413", "too large", "431"],
     )

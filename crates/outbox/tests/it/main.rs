@@ -15,40 +15,16 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+mod sink;
 mod store;
-#[macro_use]
-mod publisher_conformance;
 
 mod bad_input;
-mod broker_outage;
-mod cloudevents;
 mod concurrent_relays;
 mod confirm_crash;
 mod consumer_e2e;
-mod control_topics;
 mod hostile_sizes;
 mod idle_relay;
 mod inbox;
 mod ordering;
-mod publisher_conformance_cloudevents;
-mod publisher_conformance_file;
-mod publisher_conformance_http;
-mod publisher_conformance_kafka;
-mod publisher_conformance_mqtt;
-mod publisher_conformance_nats;
-mod publisher_conformance_rabbitmq;
-mod publisher_conformance_redis;
-mod publisher_conformance_router;
-mod rabbitmq_outage;
 mod relay_suite;
-mod routing;
-mod sink_classification;
-mod sink_http;
-mod sink_kafka;
-mod sink_mqtt;
-mod sink_rabbitmq;
-mod sink_redis;
-mod slow_destinations;
 mod sqlite_e2e;
-mod timeout_after_send;
-mod tls;

@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{TestStream, nats_connect, nats_url, relay_config, wait_until};
-use crate::sink_http::{Reply, TestServer, webhook};
+use crate::sink::sink_http::{Reply, TestServer, webhook};
 use crate::store::conformance::Backend as _;
 use crate::store::conformance_postgres::PgBackend;
 use outbox::sink::nats::{NatsOptions, NatsSink};

@@ -1,5 +1,5 @@
 //! The PostgreSQL and MySQL stores over TLS, against private servers this module starts on
-//! loopback with the throwaway CA of `tls.rs`: a PostgreSQL 15 cluster that takes only TLS
+//! loopback with the throwaway CA of `sink/tls.rs`: a PostgreSQL 15 cluster that takes only TLS
 //! (`hostssl` lines, a `hostnossl … reject`) and a MariaDB whose users `REQUIRE SSL` (or
 //! a certificate subject), each with a password user and a user authenticated by its
 //! client certificate. Each checks that the store migrates, enqueues and claims over a
@@ -10,7 +10,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::free_port;
-use crate::tls::{Pki, Server};
+use crate::sink::tls::{Pki, Server};
 use outbox::store::ClaimRequest;
 use outbox::store::prelude::*;
 use outbox::{AnyStore, Message, StoreConfig};

@@ -1,8 +1,8 @@
 //! The publisher conformance suite: the same cases against every sink and its real server.
 //!
-//! A sink file (`tests/publisher_conformance_<sink>.rs`) implements [`Harness`] for its
-//! sink (in a submodule here, so the read-back code lives in one place) and instantiates
-//! every case with [`publisher_conformance_tests!`], one `#[tokio::test]` per case.
+//! Each sink implements [`Harness`] in a submodule here (so the read-back code lives in one
+//! place); `sink/conformance.rs` instantiates every case for it, a module per sink, with
+//! [`publisher_conformance_tests!`], one `#[tokio::test]` per case.
 //!
 //! Cases:
 //! 1. confirmation then fidelity: every result `Ok` (or a documented size refusal,
@@ -15,9 +15,9 @@
 //! 5. a relay (SQLite store) delivers 200 messages through the sink, each once, unchanged.
 //!
 //! The NATS, Kafka, RabbitMQ, MQTT and HTTP harnesses take the envelope as a const
-//! parameter ([`OUTBOX`], [`CE`], [`CE_STRUCTURED`]): `publisher_conformance_cloudevents.rs`
-//! (Kafka: `publisher_conformance_kafka.rs`) runs the same cases with CloudEvents, read
-//! back through the same decoders.
+//! parameter ([`OUTBOX`], [`CE`], [`CE_STRUCTURED`]): `sink::conformance::cloudevents`
+//! (Kafka: `sink::conformance::kafka`) runs the same cases with CloudEvents, read back
+//! through the same decoders.
 
 #![allow(clippy::unwrap_used)]
 
@@ -429,28 +429,30 @@ macro_rules! publisher_conformance_tests {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn broker_down_is_unavailable() {
-            $crate::publisher_conformance::broker_down_is_unavailable::<$h>().await;
+            $crate::sink::publisher_conformance::broker_down_is_unavailable::<$h>().await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn permanent_error_spares_the_batch() {
-            $crate::publisher_conformance::permanent_error_spares_the_batch::<$h>().await;
+            $crate::sink::publisher_conformance::permanent_error_spares_the_batch::<$h>().await;
         }
     };
     ($h:ty, local) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn confirmation_then_fidelity() {
-            $crate::publisher_conformance::confirmation_then_fidelity::<$h>().await;
+            $crate::sink::publisher_conformance::confirmation_then_fidelity::<$h>().await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn relay_delivers_200_messages_end_to_end() {
-            $crate::publisher_conformance::relay_delivers_200_messages_end_to_end::<$h>().await;
+            $crate::sink::publisher_conformance::relay_delivers_200_messages_end_to_end::<$h>()
+                .await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn duplicate_publish_keeps_the_message_id() {
-            $crate::publisher_conformance::duplicate_publish_keeps_the_message_id::<$h>().await;
+            $crate::sink::publisher_conformance::duplicate_publish_keeps_the_message_id::<$h>()
+                .await;
         }
     };
 }

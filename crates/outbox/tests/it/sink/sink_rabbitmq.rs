@@ -11,7 +11,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{relay_config, unique};
-use crate::publisher_conformance::rabbitmq::{admin, amqp_url, header_text};
+use crate::sink::publisher_conformance::rabbitmq::{admin, amqp_url, header_text};
 use crate::store::conformance::Backend as _;
 use lapin::options::{
     BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
@@ -114,7 +114,7 @@ async fn queue_len(ch: &Channel, queue: &str) -> u32 {
 }
 
 fn outgoing(id: i64, topic: &str, payload: Vec<u8>) -> OutgoingMessage {
-    crate::publisher_conformance::outgoing(id, topic, None, payload)
+    crate::sink::publisher_conformance::outgoing(id, topic, None, payload)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{free_port, nats_server_bin};
-use crate::publisher_conformance::outgoing;
+use crate::sink::publisher_conformance::outgoing;
 use outbox::Sink;
 use outbox::sink::SinkError;
 use rcgen::{
@@ -535,7 +535,7 @@ async fn rabbitmq_over_amqps_with_a_user_and_client_certificates() {
     use lapin::types::FieldTable;
     let pki = Pki::new();
     let tls_port = free_port();
-    let node = crate::rabbitmq_outage::Node::start_with(
+    let node = crate::sink::rabbitmq_outage::Node::start_with(
         |dir| {
             for f in ["ca.pem", "server.pem", "server.key"] {
                 std::fs::copy(pki.path(f), dir.join(f)).unwrap();

@@ -12,7 +12,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{relay_config, unique};
-use crate::publisher_conformance::mqtt::{Subscriber, require_broker};
+use crate::sink::publisher_conformance::mqtt::{Subscriber, require_broker};
 use crate::store::conformance::Backend as _;
 use outbox::message::OutgoingMessage;
 use outbox::sink::mqtt::{MqttSink, MqttSinkOptions};
@@ -136,7 +136,7 @@ impl Drop for PrivateBroker {
 // ---------------------------------------------------------------------------------------
 
 fn outgoing(topic: &str, payload: Vec<u8>) -> OutgoingMessage {
-    crate::publisher_conformance::outgoing(1, topic, None, payload)
+    crate::sink::publisher_conformance::outgoing(1, topic, None, payload)
 }
 
 fn with_header(mut m: OutgoingMessage, name: &str, value: &str) -> OutgoingMessage {

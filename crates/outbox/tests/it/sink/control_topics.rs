@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::unique;
-use crate::publisher_conformance::{closed_port, outgoing};
+use crate::sink::publisher_conformance::{closed_port, outgoing};
 use outbox::sink::{CONTROL_TOPIC, ErrorKind, PublishError, Sink};
 use std::time::Duration;
 
@@ -230,7 +230,7 @@ mod nats {
 #[cfg(feature = "rabbitmq")]
 mod rabbitmq {
     use super::*;
-    use crate::publisher_conformance::rabbitmq::{admin, amqp_url};
+    use crate::sink::publisher_conformance::rabbitmq::{admin, amqp_url};
     use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
     use lapin::types::FieldTable;
     use outbox::sink::rabbitmq::RabbitMqSink;
@@ -332,7 +332,7 @@ mod rabbitmq {
 #[cfg(feature = "redis")]
 mod redis_streams {
     use super::*;
-    use crate::publisher_conformance::redis::{admin, redis_url};
+    use crate::sink::publisher_conformance::redis::{admin, redis_url};
     use outbox::sink::redis_streams::RedisStreamsSink;
     use redis::AsyncCommands as _;
 
@@ -397,7 +397,7 @@ mod redis_streams {
 #[cfg(feature = "mqtt")]
 mod mqtt {
     use super::*;
-    use crate::publisher_conformance::mqtt::require_broker;
+    use crate::sink::publisher_conformance::mqtt::require_broker;
     use outbox::sink::mqtt::MqttSink;
 
     /// `$` topics (`$SYS/…`, `$share/…`) are the broker's: refused as control topics.
@@ -448,7 +448,7 @@ mod http {
     async fn record(State(reqs): State<Requests>, uri: Uri, headers: HeaderMap) -> StatusCode {
         let topic = headers
             .get("topic")
-            .map(|v| crate::publisher_conformance::http::percent_decode(v.to_str().unwrap()));
+            .map(|v| crate::sink::publisher_conformance::http::percent_decode(v.to_str().unwrap()));
         reqs.lock().unwrap().push((uri.to_string(), topic));
         StatusCode::NO_CONTENT
     }

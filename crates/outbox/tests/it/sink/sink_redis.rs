@@ -10,7 +10,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::unique;
-use crate::publisher_conformance::redis::{admin, entries, redis_url, text};
+use crate::sink::publisher_conformance::redis::{admin, entries, redis_url, text};
 use outbox::OutgoingMessage;
 use outbox::sink::redis_streams::RedisStreamsSink;
 use outbox::sink::{ErrorKind, Sink};
@@ -60,7 +60,7 @@ impl Drop for Keys {
 }
 
 fn outgoing(id: i64, topic: &str, payload: Vec<u8>) -> OutgoingMessage {
-    crate::publisher_conformance::outgoing(id, topic, None, payload)
+    crate::sink::publisher_conformance::outgoing(id, topic, None, payload)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

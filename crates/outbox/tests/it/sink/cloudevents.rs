@@ -39,7 +39,10 @@ pub(crate) struct SdkRead {
 
 /// Runs `cloudevents_sdk.py` on `input` (see the script for its shape).
 pub(crate) fn sdk(input: &Value) -> SdkRead {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/cloudevents_sdk.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/it/sink/cloudevents_sdk.py"
+    );
     let mut child = Command::new("python3")
         .arg(script)
         .stdin(Stdio::piped())
@@ -370,7 +373,7 @@ fn kafka_shaped_messages_decode_with_the_sdk_kafka_bindings() {
 #[cfg(feature = "rabbitmq")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_deliveries_decode_with_the_sdk_amqp_binding() {
-    use crate::publisher_conformance::rabbitmq::{admin, amqp_url};
+    use crate::sink::publisher_conformance::rabbitmq::{admin, amqp_url};
     use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
     use lapin::types::{AMQPValue, FieldTable};
     use outbox::sink::rabbitmq::RabbitMqSink;
@@ -492,7 +495,7 @@ async fn nats_messages_decode_with_the_sdk_json_format() {
 #[cfg(feature = "mqtt")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqtt_publishes_make_valid_sdk_events() {
-    use crate::publisher_conformance::mqtt::{Subscriber, require_broker};
+    use crate::sink::publisher_conformance::mqtt::{Subscriber, require_broker};
     use outbox::sink::mqtt::MqttSink;
     use rumqttc::v5::mqttbytes::QoS;
     let broker = require_broker().await;

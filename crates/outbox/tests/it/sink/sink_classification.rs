@@ -34,7 +34,7 @@ async fn publish_all(sink: &dyn Sink, batch: &[OutgoingMessage]) -> Vec<Result<(
 }
 
 fn outgoing(topic: &str, payload: Vec<u8>) -> OutgoingMessage {
-    crate::publisher_conformance::outgoing(1, topic, None, payload)
+    crate::sink::publisher_conformance::outgoing(1, topic, None, payload)
 }
 
 fn unique() -> String {

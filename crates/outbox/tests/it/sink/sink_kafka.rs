@@ -7,7 +7,7 @@
 #![cfg(feature = "kafka")]
 #![allow(clippy::unwrap_used)]
 
-use crate::publisher_conformance::kafka::{BROKER, consume, create_topic, unique_topic};
+use crate::sink::publisher_conformance::kafka::{BROKER, consume, create_topic, unique_topic};
 use outbox::sink::kafka::KafkaSink;
 use outbox::sink::{ErrorKind, Sink};
 use outbox::{Message, OutgoingMessage};
@@ -217,7 +217,7 @@ async fn two_relays_keep_every_keys_order_into_kafka() {
 /// no first user can be created), so delivery over them is not tested here.
 #[tokio::test]
 async fn tls_and_sasl_settings_are_accepted_by_librdkafka() {
-    let pki = crate::tls::Pki::new();
+    let pki = crate::sink::tls::Pki::new();
     let files = format!(
         "ca={}&cert={}&key={}",
         pki.show("ca.pem"),
@@ -256,10 +256,10 @@ async fn cloudevents_records_decode_with_from_kafka_and_the_sdk() {
         create_topic(&topic);
         let url = format!(
             "kafka://{BROKER}?envelope={envelope}&{}",
-            crate::cloudevents::source_param("")
+            crate::sink::cloudevents::source_param("")
         );
         let sink = KafkaSink::connect(&url).await.unwrap();
-        let batch = crate::cloudevents::messages(&topic);
+        let batch = crate::sink::cloudevents::messages(&topic);
         let results = sink.publish_all(&batch).await;
         assert!(results.iter().all(Result::is_ok), "{results:?}");
         let got = consume(&topic, batch.len(), Duration::ZERO);
@@ -291,13 +291,13 @@ async fn cloudevents_records_decode_with_from_kafka_and_the_sdk() {
                 assert_eq!(headers.get("ce_id"), Some(&json!(m.message_id.to_string())));
             }
             let value = record.payload().unwrap_or_default();
-            let read = crate::cloudevents::sdk(&json!({
+            let read = crate::sink::cloudevents::sdk(&json!({
                 "binding": "kafka",
                 "headers": headers,
                 "key": key,
                 "body_base64": base64::engine::general_purpose::STANDARD.encode(value),
             }));
-            crate::cloudevents::check(&read, m, mode, decoded);
+            crate::sink::cloudevents::check(&read, m, mode, decoded);
         }
         sink.close().await;
     }

@@ -10,7 +10,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{relay_config, wait_until};
-use crate::publisher_conformance::http::percent_decode;
+use crate::sink::publisher_conformance::http::percent_decode;
 use crate::store::conformance::Backend as _;
 use axum::Router;
 use axum::body::Bytes;
@@ -208,7 +208,7 @@ async fn handle(
 // ---------------------------------------------------------------------------------------
 
 fn outgoing(topic: &str, payload: Vec<u8>) -> OutgoingMessage {
-    crate::publisher_conformance::outgoing(1, topic, None, payload)
+    crate::sink::publisher_conformance::outgoing(1, topic, None, payload)
 }
 
 fn with_header(mut m: OutgoingMessage, name: &str, value: &str) -> OutgoingMessage {
