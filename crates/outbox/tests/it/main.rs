@@ -15,16 +15,8 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+
+mod consumer;
+mod relay;
 mod sink;
 mod store;
-
-mod bad_input;
-mod concurrent_relays;
-mod confirm_crash;
-mod consumer_e2e;
-mod hostile_sizes;
-mod idle_relay;
-mod inbox;
-mod ordering;
-mod relay_suite;
-mod sqlite_e2e;

@@ -369,7 +369,7 @@ async fn postgres_claim_leaves_the_connections_commit_setting_alone() {
     .unwrap();
     assert_eq!(status, 1, "the claim is visible to another session at once");
     store.mark_dispatched(claim.token, &[ids[0]]).await.unwrap();
-    req.ordering = crate::ordering::ordered("o.>");
+    req.ordering = crate::relay::ordering::ordered("o.>");
     let ordered = store.claim(&req).await.unwrap();
     assert_eq!(ordered.messages[0].id, ids[1]);
     assert_eq!(

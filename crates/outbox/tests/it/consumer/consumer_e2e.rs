@@ -10,7 +10,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "../../examples/nats_consumer.rs"]
+#[path = "../../../examples/nats_consumer.rs"]
 #[allow(dead_code, unreachable_pub, missing_docs)]
 mod consumer;
 

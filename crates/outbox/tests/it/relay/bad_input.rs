@@ -365,7 +365,7 @@ async fn postgres_text_that_is_not_utf8_is_quarantined_and_the_rest_flows() {
     for ordered in [false, true] {
         let mut cfg = relay_config("sqlascii");
         if ordered {
-            cfg.ordering = crate::ordering::ordered("o.>");
+            cfg.ordering = crate::relay::ordering::ordered("o.>");
             // The ordered run finds the rows the first one left: put them back.
             sqlx::query(AssertSqlSafe(format!(
                 "UPDATE {s}.messages SET status = 0, attempts = 0, last_error = NULL,
@@ -528,7 +528,7 @@ async fn sqlite_text_that_is_not_utf8_is_quarantined_and_can_be_seen_and_discard
             batch_size: 10,
             lease: Duration::from_secs(30),
             skip_topics: Vec::new(),
-            ordering: crate::ordering::ordered("o.>"),
+            ordering: crate::relay::ordering::ordered("o.>"),
         })
         .await
         .unwrap();
@@ -537,7 +537,7 @@ async fn sqlite_text_that_is_not_utf8_is_quarantined_and_can_be_seen_and_discard
     store.set_pause(None).await.unwrap();
     let (sink, seen) = crate::common::RecordingSink::new();
     let mut cfg = relay_config("sqlite-not-utf8");
-    cfg.ordering = crate::ordering::ordered("o.>");
+    cfg.ordering = crate::relay::ordering::ordered("o.>");
     let handle = Relay::new(store.clone(), sink, cfg).spawn();
     wait_settled(
         "2 dispatched and 3 dead",
