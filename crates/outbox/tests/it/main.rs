@@ -1,65 +1,29 @@
 //! The library's integration tests, in one binary (one link of the library instead of one
-//! per file). Modules:
+//! per file), against real services. A folder per room:
 //! - `common`: the shared harness (databases, NATS streams, recording sinks, waits);
-//! - `conformance` + `conformance_<store>`: the store contract, once per store;
-//! - `publisher_conformance` + `publisher_conformance_<sink>`: the sink contract, once per
-//!   sink against its real broker (`publisher_conformance_cloudevents`: again with the
-//!   CloudEvents envelope);
-//! - `cloudevents`: what the sinks send with `envelope=cloudevents`, read by the official
-//!   CloudEvents Python SDK (`cloudevents_sdk.py`);
-//! - the rest: relay, router, sink and consumer behaviour against real services.
+//! - `store`: the store contract (`store::conformance`), once per store
+//!   (`store::conformance_<store>`), and what each store does beyond it (transactions, the
+//!   SQL entry points, TLS to the database, outages, the cleanup horizon, wake-ups);
+//! - `sink`: the sink contract (`sink::publisher_conformance`), once per sink in
+//!   `sink::conformance` (`sink::conformance::<sink>`; `sink::conformance::cloudevents`:
+//!   again with the CloudEvents envelope), each sink's own checks (`sink::sink_<name>`),
+//!   classification, control topics, TLS, routing, slow and silent destinations, broker
+//!   outages, and `sink::cloudevents`: what the sinks send with `envelope=cloudevents`, read
+//!   by the official CloudEvents Python SDK (`sink/cloudevents_sdk.py`);
+//! - `relay`: the relay as a whole (decisions over a store, competing relays, crashes,
+//!   per-key ordering, idle relays, bad input, hostile sizes, SQLite end to end);
+//! - `consumer`: the inbox and the example consumer end to end.
 //!
-//! Run one area with a filter, e.g. `cargo nextest run -p outbox -E 'test(/^conformance_mysql::/)'`
-//! or `cargo test -p outbox --test it conformance_mysql::`.
+//! Run one room or one module with a filter, e.g. `cargo nextest run -p outbox -E
+//! 'test(/^store::conformance_mysql::/)'` or `cargo test -p outbox --test it
+//! store::conformance_mysql::`; the Kafka tests (feature `kafka`) are
+//! `test(/^sink::(conformance::kafka|sink_kafka)::/)`.
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
-#[macro_use]
-mod conformance;
-#[macro_use]
-mod publisher_conformance;
 
-mod bad_input;
-mod broker_outage;
-mod cleanup_horizon;
-mod cloudevents;
-mod concurrent_relays;
-mod confirm_crash;
-mod conformance_mysql;
-mod conformance_postgres;
-mod conformance_sqlite;
-mod consumer_e2e;
-mod control_topics;
-mod hostile_sizes;
-mod idle_relay;
-mod inbox;
-mod ordering;
-mod publisher_conformance_cloudevents;
-mod publisher_conformance_file;
-mod publisher_conformance_http;
-mod publisher_conformance_kafka;
-mod publisher_conformance_mqtt;
-mod publisher_conformance_nats;
-mod publisher_conformance_rabbitmq;
-mod publisher_conformance_redis;
-mod publisher_conformance_router;
-mod rabbitmq_outage;
-mod relay_suite;
-mod routing;
-mod sink_classification;
-mod sink_http;
-mod sink_kafka;
-mod sink_mqtt;
-mod sink_rabbitmq;
-mod sink_redis;
-mod slow_destinations;
-mod sql_enqueue_headers;
-mod sqlite_e2e;
-mod store_outage;
-mod store_outage_log;
-mod store_tls;
-mod timeout_after_send;
-mod tls;
-mod transaction;
-mod wakeup;
+mod consumer;
+mod relay;
+mod sink;
+mod store;

@@ -150,7 +150,7 @@ pub(crate) fn outage_length() -> Duration {
 }
 
 /// A producer writing one message on `topic` every 100 ms for `length`; returns them.
-pub(crate) async fn produce_for<B: crate::conformance::Backend>(
+pub(crate) async fn produce_for<B: crate::store::conformance::Backend>(
     db: Arc<B>,
     topic: String,
     length: Duration,
@@ -165,7 +165,7 @@ pub(crate) async fn produce_for<B: crate::conformance::Backend>(
 }
 
 /// After an outage: nothing quarantined, and no pending row has spent an attempt.
-pub(crate) async fn assert_outage_spent_nothing<B: crate::conformance::Backend>(db: &B) {
+pub(crate) async fn assert_outage_spent_nothing<B: crate::store::conformance::Backend>(db: &B) {
     let rows = db.rows().await;
     assert_eq!(rows.iter().filter(|r| r.status >= 3).count(), 0);
     for r in rows.iter().filter(|r| r.status == 0) {
