@@ -11,16 +11,15 @@
 //!
 //! ## Invariants
 //!
-//! Imports between the top-level modules point down the floors below; the few that do
-//! not yet are named here.
+//! Imports between the top-level modules point down the floors below: no module imports
+//! one that imports it back (unit tests may reach anywhere).
 //!
 //! - **Vocabulary, the bottom floor:** [`status`] (row states), [`topic`] (topic
 //!   patterns), [`message`] (what is enqueued, published and read back; follow-up ids)
 //!   and [`error`] ([`Error`]; [`PublishError`] with its [`error::ErrorKind`] and
 //!   [`error::PublishCode`]). They do no IO. `status` imports nothing of the crate,
-//!   `message` only `error`, `topic` only `message`. One edge still points up:
-//!   [`Error::is_transient`] and the display of a database error ask the [`store`]
-//!   module how to read a driver error.
+//!   `message` only `error`, `topic` only `message`. Each database's error codes are read in
+//!   `error` itself (`error::codes`), so [`Error::is_transient`] asks no store.
 //! - **Formats:** [`cloudevents`] imports only the vocabulary; [`envelope`] reads each
 //!   sink's wire form through `cloudevents`, never the reverse.
 //! - **Sinks never import stores**, nor the relay: [`sink`] stands on the vocabulary,
@@ -29,8 +28,10 @@
 //! - **[`metrics`] imports no store type:** it takes plain values; the conversion from
 //!   the store's samples sits above both.
 //! - **Only the CLI reads the config file** (`outbox.toml`).
-//! - Still both ways: [`store`] with [`events`] and with [`inbox`] (each store implements
-//!   their SQL; they name the stores).
+//! - **[`events`] and [`inbox`] name no store:** each store implements their traits in
+//!   its own folder (`store/<db>/enqueue.rs`).
+//! - **[`relay`] knows no SQL and no broker:** it talks to the store's role traits and to
+//!   [`Sink`] only.
 //!
 //! Modules: [`message`] (what producers enqueue, what consumers read), [`status`] and
 //! [`topic`] (row states, topic patterns), [`error`], [`events`] (integration events kept
