@@ -3,3 +3,4 @@
 //! trait, or the statements and decoded rows passed in).
 
 pub(crate) mod replay;
+pub(crate) mod views;
