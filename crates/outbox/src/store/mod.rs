@@ -26,6 +26,8 @@ use serde::Serialize;
 use std::time::Duration;
 use uuid::Uuid;
 
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod common;
 pub mod lookup;
 #[cfg(feature = "mysql")]
 pub mod mysql;

@@ -4,6 +4,7 @@
 use super::{MySqlStore, NOW, REPLAY_CHUNK};
 use crate::error::Result;
 use crate::sink::router::TopicPattern;
+use crate::store::common::replay::{self, DeadText, ReplaySteps, Tx};
 use crate::store::ops::{self, Dialect};
 use crate::store::{
     DeadLetter, DeadSelector, Operations, PauseState, ReplayAction, ReplayOutcome, ReplayRecord,
@@ -11,7 +12,7 @@ use crate::store::{
 };
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, MySql, Row};
 use std::fmt::Write as _;
 use uuid::Uuid;
 
@@ -109,24 +110,16 @@ impl Operations for MySqlStore {
         let rows = query.fetch_all(&self.inner.pool).await?;
         rows.iter()
             .map(|r| {
-                let id: i64 = r.try_get("id")?;
-                let message_id =
-                    crate::store::text_message_id(id, &r.try_get::<String, _>("message_id")?)?;
-                Ok(DeadLetter {
-                    id,
-                    message_id,
+                let mid = r.try_get::<String, _>("message_id")?;
+                let text = DeadText {
+                    message_id: crate::store::text_message_id(r.try_get("id")?, &mid)?,
                     topic: r.try_get("topic")?,
                     key: r.try_get("key")?,
-                    attempts: r.try_get("attempts")?,
+                    headers: r.try_get("headers")?,
                     occurred_at: r.try_get::<NaiveDateTime, _>("occurred_at")?.and_utc(),
                     died_at: r.try_get::<NaiveDateTime, _>("available_at")?.and_utc(),
-                    last_error: r.try_get("last_error")?,
-                    headers: r.try_get("headers")?,
-                    payload_bytes: r.try_get("payload_bytes")?,
-                    payload: r.try_get("payload")?,
-                    replay_id: r.try_get("replay_id")?,
-                    waiting_behind: r.try_get("waiting_behind")?,
-                })
+                };
+                replay::dead_letter(r, text)
             })
             .collect()
     }
@@ -135,39 +128,69 @@ impl Operations for MySqlStore {
         let p = &self.inner.config.schema;
         let (filter, binds) = ops::dead_filter(selector, Dialect::MySql, 1);
         let sql = format!("SELECT COUNT(*) FROM {p}_messages WHERE {filter}");
-        let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql));
-        for b in binds {
-            query = query.bind(b);
-        }
-        Ok(u64::try_from(query.fetch_one(&self.inner.pool).await?).unwrap_or(0))
+        let n = replay::bound(sql, binds)
+            .fetch_one(&self.inner.pool)
+            .await?;
+        Ok(replay::count(n))
     }
 
     async fn replay(&self, req: &ReplayRequest) -> Result<ReplayOutcome> {
         let _wrote = self.inner.quiet.writing();
         ops::validate(req)?;
+        let tx = self.inner.pool.begin().await?;
+        replay::replay(self, tx, req).await
+    }
+
+    async fn replays(&self, limit: u32) -> Result<Vec<ReplayRecord>> {
+        let rows: Vec<replay::ReplayRow<NaiveDateTime>> =
+            sqlx::query_as(self.inner.sql.replays.clone())
+                .bind(i64::from(limit))
+                .fetch_all(&self.inner.pool)
+                .await?;
+        Ok(replay::replay_records(rows, |at| at.and_utc()))
+    }
+
+    async fn audit(&self, entry: &crate::store::ops::AuditEntry) -> Result<()> {
+        sqlx::query(self.inner.sql.replay_insert.clone())
+            .bind(&entry.by)
+            .bind(&entry.reason)
+            .bind(&entry.action)
+            .bind(&entry.selection)
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ReplaySteps for MySqlStore {
+    type Db = MySql;
+    /// The keyed rows among the locked ones: (id, order key).
+    type Held = Vec<(i64, Vec<u8>)>;
+    const DIALECT: Dialect = Dialect::MySql;
+
+    async fn named(&self, tx: &mut Tx<Self>, filter: &str) -> Result<Vec<(i64, Uuid, i16)>> {
         let p = &self.inner.config.schema;
-        let mut tx = self.inner.pool.begin().await?;
-        let refused = if let Some(filter) = ops::named_filter(&req.selector, Dialect::MySql) {
-            let found = sqlx::raw_sql(AssertSqlSafe(format!(
-                "SELECT id, message_id, CAST(status AS SIGNED) FROM {p}_messages WHERE {filter}"
-            )))
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(|r| {
-                let mid: String = r.try_get(1)?;
-                let status: i64 = r.try_get(2)?;
-                Ok((
-                    r.try_get::<i64, _>(0)?,
-                    Uuid::parse_str(&mid).unwrap_or_default(),
-                    i16::try_from(status).unwrap_or(-1),
-                ))
-            })
-            .collect::<Result<Vec<_>>>()?;
-            ops::refusals(&req.selector, &found)
-        } else {
-            Vec::new()
-        };
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "SELECT id, message_id, CAST(status AS SIGNED) FROM {p}_messages WHERE {filter}"
+        )))
+        .fetch_all(&mut **tx)
+        .await?
+        .iter()
+        .map(|r| {
+            let mid: String = r.try_get(1)?;
+            let status: i64 = r.try_get(2)?;
+            Ok((
+                r.try_get::<i64, _>(0)?,
+                Uuid::parse_str(&mid).unwrap_or_default(),
+                i16::try_from(status).unwrap_or(-1),
+            ))
+        })
+        .collect()
+    }
+
+    async fn select(&self, tx: &mut Tx<Self>, req: &ReplayRequest) -> Result<Vec<i64>> {
+        let p = &self.inner.config.schema;
         // The selected rows, read without locks (no gap locks, and no waiting on rows the
         // selection does not take), then locked by primary key while still dead (the
         // primary key forced: a covering secondary index would look cheaper and lock every
@@ -177,23 +200,12 @@ impl Operations for MySqlStore {
         let limit = req
             .limit
             .map_or_else(String::new, |l| format!(" LIMIT {l}"));
-        let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
-            "SELECT id FROM {p}_messages WHERE {filter} ORDER BY id{limit}"
-        )));
-        for b in binds {
-            query = query.bind(b);
-        }
-        let selected = query.fetch_all(&mut *tx).await?;
-        ops::check_spread(selected.len(), req.rate_per_s)?;
-        if req.dry_run || selected.is_empty() {
-            tx.rollback().await?;
-            return Ok(ReplayOutcome {
-                replay_id: None,
-                count: selected.len() as u64,
-                sample: selected.iter().take(20).copied().collect(),
-                refused,
-            });
-        }
+        let sql = format!("SELECT id FROM {p}_messages WHERE {filter} ORDER BY id{limit}");
+        Ok(replay::bound(sql, binds).fetch_all(&mut **tx).await?)
+    }
+
+    async fn lock(&self, tx: &mut Tx<Self>, selected: Vec<i64>) -> Result<(Vec<i64>, Self::Held)> {
+        let p = &self.inner.config.schema;
         let mut ids = Vec::with_capacity(selected.len());
         for chunk in selected.chunks(REPLAY_CHUNK) {
             let locked = sqlx::raw_sql(AssertSqlSafe(format!(
@@ -201,7 +213,7 @@ impl Operations for MySqlStore {
                  WHERE id IN ({}) AND status = 3 ORDER BY id FOR UPDATE",
                 Self::id_list(chunk)
             )))
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut **tx)
             .await?;
             for r in &locked {
                 ids.push(r.try_get::<i64, _>(0)?);
@@ -215,39 +227,39 @@ impl Operations for MySqlStore {
                  WHERE id IN ({}) AND order_key IS NOT NULL",
                 Self::id_list(chunk)
             )))
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut **tx)
             .await?;
             for r in &rows {
                 keyed.push((r.try_get(0)?, r.try_get(1)?));
             }
         }
-        let sample: Vec<i64> = ids.iter().take(20).copied().collect();
-        if ids.is_empty() {
-            tx.rollback().await?;
-            return Ok(ReplayOutcome {
-                replay_id: None,
-                count: 0,
-                sample,
-                refused,
-            });
-        }
-        let replay_id: i64 = match req.append_to {
-            Some(id) => id,
-            None => {
-                let r = sqlx::query(self.inner.sql.replay_insert.clone())
-                    .bind(&req.by)
-                    .bind(&req.reason)
-                    .bind(req.action.as_str())
-                    .bind(req.describe())
-                    .execute(&mut *tx)
-                    .await?;
-                i64::try_from(r.last_insert_id()).unwrap_or(i64::MAX)
-            }
-        };
+        Ok((ids, keyed))
+    }
+
+    async fn record(&self, tx: &mut Tx<Self>, req: &ReplayRequest) -> Result<i64> {
+        let r = sqlx::query(self.inner.sql.replay_insert.clone())
+            .bind(&req.by)
+            .bind(&req.reason)
+            .bind(req.action.as_str())
+            .bind(req.describe())
+            .execute(&mut **tx)
+            .await?;
+        Ok(i64::try_from(r.last_insert_id()).unwrap_or(i64::MAX))
+    }
+
+    async fn change(
+        &self,
+        tx: &mut Tx<Self>,
+        req: &ReplayRequest,
+        ids: &[i64],
+        replay_id: i64,
+        keyed: Self::Held,
+    ) -> Result<u64> {
+        let p = &self.inner.config.schema;
         // One database time for every statement, as one statement would have: the spread
         // starts at it whatever the number of statements.
         let at: NaiveDateTime = sqlx::raw_sql(AssertSqlSafe(format!("SELECT {NOW}")))
-            .fetch_one(&mut *tx)
+            .fetch_one(&mut **tx)
             .await?
             .try_get(0)?;
         let at = format!("TIMESTAMP'{}'", at.format("%Y-%m-%d %H:%M:%S%.6f"));
@@ -285,70 +297,26 @@ impl Operations for MySqlStore {
                 }
             };
             changed += sqlx::raw_sql(AssertSqlSafe(sql))
-                .execute(&mut *tx)
+                .execute(&mut **tx)
                 .await?
                 .rows_affected();
         }
         // A replayed row is due after its spread delay (its followers then, too); a deleted
         // one releases its followers at once.
-        let position: std::collections::HashMap<i64, usize> =
-            ids.iter().enumerate().map(|(k, id)| (*id, k)).collect();
+        let delay_of = replay::delays(req, ids);
         let delayed: Vec<(i64, Vec<u8>, i64)> = keyed
             .into_iter()
-            .map(|(id, ok)| {
-                let delay = match req.action {
-                    ReplayAction::Replay => position
-                        .get(&id)
-                        .map_or(0, |k| ops::spread_ms(*k, req.rate_per_s)),
-                    ReplayAction::Discard | ReplayAction::Purge => 0,
-                };
-                (id, ok, delay)
-            })
+            .map(|(id, ok)| (id, ok, delay_of.get(&id).copied().unwrap_or(0)))
             .collect();
-        self.unpark_keys(&mut tx, &delayed, &at).await?;
+        self.unpark_keys(tx, &delayed, &at).await?;
+        Ok(changed)
+    }
+
+    async fn count(&self, tx: &mut Tx<Self>, changed: u64, replay_id: i64) -> Result<()> {
         sqlx::query(self.inner.sql.replay_count.clone())
             .bind(i64::try_from(changed).unwrap_or(i64::MAX))
             .bind(replay_id)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(ReplayOutcome {
-            replay_id: Some(replay_id),
-            count: changed,
-            sample,
-            refused,
-        })
-    }
-
-    async fn replays(&self, limit: u32) -> Result<Vec<ReplayRecord>> {
-        let rows: Vec<(i64, NaiveDateTime, String, String, String, String, i64)> =
-            sqlx::query_as(self.inner.sql.replays.clone())
-                .bind(i64::from(limit))
-                .fetch_all(&self.inner.pool)
-                .await?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(id, at, by, reason, action, selection, count)| ReplayRecord {
-                    id,
-                    at: at.and_utc(),
-                    by,
-                    reason,
-                    action,
-                    selection,
-                    count,
-                },
-            )
-            .collect())
-    }
-
-    async fn audit(&self, entry: &crate::store::ops::AuditEntry) -> Result<()> {
-        sqlx::query(self.inner.sql.replay_insert.clone())
-            .bind(&entry.by)
-            .bind(&entry.reason)
-            .bind(&entry.action)
-            .bind(&entry.selection)
-            .execute(&self.inner.pool)
+            .execute(&mut **tx)
             .await?;
         Ok(())
     }

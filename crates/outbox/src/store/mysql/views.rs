@@ -3,7 +3,8 @@
 
 use super::MySqlStore;
 use crate::error::Result;
-use crate::store::{ClaimsBy, Counts, DueHeld, HeldKeys, KeyOrdering, Leases, Overview, Views};
+use crate::store::common::views::{self, ClaimsRow, Find, LocationText, OverviewRows};
+use crate::store::{Counts, DueHeld, HeldKeys, KeyOrdering, Leases, Overview, Views};
 use async_trait::async_trait;
 use chrono::NaiveDateTime;
 use sqlx::Row;
@@ -31,10 +32,9 @@ impl Views for MySqlStore {
         let counts = self.counts().await?;
         let (due, oldest_due, expired): (i64, Option<i64>, i64) =
             sqlx::query_as(sql.due.clone()).fetch_one(pool).await?;
-        let claims_by: Vec<(Option<String>, Option<String>, i64, i64)> =
-            sqlx::query_as(sql.claims_by.clone())
-                .fetch_all(pool)
-                .await?;
+        let claims_by: Vec<ClaimsRow> = sqlx::query_as(sql.claims_by.clone())
+            .fetch_all(pool)
+            .await?;
         let parked: i64 = sqlx::query_scalar(sql.parked.clone())
             .fetch_one(pool)
             .await?;
@@ -45,24 +45,19 @@ impl Views for MySqlStore {
                 .fetch_all(pool)
                 .await?)
         };
-        Ok(Overview {
+        let pending_by_topic = by_topic(crate::store::status::PENDING).await?;
+        let dead_by_topic = by_topic(crate::store::status::DEAD).await?;
+        Ok(OverviewRows {
             counts,
             due,
-            oldest_due_s: oldest_due.map(|s| s.max(0)),
-            expired_claims: expired,
+            oldest_due_s: oldest_due,
+            expired,
             parked,
-            claims_by: claims_by
-                .into_iter()
-                .map(|(r, instance, claimed, expired)| ClaimsBy {
-                    relay_id: r.unwrap_or_default(),
-                    instance,
-                    claimed,
-                    expired,
-                })
-                .collect(),
-            pending_by_topic: by_topic(crate::store::status::PENDING).await?,
-            dead_by_topic: by_topic(crate::store::status::DEAD).await?,
-        })
+            claims_by,
+            pending_by_topic,
+            dead_by_topic,
+        }
+        .into())
     }
 
     async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
@@ -127,60 +122,37 @@ impl Views for MySqlStore {
         query: &crate::store::lookup::MessageQuery,
         limit: u32,
     ) -> Result<Vec<crate::store::lookup::MessageLocation>> {
-        use crate::store::lookup::MessageQuery;
         let sql = &self.inner.sql;
-        let rows = match query {
-            MessageQuery::MessageId(id) => {
-                sqlx::query(sql.find_by_id.clone())
-                    .bind(id.hyphenated().to_string())
-                    .fetch_all(&self.inner.pool)
-                    .await?
-            }
-            MessageQuery::Key {
-                key,
-                topic: Some(topic),
-            } => {
-                sqlx::query(sql.find_by_topic_key.clone())
-                    .bind(topic)
-                    .bind(key)
-                    .bind(i64::from(limit))
-                    .fetch_all(&self.inner.pool)
-                    .await?
-            }
-            MessageQuery::Key { key, topic: None } => {
-                sqlx::query(sql.find_by_key.clone())
-                    .bind(key)
-                    .bind(i64::from(limit))
-                    .fetch_all(&self.inner.pool)
-                    .await?
-            }
-        };
+        let rows = views::find(
+            &self.inner.pool,
+            query,
+            limit,
+            |find| match find {
+                Find::MessageId => sql.find_by_id.clone(),
+                Find::TopicKey => sql.find_by_topic_key.clone(),
+                Find::Key => sql.find_by_key.clone(),
+            },
+            |id| id.hyphenated().to_string(),
+        )
+        .await?;
         rows.iter()
             .map(|r| {
-                let id: i64 = r.try_get("id")?;
-                let message_id =
-                    crate::store::text_message_id(id, &r.try_get::<String, _>("message_id")?)?;
+                let mid = r.try_get::<String, _>("message_id")?;
                 let time = |c: &str| -> Result<Option<chrono::DateTime<chrono::Utc>>> {
                     Ok(r.try_get::<Option<NaiveDateTime>, _>(c)?
                         .map(|t| t.and_utc()))
                 };
-                Ok(crate::store::lookup::MessageLocation {
-                    id,
-                    message_id,
+                let text = LocationText {
+                    message_id: crate::store::text_message_id(r.try_get("id")?, &mid)?,
                     topic: r.try_get("topic")?,
                     key: r.try_get("key")?,
-                    status: crate::store::lookup::status_name(r.try_get("status")?),
-                    attempts: r.try_get("attempts")?,
+                    status: r.try_get("status")?,
                     occurred_at: r.try_get::<NaiveDateTime, _>("occurred_at")?.and_utc(),
                     available_at: r.try_get::<NaiveDateTime, _>("available_at")?.and_utc(),
-                    claimed_by: r.try_get("claimed_by")?,
                     locked_until: time("locked_until")?,
                     dispatched_at: time("dispatched_at")?,
-                    last_error: r.try_get("last_error")?,
-                    payload_bytes: r.try_get("payload_bytes")?,
-                    replay_id: r.try_get("replay_id")?,
-                }
-                .noting_parked())
+                };
+                views::location(r, text)
             })
             .collect()
     }

@@ -4,6 +4,8 @@ use super::{AVAILABLE_AT, OCCURRED_AT, PgStore, UTF8_BYTES, schema_sql};
 use crate::error::Result;
 use crate::sink::router::TopicPattern;
 use crate::store::Operations;
+use crate::store::common::replay::{self, DeadText, ReplaySteps, Tx};
+use crate::store::lossy;
 use crate::store::ops::{self, Dialect};
 use crate::store::{
     DeadLetter, DeadSelector, PauseState, ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest,
@@ -11,7 +13,7 @@ use crate::store::{
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, Postgres, Row};
 use uuid::Uuid;
 
 impl PgStore {
@@ -133,23 +135,15 @@ impl Operations for PgStore {
         let rows = query.fetch_all(&self.inner.pool).await?;
         rows.iter()
             .map(|r| {
-                Ok(DeadLetter {
-                    id: r.try_get("id")?,
+                let text = DeadText {
                     message_id: r.try_get("message_id")?,
-                    topic: crate::store::lossy(r.try_get("topic")?),
-                    key: r
-                        .try_get::<Option<Vec<u8>>, _>("key")?
-                        .map(crate::store::lossy),
-                    attempts: r.try_get("attempts")?,
+                    topic: lossy(r.try_get("topic")?),
+                    key: r.try_get::<Option<Vec<u8>>, _>("key")?.map(lossy),
+                    headers: lossy(r.try_get("headers")?),
                     occurred_at: r.try_get("occurred_at")?,
                     died_at: r.try_get("available_at")?,
-                    last_error: r.try_get("last_error")?,
-                    headers: crate::store::lossy(r.try_get("headers")?),
-                    payload_bytes: r.try_get("payload_bytes")?,
-                    payload: r.try_get("payload")?,
-                    replay_id: r.try_get("replay_id")?,
-                    waiting_behind: r.try_get("waiting_behind")?,
-                })
+                };
+                replay::dead_letter(r, text)
             })
             .collect()
     }
@@ -158,153 +152,27 @@ impl Operations for PgStore {
         let s = self.s();
         let (filter, binds) = ops::dead_filter(selector, Dialect::Postgres, 1);
         let sql = format!("SELECT count(*) FROM {s}.messages WHERE {filter}");
-        let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql));
-        for b in binds {
-            query = query.bind(b);
-        }
-        Ok(u64::try_from(query.fetch_one(&self.inner.pool).await?).unwrap_or(0))
+        let n = replay::bound(sql, binds)
+            .fetch_one(&self.inner.pool)
+            .await?;
+        Ok(replay::count(n))
     }
 
     async fn replay(&self, req: &ReplayRequest) -> Result<ReplayOutcome> {
         ops::validate(req)?;
-        let s = self.s();
-        let mut tx = self.inner.pool.begin().await?;
-        let refused = if let Some(filter) = ops::named_filter(&req.selector, Dialect::Postgres) {
-            let found: Vec<(i64, Uuid, i16)> = sqlx::query_as(AssertSqlSafe(format!(
-                "SELECT id, message_id, status FROM {s}.messages WHERE {filter}"
-            )))
-            .fetch_all(&mut *tx)
-            .await?;
-            ops::refusals(&req.selector, &found)
-        } else {
-            Vec::new()
-        };
-        let (filter, binds) = ops::dead_filter(&req.selector, Dialect::Postgres, 1);
-        let limit = req
-            .limit
-            .map_or_else(|| "ALL".to_owned(), |l| l.to_string());
-        // Locks the selected rows: a concurrent replay of the same rows waits, then finds
-        // them no longer dead.
-        let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
-            "SELECT id FROM {s}.messages WHERE {filter} ORDER BY id LIMIT {limit} FOR UPDATE"
-        )));
-        for b in binds {
-            query = query.bind(b);
-        }
-        let ids = query.fetch_all(&mut *tx).await?;
-        let sample: Vec<i64> = ids.iter().take(20).copied().collect();
-        ops::check_spread(ids.len(), req.rate_per_s)?;
-        if req.dry_run || ids.is_empty() {
-            return Ok(ReplayOutcome {
-                replay_id: None,
-                count: ids.len() as u64,
-                sample,
-                refused,
-            });
-        }
-        let replay_id: i64 = match req.append_to {
-            Some(id) => id,
-            None => {
-                sqlx::query_scalar(AssertSqlSafe(schema_sql(
-                    include_str!("sql/replay_record.sql"),
-                    s,
-                )))
-                .bind(&req.by)
-                .bind(&req.reason)
-                .bind(req.action.as_str())
-                .bind(req.describe())
-                .fetch_one(&mut *tx)
-                .await?
-            }
-        };
-        // The keyed rows among them, whose parked followers are given back below; their
-        // text as bytes, which any row's text can be sent as (see `read_claimed`).
-        let keyed: Vec<(i64, Vec<u8>, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT id, convert_to(topic, {UTF8_BYTES}), convert_to(key, {UTF8_BYTES})
-             FROM {s}.messages WHERE id = ANY($1) AND key IS NOT NULL"
-        )))
-        .bind(&ids)
-        .fetch_all(&mut *tx)
-        .await?;
-        let delays: Vec<i64> = (0..ids.len())
-            .map(|k| ops::spread_ms(k, req.rate_per_s))
-            .collect();
-        let changed = match req.action {
-            ReplayAction::Replay => sqlx::query(AssertSqlSafe(schema_sql(
-                include_str!("sql/replay_dead.sql"),
-                s,
-            )))
-            .bind(&ids)
-            .bind(&delays)
-            .bind(replay_id)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected(),
-            ReplayAction::Discard | ReplayAction::Purge => sqlx::query(AssertSqlSafe(schema_sql(
-                include_str!("sql/discard_dead.sql"),
-                s,
-            )))
-            .bind(&ids)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected(),
-        };
-        // A replayed row is due after its spread delay (its followers then, too); a deleted
-        // one releases its followers now.
-        let delay_of: std::collections::HashMap<i64, i64> = match req.action {
-            ReplayAction::Replay => ids.iter().copied().zip(delays.iter().copied()).collect(),
-            ReplayAction::Discard | ReplayAction::Purge => Default::default(),
-        };
-        let at = |id: i64| delay_of.get(&id).copied().unwrap_or(0);
-        self.unpark_keys(
-            &mut tx,
-            &keyed.iter().map(|k| k.0).collect::<Vec<_>>(),
-            &keyed.iter().map(|k| k.1.clone()).collect::<Vec<_>>(),
-            &keyed.iter().map(|k| k.2.clone()).collect::<Vec<_>>(),
-            &keyed.iter().map(|k| at(k.0)).collect::<Vec<_>>(),
-        )
-        .await?;
-        sqlx::query(AssertSqlSafe(schema_sql(
-            include_str!("sql/replay_count.sql"),
-            s,
-        )))
-        .bind(changed as i64)
-        .bind(replay_id)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(ReplayOutcome {
-            replay_id: Some(replay_id),
-            count: changed,
-            sample,
-            refused,
-        })
+        let tx = self.inner.pool.begin().await?;
+        replay::replay(self, tx, req).await
     }
 
     async fn replays(&self, limit: u32) -> Result<Vec<ReplayRecord>> {
         let s = self.s();
-        type Row = (i64, DateTime<Utc>, String, String, String, String, i64);
-        let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(schema_sql(
-            include_str!("sql/replays.sql"),
-            s,
-        )))
+        let rows: Vec<replay::ReplayRow<DateTime<Utc>>> = sqlx::query_as(AssertSqlSafe(
+            schema_sql(include_str!("sql/replays.sql"), s),
+        ))
         .bind(i64::from(limit))
         .fetch_all(&self.inner.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(id, at, by, reason, action, selection, count)| ReplayRecord {
-                    id,
-                    at,
-                    by,
-                    reason,
-                    action,
-                    selection,
-                    count,
-                },
-            )
-            .collect())
+        Ok(replay::replay_records(rows, |at| at))
     }
 
     async fn audit(&self, entry: &crate::store::ops::AuditEntry) -> Result<()> {
@@ -316,6 +184,123 @@ impl Operations for PgStore {
             .bind(&entry.selection)
             .execute(&self.inner.pool)
             .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ReplaySteps for PgStore {
+    type Db = Postgres;
+    type Held = ();
+    const DIALECT: Dialect = Dialect::Postgres;
+
+    async fn named(&self, tx: &mut Tx<Self>, filter: &str) -> Result<Vec<(i64, Uuid, i16)>> {
+        let s = self.s();
+        Ok(sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT id, message_id, status FROM {s}.messages WHERE {filter}"
+        )))
+        .fetch_all(&mut **tx)
+        .await?)
+    }
+
+    async fn select(&self, tx: &mut Tx<Self>, req: &ReplayRequest) -> Result<Vec<i64>> {
+        let s = self.s();
+        let (filter, binds) = ops::dead_filter(&req.selector, Dialect::Postgres, 1);
+        let limit = req
+            .limit
+            .map_or_else(|| "ALL".to_owned(), |l| l.to_string());
+        // Locks the selected rows: a concurrent replay of the same rows waits, then finds
+        // them no longer dead.
+        let sql = format!(
+            "SELECT id FROM {s}.messages WHERE {filter} ORDER BY id LIMIT {limit} FOR UPDATE"
+        );
+        Ok(replay::bound(sql, binds).fetch_all(&mut **tx).await?)
+    }
+
+    async fn lock(&self, _: &mut Tx<Self>, selected: Vec<i64>) -> Result<(Vec<i64>, ())> {
+        Ok((selected, ()))
+    }
+
+    async fn record(&self, tx: &mut Tx<Self>, req: &ReplayRequest) -> Result<i64> {
+        let s = self.s();
+        Ok(sqlx::query_scalar(AssertSqlSafe(schema_sql(
+            include_str!("sql/replay_record.sql"),
+            s,
+        )))
+        .bind(&req.by)
+        .bind(&req.reason)
+        .bind(req.action.as_str())
+        .bind(req.describe())
+        .fetch_one(&mut **tx)
+        .await?)
+    }
+
+    async fn change(
+        &self,
+        tx: &mut Tx<Self>,
+        req: &ReplayRequest,
+        ids: &[i64],
+        replay_id: i64,
+        (): (),
+    ) -> Result<u64> {
+        let s = self.s();
+        // The keyed rows among them, whose parked followers are given back below; their
+        // text as bytes, which any row's text can be sent as (see `read_claimed`).
+        let keyed: Vec<(i64, Vec<u8>, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT id, convert_to(topic, {UTF8_BYTES}), convert_to(key, {UTF8_BYTES})
+             FROM {s}.messages WHERE id = ANY($1) AND key IS NOT NULL"
+        )))
+        .bind(ids)
+        .fetch_all(&mut **tx)
+        .await?;
+        let delays: Vec<i64> = (0..ids.len())
+            .map(|k| ops::spread_ms(k, req.rate_per_s))
+            .collect();
+        let changed = match req.action {
+            ReplayAction::Replay => sqlx::query(AssertSqlSafe(schema_sql(
+                include_str!("sql/replay_dead.sql"),
+                s,
+            )))
+            .bind(ids)
+            .bind(&delays)
+            .bind(replay_id)
+            .execute(&mut **tx)
+            .await?
+            .rows_affected(),
+            ReplayAction::Discard | ReplayAction::Purge => sqlx::query(AssertSqlSafe(schema_sql(
+                include_str!("sql/discard_dead.sql"),
+                s,
+            )))
+            .bind(ids)
+            .execute(&mut **tx)
+            .await?
+            .rows_affected(),
+        };
+        // A replayed row is due after its spread delay (its followers then, too); a deleted
+        // one releases its followers now.
+        let delay_of = replay::delays(req, ids);
+        let at = |id: i64| delay_of.get(&id).copied().unwrap_or(0);
+        self.unpark_keys(
+            tx,
+            &keyed.iter().map(|k| k.0).collect::<Vec<_>>(),
+            &keyed.iter().map(|k| k.1.clone()).collect::<Vec<_>>(),
+            &keyed.iter().map(|k| k.2.clone()).collect::<Vec<_>>(),
+            &keyed.iter().map(|k| at(k.0)).collect::<Vec<_>>(),
+        )
+        .await?;
+        Ok(changed)
+    }
+
+    async fn count(&self, tx: &mut Tx<Self>, changed: u64, replay_id: i64) -> Result<()> {
+        let s = self.s();
+        sqlx::query(AssertSqlSafe(schema_sql(
+            include_str!("sql/replay_count.sql"),
+            s,
+        )))
+        .bind(changed as i64)
+        .bind(replay_id)
+        .execute(&mut **tx)
+        .await?;
         Ok(())
     }
 }

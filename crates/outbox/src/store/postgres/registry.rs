@@ -3,6 +3,7 @@
 use super::{PgStore, schema_sql};
 use crate::error::Result;
 use crate::store::Registry;
+use crate::store::common::registry;
 use crate::store::{RelayHeartbeat, RelayRecord, millis};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -13,20 +14,10 @@ use std::time::Duration;
 impl Registry for PgStore {
     async fn heartbeat(&self, beat: &RelayHeartbeat) -> Result<()> {
         let s = self.s();
-        sqlx::query(AssertSqlSafe(schema_sql(
-            include_str!("sql/heartbeat.sql"),
-            s,
-        )))
-        .bind(&beat.relay_id)
-        .bind(&beat.host)
-        .bind(beat.pid)
-        .bind(&beat.version)
-        .bind(&beat.sink)
-        .bind(beat.in_flight)
-        .bind(beat.last_claim_ago.map(millis))
-        .bind(crate::store::ops::destinations_json(&beat.destinations))
-        .bind(&beat.instance)
-        .bind(millis(beat.lease))
+        registry::heartbeat(
+            AssertSqlSafe(schema_sql(include_str!("sql/heartbeat.sql"), s)),
+            beat,
+        )
         .execute(&self.inner.pool)
         .await?;
         Ok(())
@@ -47,41 +38,12 @@ impl Registry for PgStore {
 
     async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {
         let s = self.s();
-        type Row = (
-            String,
-            String,
-            i64,
-            String,
-            String,
-            i64,
-            DateTime<Utc>,
-            DateTime<Utc>,
-            f64,
-            Option<DateTime<Utc>>,
-            Option<String>,
-            String,
-        );
+        type Row = registry::RelayRow<DateTime<Utc>, f64>;
         let rows: Vec<Row> =
             sqlx::query_as(AssertSqlSafe(schema_sql(include_str!("sql/relays.sql"), s)))
                 .bind(millis(within))
                 .fetch_all(&self.inner.pool)
                 .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| RelayRecord {
-                relay_id: r.0,
-                instance: r.11,
-                host: r.1,
-                pid: r.2,
-                version: r.3,
-                sink: r.4,
-                in_flight: r.5,
-                started_at: r.6,
-                last_seen: r.7,
-                last_seen_ago_s: r.8.max(0.0),
-                last_claim_at: r.9,
-                destinations: crate::store::ops::parse_destinations(r.10.as_deref()),
-            })
-            .collect())
+        Ok(registry::relay_records(rows, |t| t, |s| s.max(0.0)))
     }
 }

@@ -6,7 +6,9 @@ use super::{
 };
 use crate::error::Result;
 use crate::store::Views;
-use crate::store::{ClaimsBy, Counts, Leases, Overview, PARKED_AT};
+use crate::store::common::views::{self, ClaimsRow, Find, LocationText, OverviewRows};
+use crate::store::lossy;
+use crate::store::{Counts, Leases, Overview, PARKED_AT};
 use crate::store::{DueHeld, HeldKeys, KeyOrdering};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -49,7 +51,7 @@ impl Views for PgStore {
         .await?;
         // Each claim goes to the latest-started live instance of its relay id whose start
         // plus lease is not after the claim's lease end (none: an earlier process's).
-        let claims_by: Vec<(Option<String>, Option<String>, i64, i64)> =
+        let claims_by: Vec<ClaimsRow> =
             sqlx::query_as(AssertSqlSafe(format!(
                 "SELECT m.claimed_by,
                         (SELECT r.instance FROM {s}.relays r
@@ -77,24 +79,19 @@ impl Views for PgStore {
                 .map(|(t, n)| (crate::store::lossy(t), n))
                 .collect())
         };
-        Ok(Overview {
+        let pending_by_topic = by_topic(crate::store::status::PENDING).await?;
+        let dead_by_topic = by_topic(crate::store::status::DEAD).await?;
+        Ok(OverviewRows {
             counts,
             due,
-            oldest_due_s: oldest_due.map(|s| s.max(0)),
-            expired_claims: expired,
+            oldest_due_s: oldest_due,
+            expired,
             parked,
-            claims_by: claims_by
-                .into_iter()
-                .map(|(r, instance, claimed, expired)| ClaimsBy {
-                    relay_id: r.unwrap_or_default(),
-                    instance,
-                    claimed,
-                    expired,
-                })
-                .collect(),
-            pending_by_topic: by_topic(crate::store::status::PENDING).await?,
-            dead_by_topic: by_topic(crate::store::status::DEAD).await?,
-        })
+            claims_by,
+            pending_by_topic,
+            dead_by_topic,
+        }
+        .into())
     }
 
     async fn cleanup_horizon(&self) -> Result<crate::store::CleanupHorizon> {
@@ -142,7 +139,6 @@ impl Views for PgStore {
         query: &crate::store::lookup::MessageQuery,
         limit: u32,
     ) -> Result<Vec<crate::store::lookup::MessageLocation>> {
-        use crate::store::lookup::MessageQuery;
         let s = self.s();
         // Text as bytes, shown with U+FFFD for what is not UTF-8 (see `dead_letters`).
         let cols = format!(
@@ -152,64 +148,42 @@ impl Views for PgStore {
              {DISPATCHED_AT} AS dispatched_at, last_error,
              octet_length(payload)::bigint AS payload_bytes, replay_id"
         );
-        let rows = match query {
-            MessageQuery::MessageId(id) => {
-                sqlx::query(AssertSqlSafe(format!(
-                    "SELECT {cols} FROM {s}.messages WHERE message_id = $1"
-                )))
-                .bind(id)
-                .fetch_all(&self.inner.pool)
-                .await?
-            }
-            MessageQuery::Key {
-                key,
-                topic: Some(topic),
-            } => {
-                // md5(key) as the per-key index has it.
-                sqlx::query(AssertSqlSafe(format!(
-                    "SELECT {cols} FROM {s}.messages
-                     WHERE topic = $1 AND md5(key) = md5($2) AND key = $2
-                     ORDER BY id DESC LIMIT $3"
-                )))
-                .bind(topic)
-                .bind(key)
-                .bind(i64::from(limit))
-                .fetch_all(&self.inner.pool)
-                .await?
-            }
-            MessageQuery::Key { key, topic: None } => {
-                sqlx::query(AssertSqlSafe(format!(
-                    "SELECT {cols} FROM {s}.messages WHERE key = $1 ORDER BY id DESC LIMIT $2"
-                )))
-                .bind(key)
-                .bind(i64::from(limit))
-                .fetch_all(&self.inner.pool)
-                .await?
-            }
-        };
+        let rows = views::find(
+            &self.inner.pool,
+            query,
+            limit,
+            |find| {
+                AssertSqlSafe(match find {
+                    Find::MessageId => {
+                        format!("SELECT {cols} FROM {s}.messages WHERE message_id = $1")
+                    }
+                    // md5(key) as the per-key index has it.
+                    Find::TopicKey => format!(
+                        "SELECT {cols} FROM {s}.messages
+                         WHERE topic = $1 AND md5(key) = md5($2) AND key = $2
+                         ORDER BY id DESC LIMIT $3"
+                    ),
+                    Find::Key => format!(
+                        "SELECT {cols} FROM {s}.messages WHERE key = $1 ORDER BY id DESC LIMIT $2"
+                    ),
+                })
+            },
+            |id| *id,
+        )
+        .await?;
         rows.iter()
             .map(|r| {
-                Ok(crate::store::lookup::MessageLocation {
-                    id: r.try_get("id")?,
+                let text = LocationText {
                     message_id: r.try_get("message_id")?,
-                    topic: crate::store::lossy(r.try_get("topic")?),
-                    key: r
-                        .try_get::<Option<Vec<u8>>, _>("key")?
-                        .map(crate::store::lossy),
-                    status: crate::store::lookup::status_name(i64::from(
-                        r.try_get::<i16, _>("status")?,
-                    )),
-                    attempts: r.try_get("attempts")?,
+                    topic: lossy(r.try_get("topic")?),
+                    key: r.try_get::<Option<Vec<u8>>, _>("key")?.map(lossy),
+                    status: i64::from(r.try_get::<i16, _>("status")?),
                     occurred_at: r.try_get("occurred_at")?,
                     available_at: r.try_get("available_at")?,
-                    claimed_by: r.try_get("claimed_by")?,
                     locked_until: r.try_get("locked_until")?,
                     dispatched_at: r.try_get("dispatched_at")?,
-                    last_error: r.try_get("last_error")?,
-                    payload_bytes: r.try_get("payload_bytes")?,
-                    replay_id: r.try_get("replay_id")?,
-                }
-                .noting_parked())
+                };
+                views::location(r, text)
             })
             .collect()
     }

@@ -3,6 +3,7 @@
 use super::decode::ms_to_time;
 use super::{NOW_MS, SqliteStore};
 use crate::error::Result;
+use crate::store::common::registry;
 use crate::store::{Registry, RelayHeartbeat, RelayRecord, millis};
 use async_trait::async_trait;
 use sqlx::AssertSqlSafe;
@@ -14,7 +15,7 @@ impl Registry for SqliteStore {
         let p = self.p();
         let n = NOW_MS;
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::query(AssertSqlSafe(format!(
+        registry::heartbeat(AssertSqlSafe(format!(
             "INSERT INTO {p}_relays (relay_id, host, pid, version, sink, in_flight, started_at,
                                      last_seen, last_claim_at, destinations, instance, lease_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, {n}, {n}, CASE WHEN ?7 IS NULL THEN NULL ELSE {n} - ?7 END, ?8,
@@ -24,17 +25,7 @@ impl Registry for SqliteStore {
                  sink = excluded.sink, in_flight = excluded.in_flight,
                  last_seen = excluded.last_seen, last_claim_at = excluded.last_claim_at,
                  destinations = excluded.destinations"
-        )))
-        .bind(&beat.relay_id)
-        .bind(&beat.host)
-        .bind(beat.pid)
-        .bind(&beat.version)
-        .bind(&beat.sink)
-        .bind(beat.in_flight)
-        .bind(beat.last_claim_ago.map(millis))
-        .bind(crate::store::ops::destinations_json(&beat.destinations))
-        .bind(&beat.instance)
-        .bind(millis(beat.lease))
+        )), beat)
         .execute(&mut *tx)
         .await?;
         sqlx::query(AssertSqlSafe(format!(
@@ -61,20 +52,7 @@ impl Registry for SqliteStore {
     async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {
         let p = self.p();
         let n = NOW_MS;
-        type Row = (
-            String,
-            String,
-            i64,
-            String,
-            String,
-            i64,
-            i64,
-            i64,
-            i64,
-            Option<i64>,
-            Option<String>,
-            String,
-        );
+        type Row = registry::RelayRow<i64, i64>;
         let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT relay_id, host, pid, version, sink, in_flight, started_at, last_seen,
                     {n} - last_seen, last_claim_at, destinations, instance
@@ -84,22 +62,8 @@ impl Registry for SqliteStore {
         .bind(millis(within))
         .fetch_all(&self.inner.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| RelayRecord {
-                relay_id: r.0,
-                instance: r.11,
-                host: r.1,
-                pid: r.2,
-                version: r.3,
-                sink: r.4,
-                in_flight: r.5,
-                started_at: ms_to_time(r.6),
-                last_seen: ms_to_time(r.7),
-                last_seen_ago_s: r.8.max(0) as f64 / 1000.0,
-                last_claim_at: r.9.map(ms_to_time),
-                destinations: crate::store::ops::parse_destinations(r.10.as_deref()),
-            })
-            .collect())
+        Ok(registry::relay_records(rows, ms_to_time, |ms| {
+            ms.max(0) as f64 / 1000.0
+        }))
     }
 }

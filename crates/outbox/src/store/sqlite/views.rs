@@ -4,9 +4,9 @@
 use super::decode::ms_to_time;
 use super::{NOW_MS, SqliteStore};
 use crate::error::Result;
-use crate::store::{
-    ClaimsBy, Counts, DueHeld, HeldKeys, KeyOrdering, Leases, Overview, PARKED_AT_MS, Views,
-};
+use crate::store::common::views::{self, ClaimsRow, Find, LocationText, OverviewRows};
+use crate::store::lossy;
+use crate::store::{Counts, DueHeld, HeldKeys, KeyOrdering, Leases, Overview, PARKED_AT_MS, Views};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, Row};
@@ -56,19 +56,18 @@ impl Views for SqliteStore {
         .await?;
         // Each claim goes to the latest-started live instance of its relay id whose start
         // plus lease is not after the claim's lease end (none: an earlier process's).
-        let claims_by: Vec<(Option<String>, Option<String>, i64, i64)> =
-            sqlx::query_as(AssertSqlSafe(format!(
-                "SELECT m.claimed_by,
+        let claims_by: Vec<ClaimsRow> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT m.claimed_by,
                         (SELECT r.instance FROM {p}_relays r
                          WHERE r.relay_id = m.claimed_by AND r.last_seen >= {n} - {expiry}
                            AND r.started_at + r.lease_ms <= m.available_at
                          ORDER BY r.started_at DESC, r.instance LIMIT 1) AS instance,
                         count(*), coalesce(sum(m.available_at <= {n}), 0)
                  FROM {p}_messages m WHERE m.status = 1 GROUP BY 1, 2 ORDER BY 1, 2",
-                expiry = crate::store::RELAY_EXPIRY.as_millis()
-            )))
-            .fetch_all(pool)
-            .await?;
+            expiry = crate::store::RELAY_EXPIRY.as_millis()
+        )))
+        .fetch_all(pool)
+        .await?;
         let by_topic = async |status: i16| -> Result<Vec<(String, i64)>> {
             let rows: Vec<(Vec<u8>, i64)> = sqlx::query_as(AssertSqlSafe(format!(
                 "SELECT CAST(topic AS BLOB), count(*) FROM {p}_messages WHERE status = ?1
@@ -83,24 +82,19 @@ impl Views for SqliteStore {
                 .map(|(t, n)| (crate::store::lossy(t), n))
                 .collect())
         };
-        Ok(Overview {
+        let pending_by_topic = by_topic(crate::store::status::PENDING).await?;
+        let dead_by_topic = by_topic(crate::store::status::DEAD).await?;
+        Ok(OverviewRows {
             counts,
             due,
             oldest_due_s: oldest_due_ms.map(|ms| ms.max(0) / 1000),
-            expired_claims: expired,
+            expired,
             parked,
-            claims_by: claims_by
-                .into_iter()
-                .map(|(r, instance, claimed, expired)| ClaimsBy {
-                    relay_id: r.unwrap_or_default(),
-                    instance,
-                    claimed,
-                    expired,
-                })
-                .collect(),
-            pending_by_topic: by_topic(crate::store::status::PENDING).await?,
-            dead_by_topic: by_topic(crate::store::status::DEAD).await?,
-        })
+            claims_by,
+            pending_by_topic,
+            dead_by_topic,
+        }
+        .into())
     }
 
     async fn find_messages(
@@ -108,72 +102,49 @@ impl Views for SqliteStore {
         query: &crate::store::lookup::MessageQuery,
         limit: u32,
     ) -> Result<Vec<crate::store::lookup::MessageLocation>> {
-        use crate::store::lookup::MessageQuery;
         let p = self.p();
         // Text as bytes, shown with U+FFFD for what is not UTF-8 (see `dead_letters`).
         let cols = "id, message_id, CAST(topic AS BLOB) AS topic, CAST(key AS BLOB) AS key,
                     status, attempts, occurred_at, available_at, claimed_by, locked_until,
                     dispatched_at, last_error, length(payload) AS payload_bytes, replay_id";
-        let rows = match query {
-            MessageQuery::MessageId(id) => {
-                sqlx::query(AssertSqlSafe(format!(
-                    "SELECT {cols} FROM {p}_messages WHERE message_id = ?1"
-                )))
-                .bind(id.hyphenated().to_string())
-                .fetch_all(&self.inner.pool)
-                .await?
-            }
-            MessageQuery::Key {
-                key,
-                topic: Some(topic),
-            } => {
-                sqlx::query(AssertSqlSafe(format!(
-                    "SELECT {cols} FROM {p}_messages WHERE topic = ?1 AND key = ?2
-                     ORDER BY id DESC LIMIT ?3"
-                )))
-                .bind(topic)
-                .bind(key)
-                .bind(i64::from(limit))
-                .fetch_all(&self.inner.pool)
-                .await?
-            }
-            MessageQuery::Key { key, topic: None } => {
-                sqlx::query(AssertSqlSafe(format!(
-                    "SELECT {cols} FROM {p}_messages WHERE key = ?1 ORDER BY id DESC LIMIT ?2"
-                )))
-                .bind(key)
-                .bind(i64::from(limit))
-                .fetch_all(&self.inner.pool)
-                .await?
-            }
-        };
+        let rows = views::find(
+            &self.inner.pool,
+            query,
+            limit,
+            |find| {
+                AssertSqlSafe(match find {
+                    Find::MessageId => {
+                        format!("SELECT {cols} FROM {p}_messages WHERE message_id = ?1")
+                    }
+                    Find::TopicKey => format!(
+                        "SELECT {cols} FROM {p}_messages WHERE topic = ?1 AND key = ?2
+                         ORDER BY id DESC LIMIT ?3"
+                    ),
+                    Find::Key => format!(
+                        "SELECT {cols} FROM {p}_messages WHERE key = ?1 ORDER BY id DESC LIMIT ?2"
+                    ),
+                })
+            },
+            |id| id.hyphenated().to_string(),
+        )
+        .await?;
         rows.iter()
             .map(|r| {
-                let id: i64 = r.try_get("id")?;
-                let message_id =
-                    crate::store::text_message_id(id, &r.try_get::<String, _>("message_id")?)?;
+                let mid = r.try_get::<String, _>("message_id")?;
                 let time = |c: &str| -> Result<Option<DateTime<Utc>>> {
                     Ok(r.try_get::<Option<i64>, _>(c)?.map(ms_to_time))
                 };
-                Ok(crate::store::lookup::MessageLocation {
-                    id,
-                    message_id,
-                    topic: crate::store::lossy(r.try_get("topic")?),
-                    key: r
-                        .try_get::<Option<Vec<u8>>, _>("key")?
-                        .map(crate::store::lossy),
-                    status: crate::store::lookup::status_name(r.try_get("status")?),
-                    attempts: r.try_get("attempts")?,
+                let text = LocationText {
+                    message_id: crate::store::text_message_id(r.try_get("id")?, &mid)?,
+                    topic: lossy(r.try_get("topic")?),
+                    key: r.try_get::<Option<Vec<u8>>, _>("key")?.map(lossy),
+                    status: r.try_get("status")?,
                     occurred_at: ms_to_time(r.try_get("occurred_at")?),
                     available_at: ms_to_time(r.try_get("available_at")?),
-                    claimed_by: r.try_get("claimed_by")?,
                     locked_until: time("locked_until")?,
                     dispatched_at: time("dispatched_at")?,
-                    last_error: r.try_get("last_error")?,
-                    payload_bytes: r.try_get("payload_bytes")?,
-                    replay_id: r.try_get("replay_id")?,
-                }
-                .noting_parked())
+                };
+                views::location(r, text)
             })
             .collect()
     }

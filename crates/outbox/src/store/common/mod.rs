@@ -1,0 +1,7 @@
+//! What the three stores do alike, written once: the orchestration of an operation, generic
+//! over the database, with the statements that differ supplied by each store (a small
+//! trait, or the statements and decoded rows passed in).
+
+pub(crate) mod registry;
+pub(crate) mod replay;
+pub(crate) mod views;
