@@ -347,6 +347,25 @@ pub(crate) fn claim_ids(c: &Claim) -> Vec<i64> {
 
 pub(crate) const LONG: Duration = Duration::from_secs(60);
 
+/// Waits until the database clock has moved at least a millisecond past its reading now,
+/// so the next write is stamped strictly later than everything written before this call.
+pub(crate) async fn clock_moves_on<B: Backend>(b: &B) {
+    let t = b.db_now_us().await;
+    wait_until(
+        "the database clock to move on",
+        Duration::from_secs(5),
+        || async move {
+            let now = b.db_now_us().await;
+            if now >= t + 1_000 {
+                Ok(())
+            } else {
+                Err(format!("{now} us, not past {t} us"))
+            }
+        },
+    )
+    .await;
+}
+
 // ======================================================================================
 // The macro
 // ======================================================================================
