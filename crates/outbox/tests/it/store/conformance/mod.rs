@@ -227,17 +227,19 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
     /// returns each call's row id; `Err` (the transaction rolled back) on a database error.
     async fn sql_enqueue(&self, calls: &[SqlCall]) -> Result<Vec<i64>, String>;
 
-    /// Enqueues `msg` in a transaction that stays open (holding the new row) until `gate`
-    /// fires, then commits.
+    /// Enqueues `msg` in a transaction that stays open (holding the new row), says so on
+    /// `enqueued`, and commits when `gate` fires.
     async fn produce_held(
         &self,
         msg: &Message,
+        enqueued: tokio::sync::oneshot::Sender<()>,
         gate: tokio::sync::oneshot::Receiver<()>,
     ) -> Enqueued {
         let mut tx = self.app().begin().await.unwrap();
         let e = outbox::events::Enqueue::enqueue_in(self.enqueuer(), &mut tx, msg)
             .await
             .unwrap();
+        enqueued.send(()).unwrap();
         gate.await.unwrap();
         tx.commit().await.unwrap();
         e
