@@ -237,7 +237,22 @@ async fn poison_is_bounded_and_later_rows_flow() {
         Duration::from_secs(15),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The relay counts a settled batch once its settle returns.
+    crate::common::wait_until(
+        "the relay counted every outcome",
+        Duration::from_secs(10),
+        || {
+            let s = handle.stats();
+            async move {
+                if (s.quarantined, s.retried, s.dispatched) == (2, 2, 25) {
+                    Ok(())
+                } else {
+                    Err(format!("{s:?}"))
+                }
+            }
+        },
+    )
+    .await;
     let stats = handle.shutdown().await.unwrap();
     assert_eq!(stats.quarantined, 2, "{stats:?}");
     assert_eq!(stats.retried, 2, "{stats:?}");
@@ -286,7 +301,20 @@ async fn crash_looping_claims_are_bounded() {
         )
         .await;
         assert_eq!(c.messages.len(), 1);
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        crate::common::wait_until(
+            "the crashed claim's lease ended",
+            Duration::from_secs(10),
+            || {
+                let store = store.clone();
+                async move {
+                    match store.overview(0).await.unwrap().expired_claims {
+                        1 => Ok(()),
+                        n => Err(format!("{n} expired claims")),
+                    }
+                }
+            },
+        )
+        .await;
     }
     let (sink, seen) = RecordingSink::new();
     let mut cfg = relay_config("relay-survivor");
