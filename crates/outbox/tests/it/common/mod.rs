@@ -65,6 +65,17 @@ where
     }
 }
 
+/// Waits until something accepts TCP connections on 127.0.0.1:`port`.
+pub(crate) async fn wait_listening(what: &str, port: u16, timeout: Duration) {
+    wait_until(what, timeout, || async move {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    })
+    .await;
+}
+
 /// Waits until `store` counts `n` dispatched rows.
 pub(crate) async fn wait_dispatched(
     what: &str,
