@@ -2,7 +2,7 @@
 //! machine (see the README for how to start them).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common::{NATS, PG, outbox, run_ok, unique};
+use crate::common::{NATS, PG, outbox, run_ok, unique, wait_for};
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -154,17 +154,12 @@ async fn sigkill_mid_stream_loses_nothing() {
         c
     };
     let mut child = relay_args(&[]).stdout(Stdio::null()).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    wait_for("the relay's progress", Duration::from_secs(60), || {
         let lines = std::fs::read_to_string(&file)
             .map(|t| t.lines().count())
             .unwrap_or(0);
-        if lines >= 4_000 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "relay made no progress");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        (lines >= 4_000).then_some(())
+    });
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     let before = status(&schema);
@@ -176,16 +171,13 @@ async fn sigkill_mid_stream_loses_nothing() {
     run_ok(&mut relay_args(&["--drain"]));
     // Rows the killed relay had claimed come back after the 2 s lease; drain may finish
     // before that, so drain again until nothing is left.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while status(&schema)["dispatched"] != 20_000 {
-        assert!(
-            Instant::now() < deadline,
-            "not all dispatched: {}",
-            status(&schema)
-        );
-        std::thread::sleep(Duration::from_millis(500));
+    wait_for("all 20,000 dispatched", Duration::from_secs(30), || {
+        if status(&schema)["dispatched"] == 20_000 {
+            return Some(());
+        }
         run_ok(&mut relay_args(&["--drain"]));
-    }
+        None
+    });
 
     let text = std::fs::read_to_string(&file).unwrap();
     let mut arrivals: HashMap<String, u32> = HashMap::new();
@@ -435,9 +427,10 @@ fn relay_clock_skew_changes_nothing() {
         ["skew.now.v1"],
         "a day behind: still not the delayed one"
     );
-    std::thread::sleep(
-        Duration::from_secs(4).saturating_sub(enqueued.elapsed()) + Duration::from_millis(300),
-    );
+    // The database's clock says the delayed one is due.
+    psql(&format!(
+        "UPDATE {schema}.messages SET available_at = now() WHERE topic = 'skew.later.v1'"
+    ));
     assert_eq!(
         skewed_relay("-1d"),
         ["skew.now.v1", "skew.later.v1"],
@@ -978,15 +971,9 @@ async fn sigkilled_ordered_relays_keep_every_keys_order() {
         victim.0.wait().unwrap();
         victim = relay(&format!("victim-{round}"));
     }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while dispatched() < i64::from(TOTAL) {
-        assert!(
-            Instant::now() < deadline,
-            "not all dispatched: {}",
-            status(&schema)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for("every message dispatched", Duration::from_secs(120), || {
+        (dispatched() >= i64::from(TOTAL)).then_some(())
+    });
     for mut child in [steady, victim] {
         child.0.kill().unwrap();
         child.0.wait().unwrap();

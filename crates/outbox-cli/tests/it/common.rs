@@ -2,6 +2,7 @@
 //! environment, names of their own, and running a command that must succeed.
 
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 pub(crate) const PG: &str = "postgres://postgres@127.0.0.1:5432/test";
 pub(crate) const MYSQL: &str = "mysql://root@127.0.0.1:3306/test";
@@ -58,4 +59,19 @@ pub(crate) async fn jetstream() -> async_nats::jetstream::Context {
         "NATS with JetStream must listen on 127.0.0.1:4222 (start: start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server)",
     );
     async_nats::jetstream::new(client)
+}
+
+/// Polls `f` every 100 ms until it returns a value; panics after `timeout`, naming `what`.
+pub(crate) fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

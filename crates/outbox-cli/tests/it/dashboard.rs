@@ -9,7 +9,7 @@ use crate::common::{MYSQL, PG, free_port, outbox, run, run_ok, unique};
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub(crate) const OPERATOR: &str = "op-token-0123456789abcdef";
 pub(crate) const DANA: &str = "dana-token-0123456789abcdef";
@@ -126,18 +126,8 @@ pub(crate) fn request(
     Some((code, text.split_once("\r\n\r\n")?.1.to_owned()))
 }
 
-pub(crate) fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+pub(crate) fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    crate::common::wait_for(what, Duration::from_secs(20), f)
 }
 
 pub(crate) struct Api {

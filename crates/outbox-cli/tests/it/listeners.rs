@@ -318,10 +318,11 @@ fn guessable_tokens_are_refused_at_start() {
             .spawn()
             .unwrap();
         // A server that took the token would serve until stopped.
-        let started = Instant::now();
-        while child.try_wait().unwrap().is_none() && started.elapsed() < Duration::from_secs(20) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        crate::common::wait_for(
+            "the server to refuse the token",
+            Duration::from_secs(20),
+            || child.try_wait().unwrap(),
+        );
         let _ = child.kill();
         let out = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
@@ -490,27 +491,22 @@ fn clients_that_never_read_do_not_hold_the_listeners() {
         );
     }
     // Every attacker connection is closed by the server (its writes fail) soon after.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        for p in attackers.iter_mut().filter(|p| !p.closed) {
-            for _ in 0..2 {
-                match p.stream.write(b"GET /healthz HTTP/1.1\r\n\r\n") {
-                    Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => p.closed = true,
-                    _ => {}
+    crate::common::wait_for(
+        "every connection that never read closed",
+        Duration::from_secs(20),
+        || {
+            for p in attackers.iter_mut().filter(|p| !p.closed) {
+                for _ in 0..2 {
+                    match p.stream.write(b"GET /healthz HTTP/1.1\r\n\r\n") {
+                        Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => p.closed = true,
+                        _ => {}
+                    }
                 }
             }
-        }
-        let open = attackers.iter().filter(|p| !p.closed).count();
-        if open == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{open} of {} connections that never read still open",
-            attackers.len()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+            let open = attackers.iter().filter(|p| !p.closed).count();
+            (open == 0).then_some(())
+        },
+    );
     // `/metrics` is not kept by a browser or a proxy, on either listener.
     for port in [admin, metrics] {
         let (code, head, _) = get(port, "/metrics", READER);

@@ -3,7 +3,7 @@
 //! racing three relays without a deadlock or lock-wait error.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common::{MYSQL, NATS, outbox, run_ok, unique};
+use crate::common::{MYSQL, NATS, outbox, run_ok, unique, wait_for};
 use outbox::mysql::MySqlStore;
 use outbox::{Ident, Message, StoreConfig};
 use std::collections::{HashMap, HashSet};
@@ -244,16 +244,11 @@ async fn producers_racing_three_relays_never_deadlock() {
     let total = committed.load(Ordering::Relaxed);
     assert!(total > 1_000, "producers made too little progress: {total}");
 
-    let wait = Instant::now() + Duration::from_secs(60);
-    loop {
+    let s = wait_for("the relays to drain", Duration::from_secs(60), || {
         let s = status(&prefix);
-        if s["pending"] == 0 && s["claimed"] == 0 {
-            assert_eq!(s["dispatched"].as_u64(), Some(total));
-            break;
-        }
-        assert!(Instant::now() < wait, "relays did not drain: {s}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        (s["pending"] == 0 && s["claimed"] == 0).then_some(s)
+    });
+    assert_eq!(s["dispatched"].as_u64(), Some(total));
     for mut r in relays {
         // SIGTERM: graceful stop.
         Command::new("kill")

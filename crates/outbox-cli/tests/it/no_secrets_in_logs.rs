@@ -5,7 +5,7 @@
 //! paths; neither marker may appear on stderr, nor on stdout.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common::free_port;
+use crate::common::{free_port, wait_for};
 use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use std::process::{Command, Output};
@@ -170,11 +170,9 @@ async fn private_nats() -> PrivateNats {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("nats-server must be installed (/usr/sbin/nats-server)");
-    let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(start.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for("the private nats-server", Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+    });
     PrivateNats {
         child,
         port,
@@ -539,20 +537,14 @@ fn a_webhook_secret_in_the_path_never_shows() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    let overview = loop {
-        let o = http_get(admin, "/api/overview", Some(READER))
+    let overview = wait_for("the delivery", Duration::from_secs(20), || {
+        http_get(admin, "/api/overview", Some(READER))
             .and_then(|(code, body)| (code == 200).then_some(body))
             .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
             .filter(|o| {
                 o["dispatched"] == 1 && o["relays"].as_array().is_some_and(|r| r.len() == 1)
-            });
-        if let Some(o) = o {
-            break o;
-        }
-        assert!(start.elapsed() < Duration::from_secs(20), "no delivery");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+            })
+    });
     let shown = overview["relays"][0]["sink"].as_str().unwrap().to_owned();
     assert!(
         shown.contains(&format!("hooks.>=webhook http://127.0.0.1:{port}/…#")),

@@ -4,7 +4,7 @@
 //! MariaDB.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common::{MYSQL, PG, free_port, outbox, run, run_ok, unique};
+use crate::common::{MYSQL, PG, free_port, outbox, run, run_ok, unique, wait_for};
 use std::collections::BTreeSet;
 use std::io::{BufRead, Read, Write};
 use std::process::{Child, Command, Stdio};
@@ -415,17 +415,6 @@ fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let body = text.split_once("\r\n\r\n")?.1.to_owned();
     // Chunked bodies: good enough to drop the chunk size lines for the assertions.
     Some((code, body))
-}
-
-fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// The value of the one sample of `name` whose labels contain every `labels` pair.

@@ -65,6 +65,17 @@ where
     }
 }
 
+/// Waits until something accepts TCP connections on 127.0.0.1:`port`.
+pub(crate) async fn wait_listening(what: &str, port: u16, timeout: Duration) {
+    wait_until(what, timeout, || async move {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    })
+    .await;
+}
+
 /// Waits until `store` counts `n` dispatched rows.
 pub(crate) async fn wait_dispatched(
     what: &str,
@@ -466,19 +477,17 @@ impl TestStream {
             ..Default::default()
         };
         // A server just started may need a moment before JetStream answers.
-        let start = Instant::now();
-        loop {
-            match js.create_stream(config.clone()).await {
-                Ok(_) => break,
-                Err(_) if start.elapsed() < Duration::from_secs(10) => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => panic!(
-                    "cannot create JetStream stream {name} at {url}: {e}. Is JetStream enabled \
-                     (`nats-server -js`)?"
-                ),
-            }
-        }
+        let what = format!(
+            "JetStream stream {name} created at {url} (is JetStream enabled, `nats-server -js`?)"
+        );
+        let (js, config) = (&js, &config);
+        wait_until(&what, Duration::from_secs(10), || async move {
+            js.create_stream(config.clone())
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        })
+        .await;
         TestStream {
             name,
             prefix,
@@ -605,30 +614,30 @@ impl NatsServer {
                 )
             });
         self.child = Some(child);
-        let start = Instant::now();
-        loop {
-            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-                .await
-                .is_ok()
-            {
-                break;
-            }
-            if let Some(c) = self.child.as_mut()
+        let (port, log) = (self.port, self.log_path());
+        let child = &mut self.child;
+        let what = format!("the private nats-server on port {port} to accept connections");
+        wait_until(&what, Duration::from_secs(10), || {
+            if let Some(c) = child.as_mut()
                 && let Ok(Some(status)) = c.try_wait()
             {
                 panic!(
                     "private nats-server exited with {status}; log:\n{}",
-                    std::fs::read_to_string(self.log_path()).unwrap_or_default()
+                    std::fs::read_to_string(&log).unwrap_or_default()
                 );
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "private nats-server on port {} did not accept connections in 10 s; log:\n{}",
-                self.port,
-                std::fs::read_to_string(self.log_path()).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            let log = log.clone();
+            async move {
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .map(drop)
+                    .map_err(|e| {
+                        let log = std::fs::read_to_string(&log).unwrap_or_default();
+                        format!("{e}; log:\n{log}")
+                    })
+            }
+        })
+        .await;
     }
 
     /// Kills the server (SIGKILL) and waits for it to exit.

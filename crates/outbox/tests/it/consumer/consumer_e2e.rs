@@ -120,7 +120,16 @@ async fn orders_to_invoices_once_each_through_a_relay_crash_and_redeliveries() {
 
     // Relay 2 takes the orders over after the lease, publishes them again (stored twice),
     // and then relays the consumer's follow-ups.
-    tokio::time::sleep(Duration::from_millis(2200)).await;
+    crate::common::wait_until("relay 1's leases ended", Duration::from_secs(10), || {
+        let store = store.clone();
+        async move {
+            match store.overview(0).await.unwrap().expired_claims {
+                n if n == ORDERS as i64 => Ok(()),
+                n => Err(format!("{n} expired claims")),
+            }
+        }
+    })
+    .await;
     let second = Relay::new(
         store.clone(),
         Arc::new(crate::common::nats_sink().await),

@@ -42,9 +42,8 @@ async fn pause_stops_relays_not_producers() {
         "changed_at on the database clock: {changed} vs [{t0}, {t1}]"
     );
 
-    // A relay reads the switch at most a second apart; from then on it publishes nothing,
-    // while producers keep writing.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // The claim itself honours the switch: from now on the relay publishes nothing, while
+    // producers keep writing.
     let later = b.enqueue_all(&messages("t.pause.v1", 10)).await;
     assert!(later.iter().all(|e| e.inserted));
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -237,7 +236,22 @@ async fn poison_is_bounded_and_later_rows_flow() {
         Duration::from_secs(15),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The relay counts a settled batch once its settle returns.
+    crate::common::wait_until(
+        "the relay counted every outcome",
+        Duration::from_secs(10),
+        || {
+            let s = handle.stats();
+            async move {
+                if (s.quarantined, s.retried, s.dispatched) == (2, 2, 25) {
+                    Ok(())
+                } else {
+                    Err(format!("{s:?}"))
+                }
+            }
+        },
+    )
+    .await;
     let stats = handle.shutdown().await.unwrap();
     assert_eq!(stats.quarantined, 2, "{stats:?}");
     assert_eq!(stats.retried, 2, "{stats:?}");
@@ -286,7 +300,20 @@ async fn crash_looping_claims_are_bounded() {
         )
         .await;
         assert_eq!(c.messages.len(), 1);
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        crate::common::wait_until(
+            "the crashed claim's lease ended",
+            Duration::from_secs(10),
+            || {
+                let store = store.clone();
+                async move {
+                    match store.overview(0).await.unwrap().expired_claims {
+                        1 => Ok(()),
+                        n => Err(format!("{n} expired claims")),
+                    }
+                }
+            },
+        )
+        .await;
     }
     let (sink, seen) = RecordingSink::new();
     let mut cfg = relay_config("relay-survivor");

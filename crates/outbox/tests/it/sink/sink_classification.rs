@@ -78,17 +78,8 @@ impl PrivateNats {
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run {bin}: {e} (install nats-server)"));
-        let start = Instant::now();
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "nats-server did not start"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        crate::common::wait_listening("the private nats-server", port, Duration::from_secs(10))
+            .await;
         PrivateNats {
             child,
             port,

@@ -96,25 +96,29 @@ impl PrivateBroker {
                 panic!("cannot run mosquitto ({e}): install it with `apt-get install mosquitto`")
             });
         self.child = Some(child);
-        let start = Instant::now();
-        while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-            .await
-            .is_err()
-        {
-            if let Some(c) = self.child.as_mut()
-                && let Ok(Some(status)) = c.try_wait()
-            {
-                panic!(
-                    "private mosquitto exited with {status}; log:\n{}",
-                    std::fs::read_to_string(self.log()).unwrap_or_default()
-                );
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "private mosquitto did not listen within 10 s"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let (port, log) = (self.port, self.log());
+        let child = &mut self.child;
+        crate::common::wait_until(
+            "private mosquitto to listen",
+            Duration::from_secs(10),
+            || {
+                if let Some(c) = child.as_mut()
+                    && let Ok(Some(status)) = c.try_wait()
+                {
+                    panic!(
+                        "private mosquitto exited with {status}; log:\n{}",
+                        std::fs::read_to_string(&log).unwrap_or_default()
+                    );
+                }
+                async move {
+                    tokio::net::TcpStream::connect(("127.0.0.1", port))
+                        .await
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                }
+            },
+        )
+        .await;
     }
 
     fn stop(&mut self) {

@@ -598,18 +598,27 @@ async fn redelivered_and_dead_lettered_deliveries_decode_like_the_first() {
     let get = |queue: String, no_ack: bool| {
         let ch = ch.clone();
         async move {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            loop {
-                if let Some(m) = ch
-                    .basic_get(queue.as_str().into(), BasicGetOptions { no_ack })
-                    .await
-                    .unwrap()
-                {
-                    return m;
-                }
-                assert!(Instant::now() < deadline, "nothing in {queue}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            let slot = std::sync::Mutex::new(None);
+            let (ch, q, s) = (&ch, queue.as_str(), &slot);
+            crate::common::wait_until(
+                &format!("a message in {queue}"),
+                Duration::from_secs(5),
+                || async move {
+                    match ch
+                        .basic_get(q.into(), BasicGetOptions { no_ack })
+                        .await
+                        .unwrap()
+                    {
+                        Some(m) => {
+                            *s.lock().unwrap() = Some(m);
+                            Ok(())
+                        }
+                        None => Err(format!("nothing in {q}")),
+                    }
+                },
+            )
+            .await;
+            slot.into_inner().unwrap().unwrap()
         }
     };
     let same = |m: &OutgoingMessage, e: outbox::Envelope| {

@@ -138,20 +138,21 @@ impl Server {
     }
 
     pub(crate) async fn wait_port(&mut self, port: u16) {
-        let start = Instant::now();
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
+        let what = format!("private {} to listen on {port}", self.what);
+        crate::common::wait_until(&what, Duration::from_secs(15), || {
             self.assert_running();
-            assert!(
-                start.elapsed() < Duration::from_secs(15),
-                "private {} did not listen on {port}; log:\n{}",
-                self.what,
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            let log = self.log.clone();
+            async move {
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .map(drop)
+                    .map_err(|e| {
+                        let log = std::fs::read_to_string(&log).unwrap_or_default();
+                        format!("{e}; log:\n{log}")
+                    })
+            }
+        })
+        .await;
     }
 
     /// Panics with the server's log unless it is still running.

@@ -52,19 +52,21 @@ async fn listener_pid(admin: &mut sqlx::PgConnection, schema: &str) -> Option<i3
 }
 
 async fn wait_for_listener(admin: &mut sqlx::PgConnection, schema: &str, not: Option<i32>) -> i32 {
-    let start = Instant::now();
-    loop {
-        if let Some(pid) = listener_pid(admin, schema).await
-            && Some(pid) != not
-        {
-            return pid;
+    let found = tokio::sync::Mutex::new((admin, None));
+    let f = &found;
+    let what = format!("a listener on {schema}_messages");
+    crate::common::wait_until(&what, Duration::from_secs(20), || async move {
+        let mut f = f.lock().await;
+        match listener_pid(f.0, schema).await {
+            Some(pid) if Some(pid) != not => {
+                f.1 = Some(pid);
+                Ok(())
+            }
+            other => Err(format!("listener {other:?}, not {not:?}")),
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "no listener on {schema}_messages after 20 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
+    found.into_inner().1.unwrap()
 }
 
 /// A 2 s outage of the PostgreSQL listener's connection (the proxy closes every

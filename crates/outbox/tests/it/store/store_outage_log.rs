@@ -265,15 +265,21 @@ async fn one_line_each_way_per_store_outage_with_its_whole_length() {
     cfg.in_flight_batches = 1;
     let handle = Relay::new(store, sink, cfg).spawn();
     let text = || String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !text().contains("store reachable again") {
-        assert!(
-            Instant::now() < deadline,
-            "no end of the outage logged:\n{}",
-            text()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::common::wait_until(
+        "the end of the outage logged",
+        Duration::from_secs(20),
+        || {
+            let t = text();
+            async move {
+                if t.contains("store reachable again") {
+                    Ok(())
+                } else {
+                    Err(t)
+                }
+            }
+        },
+    )
+    .await;
     let seen = Instant::now();
     handle.shutdown().await.unwrap();
     let text = text();

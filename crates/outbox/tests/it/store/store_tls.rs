@@ -166,19 +166,23 @@ impl PgCluster {
         let cluster = PgCluster { server, port, dir };
         // Accepting TCP is not accepting sessions yet ("the database system is starting
         // up"): wait for the socket to let the setup in.
-        let mut admin = loop {
-            match cluster.admin().connect().await {
-                Ok(c) => break c,
-                Err(e) => {
-                    assert!(
-                        started.elapsed() < Duration::from_secs(20),
-                        "private postgres does not accept sessions ({e}); log:\n{}",
-                        cluster.server.log()
-                    );
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+        let slot = std::sync::Mutex::new(None);
+        let (c, s) = (&cluster, &slot);
+        crate::common::wait_until(
+            "private postgres to accept sessions",
+            Duration::from_secs(20).saturating_sub(started.elapsed()),
+            || async move {
+                match c.admin().connect().await {
+                    Ok(conn) => {
+                        *s.lock().unwrap() = Some(conn);
+                        Ok(())
+                    }
+                    Err(e) => Err(format!("{e}; log:\n{}", c.server.log())),
                 }
-            }
-        };
+            },
+        )
+        .await;
+        let mut admin = slot.into_inner().unwrap().unwrap();
         for sql in [
             format!("CREATE ROLE app LOGIN PASSWORD '{PASSWORD}'"),
             "CREATE DATABASE app OWNER app".to_owned(),
@@ -363,19 +367,23 @@ impl MariaDb {
         server.wait_port(port).await;
         let db = MariaDb { server, port, dir };
         // The socket file comes a moment after the TCP port.
-        let mut admin = loop {
-            match db.admin().connect().await {
-                Ok(c) => break c,
-                Err(e) => {
-                    assert!(
-                        started.elapsed() < Duration::from_secs(30),
-                        "private mariadbd does not accept sessions ({e}); log:\n{}",
-                        db.server.log()
-                    );
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+        let slot = std::sync::Mutex::new(None);
+        let (d, s) = (&db, &slot);
+        crate::common::wait_until(
+            "private mariadbd to accept sessions",
+            Duration::from_secs(30).saturating_sub(started.elapsed()),
+            || async move {
+                match d.admin().connect().await {
+                    Ok(conn) => {
+                        *s.lock().unwrap() = Some(conn);
+                        Ok(())
+                    }
+                    Err(e) => Err(format!("{e}; log:\n{}", d.server.log())),
                 }
-            }
-        };
+            },
+        )
+        .await;
+        let mut admin = slot.into_inner().unwrap().unwrap();
         for sql in [
             "CREATE DATABASE app".to_owned(),
             format!("CREATE USER app@'%' IDENTIFIED BY '{PASSWORD}' REQUIRE SSL"),

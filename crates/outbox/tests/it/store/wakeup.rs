@@ -13,6 +13,21 @@ use crate::store::conformance_sqlite::SqliteBackend;
 use outbox::Relay;
 use std::time::{Duration, Instant};
 
+/// Waits until the relay has run `claims` claim statements.
+async fn idle_after_claims(handle: &outbox::RelayHandle, claims: u64) {
+    crate::common::wait_until("the relay's first claims", Duration::from_secs(10), || {
+        let n = handle.stats().claims;
+        async move {
+            if n >= claims {
+                Ok(())
+            } else {
+                Err(format!("{n} claims"))
+            }
+        }
+    })
+    .await;
+}
+
 async fn commit_wakes_an_idle_relay<B: Backend>(db: B) {
     let name = format!("{:?}", B::KIND);
     let store = db.store();
@@ -20,8 +35,9 @@ async fn commit_wakes_an_idle_relay<B: Backend>(db: B) {
     let mut cfg = relay_config("relay-idle");
     cfg.poll_interval = Duration::from_secs(60);
     let handle = Relay::new(store.clone(), sink, cfg).spawn();
-    // Let it find nothing and go to sleep on its wake-up channel.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Let it find nothing and go to sleep on its wake-up channel (subscribed before its
+    // first claim).
+    idle_after_claims(&handle, 1).await;
     assert_eq!(handle.stats().batches, 0);
 
     for round in 1..=3 {
@@ -40,7 +56,6 @@ async fn commit_wakes_an_idle_relay<B: Backend>(db: B) {
             took < Duration::from_secs(3),
             "{name}: woke too late: {took:?}"
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let stats = handle.shutdown().await.unwrap();
     assert_eq!(stats.dispatched, 3, "{name}");
@@ -391,7 +406,8 @@ async fn a_hanging_publish_does_not_hold_back_rows_committed_after_it() {
     cfg.poll_interval = Duration::from_secs(60);
     cfg.in_flight_batches = 2;
     let handle = Relay::new(store.clone(), sink.clone(), cfg).spawn();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Started: its first claim found nothing.
+    idle_after_claims(&handle, 1).await;
     let first = db.enqueue_all(&messages("t.hold.v1", 1)).await;
     // Waits until the sink was handed `id`.
     let seen = &sink.seen;

@@ -10,7 +10,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties};
 use outbox::sink::rabbitmq::RabbitMqSink;
 use outbox::sink::{Sink, SinkError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// RabbitMQ of this machine; `OUTBOX_TEST_AMQP_URL` overrides it.
 pub(crate) fn amqp_url() -> String {
@@ -120,22 +120,19 @@ impl<const ENVELOPE: u8> Harness for RabbitMqHarness<ENVELOPE> {
     }
 
     async fn read(&mut self, expected: usize) -> Vec<Received> {
-        let start = Instant::now();
-        loop {
-            self.take_available().await;
-            if self.taken.len() >= expected {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "read {}/{expected} messages",
-                self.taken.len()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        self.take_available().await;
-        self.taken.clone()
+        let me = tokio::sync::Mutex::new(self);
+        let me = &me;
+        super::poll_read(
+            expected,
+            Duration::from_secs(10),
+            Duration::from_millis(200),
+            || async move {
+                let mut me = me.lock().await;
+                me.take_available().await;
+                me.taken.clone()
+            },
+        )
+        .await
     }
 
     async fn down_sink() -> Result<Box<dyn Sink>, SinkError> {

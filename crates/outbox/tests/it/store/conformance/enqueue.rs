@@ -23,9 +23,22 @@ pub(crate) async fn enqueue_commits_and_rolls_back_with_the_business_change<B: B
         let e = r.into_iter().next().unwrap().unwrap();
         assert!(e.inserted);
         let expected = i64::from(end == End::Commit);
-        // Dropped transactions roll back on their connection's next use; give it a moment.
+        // Dropped transactions roll back on their connection's next use: wait for it.
         if end == End::Drop {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            wait_until(
+                "the dropped transaction rolled back",
+                Duration::from_secs(10),
+                || {
+                    let b = &b;
+                    async move {
+                        match b.orders(order).await {
+                            0 => Ok(()),
+                            n => Err(format!("{n} business rows")),
+                        }
+                    }
+                },
+            )
+            .await;
         }
         assert_eq!(b.orders(order).await, expected, "{end:?}: business row");
         let filter = format!("message_id = '{}'", m.id().hyphenated());
@@ -80,12 +93,13 @@ pub(crate) async fn enqueue_is_idempotent_and_delays_hold<B: Backend>() {
     // Two producers at once with the same id: the second waits, then gets the row back.
     let race = Message::new("t.idem.v1", b"race".to_vec());
     let (gate_tx, gate_rx) = tokio::sync::oneshot::channel::<()>();
+    let (enqueued_tx, enqueued_rx) = tokio::sync::oneshot::channel::<()>();
     let (b1, m1) = (b.clone(), race.clone());
     let holder = tokio::spawn(async move {
         // Enqueue, then hold the transaction open until told to commit.
-        b1.produce_held(&m1, gate_rx).await
+        b1.produce_held(&m1, enqueued_tx, gate_rx).await
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    enqueued_rx.await.unwrap();
     let (b2, m2) = (b.clone(), race.clone());
     let racer = tokio::spawn(async move { b2.enqueue_all(&[m2]).await.pop().unwrap() });
     tokio::time::sleep(Duration::from_millis(300)).await;

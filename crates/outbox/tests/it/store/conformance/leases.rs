@@ -20,7 +20,16 @@ pub(crate) async fn expired_lease_fences_the_stale_claimant<B: Backend>() {
         "claims overlapped while the lease held"
     );
 
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    wait_until("relay-old's lease ended", Duration::from_secs(10), || {
+        let store = store.clone();
+        async move {
+            match store.overview(0).await.unwrap().expired_claims {
+                3 => Ok(()),
+                n => Err(format!("{n} expired claims")),
+            }
+        }
+    })
+    .await;
     let new = claim(&store, "relay-new", 10, LONG).await;
     assert_ne!(new.token, old.token);
     assert_eq!(claim_ids(&new), ids, "expired claims come back");

@@ -227,17 +227,19 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
     /// returns each call's row id; `Err` (the transaction rolled back) on a database error.
     async fn sql_enqueue(&self, calls: &[SqlCall]) -> Result<Vec<i64>, String>;
 
-    /// Enqueues `msg` in a transaction that stays open (holding the new row) until `gate`
-    /// fires, then commits.
+    /// Enqueues `msg` in a transaction that stays open (holding the new row), says so on
+    /// `enqueued`, and commits when `gate` fires.
     async fn produce_held(
         &self,
         msg: &Message,
+        enqueued: tokio::sync::oneshot::Sender<()>,
         gate: tokio::sync::oneshot::Receiver<()>,
     ) -> Enqueued {
         let mut tx = self.app().begin().await.unwrap();
         let e = outbox::events::Enqueue::enqueue_in(self.enqueuer(), &mut tx, msg)
             .await
             .unwrap();
+        enqueued.send(()).unwrap();
         gate.await.unwrap();
         tx.commit().await.unwrap();
         e
@@ -346,6 +348,25 @@ pub(crate) fn claim_ids(c: &Claim) -> Vec<i64> {
 }
 
 pub(crate) const LONG: Duration = Duration::from_secs(60);
+
+/// Waits until the database clock has moved at least a millisecond past its reading now,
+/// so the next write is stamped strictly later than everything written before this call.
+pub(crate) async fn clock_moves_on<B: Backend>(b: &B) {
+    let t = b.db_now_us().await;
+    wait_until(
+        "the database clock to move on",
+        Duration::from_secs(5),
+        || async move {
+            let now = b.db_now_us().await;
+            if now >= t + 1_000 {
+                Ok(())
+            } else {
+                Err(format!("{now} us, not past {t} us"))
+            }
+        },
+    )
+    .await;
+}
 
 // ======================================================================================
 // The macro

@@ -1,7 +1,7 @@
 //! The operator's side of every store: dead letters and their audited replay and discard,
 //! the relay registry, topic pauses and the overview.
 
-use super::{Backend, DEFAULT_MAX, LONG, claim, claim_ids};
+use super::{Backend, DEFAULT_MAX, LONG, claim, claim_ids, clock_moves_on};
 use crate::common::wait_dispatched;
 use crate::common::{RecordingSink, messages, relay_config, total, wait_until};
 use outbox::sink::router::TopicPattern;
@@ -115,17 +115,31 @@ pub(crate) async fn dead_letters_are_listed_replayed_and_audited<B: Backend>() {
         ..DeadSelector::default()
     };
     assert_eq!(count(range).await, 4);
-    tokio::time::sleep(Duration::from_millis(60)).await;
     let within = |d: Duration| DeadSelector {
         died_within: Some(d),
         ..DeadSelector::default()
     };
-    assert_eq!(count(within(Duration::from_secs(3600))).await, 12);
-    assert_eq!(count(within(Duration::from_millis(20))).await, 0);
     let before = DeadSelector {
         died_before_ago: Some(Duration::from_millis(20)),
         ..DeadSelector::default()
     };
+    // Once all 12 died more than 20 ms ago, none died within the last 20 ms.
+    wait_until(
+        "12 dead letters older than 20 ms",
+        Duration::from_secs(10),
+        || {
+            let (store, before) = (store.clone(), before.clone());
+            async move {
+                match store.count_dead(&before).await.unwrap() {
+                    12 => Ok(()),
+                    n => Err(format!("{n} older than 20 ms")),
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(count(within(Duration::from_secs(3600))).await, 12);
+    assert_eq!(count(within(Duration::from_millis(20))).await, 0);
     assert_eq!(count(before).await, 12);
 
     // Refusals before anything runs.
@@ -256,7 +270,20 @@ pub(crate) async fn dead_letters_are_listed_replayed_and_audited<B: Backend>() {
     // The replayed t.rate rows become due within a second: deliver them, and quarantine
     // three new ones for the purge.
     b.enqueue_all(&messages("t.purge.v1", 3)).await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    wait_until(
+        "the replayed rows and the new ones due",
+        Duration::from_secs(10),
+        || {
+            let store = store.clone();
+            async move {
+                match store.overview(10).await.unwrap().due {
+                    6 => Ok(()),
+                    n => Err(format!("{n} due")),
+                }
+            }
+        },
+    )
+    .await;
     let c = claim(&store, "relay-ops", 100, LONG).await;
     assert_eq!(c.messages.len(), 6);
     let (purge, rate): (Vec<_>, Vec<_>) = c.messages.iter().partition(|m| m.topic == "t.purge.v1");
@@ -274,7 +301,20 @@ pub(crate) async fn dead_letters_are_listed_replayed_and_audited<B: Backend>() {
         died_before_ago: Some(Duration::ZERO),
         ..DeadSelector::default()
     };
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    wait_until(
+        "the three quarantined rows died before now",
+        Duration::from_secs(10),
+        || {
+            let (store, old) = (store.clone(), old.clone());
+            async move {
+                match store.count_dead(&old).await.unwrap() {
+                    3 => Ok(()),
+                    n => Err(format!("{n} died before now")),
+                }
+            }
+        },
+    )
+    .await;
     let first = store
         .replay(&ReplayRequest {
             limit: Some(2),
@@ -382,7 +422,7 @@ pub(crate) async fn relay_registry_heartbeats_and_expires<B: Backend>() {
     );
 
     // A second beat updates, never duplicates; started_at stays.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    clock_moves_on(&b).await;
     let mut again = beat("r1", Some(Duration::ZERO));
     again.in_flight = 0;
     again.destinations[0].state = "open".into();
@@ -400,7 +440,18 @@ pub(crate) async fn relay_registry_heartbeats_and_expires<B: Backend>() {
     assert!(r1b.last_claim_at.is_some());
 
     // Freshness: a row not seen within `within` is not listed.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until("r1 unseen for 200 ms", Duration::from_secs(10), || {
+        let store = store.clone();
+        async move {
+            let fresh = store.relays(Duration::from_millis(200)).await.unwrap();
+            if fresh.iter().any(|r| r.relay_id == "r1") {
+                Err(format!("{fresh:?}"))
+            } else {
+                Ok(())
+            }
+        }
+    })
+    .await;
     store.heartbeat(&beat("r2", None)).await.unwrap();
     let fresh = store.relays(Duration::from_millis(200)).await.unwrap();
     let ids: Vec<&str> = fresh.iter().map(|r| r.relay_id.as_str()).collect();
@@ -520,7 +571,16 @@ pub(crate) async fn overview_counts_due_expired_and_topics<B: Backend>() {
         outbox::Message::new("t.later.v1", b"x".to_vec()).delay(Duration::from_secs(3600))
     ])
     .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_until("gone-relay's lease ended", Duration::from_secs(10), || {
+        let store = store.clone();
+        async move {
+            match store.overview(2).await.unwrap().expired_claims {
+                2 => Ok(()),
+                n => Err(format!("{n} expired claims")),
+            }
+        }
+    })
+    .await;
     // Quarantine the dead topic's row: claim everything due but only quarantine it.
     let all = claim(&store, "ops", 100, LONG).await;
     let dead_id = all
@@ -560,7 +620,20 @@ pub(crate) async fn overview_counts_due_expired_and_topics<B: Backend>() {
     // A claim whose lease ends shows as expired, by claimant.
     let c = claim(&store, "vanished", 3, Duration::from_millis(50)).await;
     assert_eq!(c.messages.len(), 3);
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    wait_until(
+        "the vanished relay's lease ended",
+        Duration::from_secs(10),
+        || {
+            let store = store.clone();
+            async move {
+                match store.overview(10).await.unwrap().expired_claims {
+                    3 => Ok(()),
+                    n => Err(format!("{n} expired claims")),
+                }
+            }
+        },
+    )
+    .await;
     let o = store.overview(10).await.unwrap();
     assert_eq!((o.counts.claimed, o.expired_claims), (3, 3), "{o:?}");
     assert_eq!(o.due, 7, "expired claims are due");

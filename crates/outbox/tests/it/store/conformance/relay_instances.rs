@@ -3,7 +3,7 @@
 //! not counted as theirs, and a second `Relay` under a running id in one program is
 //! refused.
 
-use super::{Backend, DEFAULT_MAX, claim};
+use super::{Backend, DEFAULT_MAX, claim, clock_moves_on};
 use crate::common::{RecordingSink, messages, relay_config, wait_until};
 use outbox::store::{RELAY_EXPIRY, RelayHeartbeat};
 use outbox::{Relay, RelayError, Store};
@@ -49,15 +49,15 @@ pub(crate) async fn relay_instances_are_kept_apart<B: Backend>() {
     b.enqueue_all(&messages("t.inst", 3)).await;
     // The earlier process registers, then claims a row, then dies (its row stays).
     store.heartbeat(&beat("dup", "old", 101)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    clock_moves_on(&b).await;
     claim(&store, "dup", 1, LEASE).await;
     assert_eq!(claims(&store, "dup").await, vec![(Some("old".into()), 1)]);
     // Two instances start under the same id afterwards, the later claims one row.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    clock_moves_on(&b).await;
     store.heartbeat(&beat("dup", "new-1", 102)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    clock_moves_on(&b).await;
     store.heartbeat(&beat("dup", "new-2", 103)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    clock_moves_on(&b).await;
     claim(&store, "dup", 1, LEASE).await;
     let relays = store.relays(RELAY_EXPIRY).await.unwrap();
     let mut listed: Vec<(&str, &str, i64)> = relays
@@ -131,14 +131,14 @@ pub(crate) async fn a_second_relay_in_one_program_under_its_id_is_refused<B: Bac
     )
     .await;
     let (sink, _seen) = RecordingSink::new();
-    // Refused at once; a relay that is not refused runs on (and is stopped here).
+    // Refused at once; a relay that is not refused runs on (and is dropped here).
     let stop = tokio_util::sync::CancellationToken::new();
-    let stopper = stop.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        stopper.cancel();
-    });
-    let second = Relay::new(store.clone(), sink, cfg.clone()).run(stop).await;
+    let second = tokio::time::timeout(
+        Duration::from_secs(10),
+        Relay::new(store.clone(), sink, cfg.clone()).run(stop),
+    )
+    .await
+    .expect("the second relay under a running id should be refused, not run on");
     assert!(
         matches!(&second, Err(RelayError::IdTaken { relay_id, pid, .. })
             if relay_id == "relay-twice" && *pid == i64::from(std::process::id())),
