@@ -211,7 +211,7 @@ mod tests {
     #[test]
     fn an_ordered_key_goes_out_one_message_per_round() {
         let ordering = KeyOrdering {
-            topics: vec![crate::sink::router::TopicPattern::parse("orders.>").unwrap()],
+            topics: vec![crate::topic::TopicPattern::parse("orders.>").unwrap()],
             skip_dead: false,
         };
         let batch = [
@@ -250,7 +250,7 @@ mod tests {
     /// Orders `orders.>` strictly (dead letters hold their keys).
     fn strict() -> KeyOrdering {
         KeyOrdering {
-            topics: vec![crate::sink::router::TopicPattern::parse("orders.>").unwrap()],
+            topics: vec![crate::topic::TopicPattern::parse("orders.>").unwrap()],
             skip_dead: false,
         }
     }

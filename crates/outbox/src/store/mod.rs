@@ -19,7 +19,7 @@
 use crate::error::Result;
 use crate::ident::Ident;
 use crate::message::OutgoingMessage;
-use crate::sink::router::TopicPattern;
+use crate::topic::TopicPattern;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -160,7 +160,7 @@ pub struct ClaimRequest {
     pub lease: Duration,
     /// Topics not to claim besides the stored topic pauses (which every claim honours by
     /// itself): rows whose topic matches one of these stay pending. The relay passes none.
-    pub skip_topics: Vec<crate::sink::router::TopicPattern>,
+    pub skip_topics: Vec<crate::topic::TopicPattern>,
     /// Per-key ordering: which topics' keyed messages are claimed in id order (none by
     /// default: nothing is held back).
     pub ordering: KeyOrdering,
@@ -182,7 +182,7 @@ pub struct ClaimRequest {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct KeyOrdering {
     /// The ordered topics (empty: no ordering).
-    pub topics: Vec<crate::sink::router::TopicPattern>,
+    pub topics: Vec<crate::topic::TopicPattern>,
     /// A dead message does not hold back the later ones of its key (the gap stays in the
     /// dead letters): availability over order. Off by default (strict: the key is
     /// blocked until the dead letter is replayed, which delivers it first, or discarded).
@@ -254,7 +254,7 @@ impl KeyOrdering {
         self.topics.iter().any(|t| t.matches(topic))
     }
 
-    /// The ordered topics' regexes ([`crate::sink::router::TopicPattern::regex`]).
+    /// The ordered topics' regexes ([`crate::topic::TopicPattern::regex`]).
     pub fn regexes(&self) -> Vec<String> {
         self.topics.iter().map(|t| t.regex()).collect()
     }

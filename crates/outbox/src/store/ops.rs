@@ -3,7 +3,7 @@
 //! store gauges. Types only; every store implements the [`super::Store`] methods that use
 //! them, and the SQL filter of a [`DeadSelector`] is built once here for all three.
 
-use crate::sink::router::TopicPattern;
+use crate::topic::TopicPattern;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use std::time::Duration;

@@ -25,7 +25,7 @@ use super::{
     ReplayOutcome, ReplayRecord, ReplayRequest, Retry, Settled, Settlement, lookup, ops,
 };
 use crate::error::Result;
-use crate::sink::router::TopicPattern;
+use crate::topic::TopicPattern;
 use async_trait::async_trait;
 use std::time::Duration;
 use uuid::Uuid;

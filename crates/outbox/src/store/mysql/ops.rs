@@ -3,13 +3,13 @@
 
 use super::{MySqlStore, NOW, REPLAY_CHUNK};
 use crate::error::Result;
-use crate::sink::router::TopicPattern;
 use crate::store::common::replay::{self, DeadText, ReplaySteps, Tx};
 use crate::store::ops::{self, Dialect};
 use crate::store::{
     DeadLetter, DeadSelector, Operations, PauseState, ReplayAction, ReplayOutcome, ReplayRecord,
     ReplayRequest, TopicPause,
 };
+use crate::topic::TopicPattern;
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use sqlx::{AssertSqlSafe, MySql, Row};

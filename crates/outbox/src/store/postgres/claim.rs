@@ -4,8 +4,8 @@
 use super::PgStore;
 use super::error::text_not_sendable;
 use crate::error::Result;
-use crate::sink::router::TopicPattern;
 use crate::store::{Claim, ClaimRequest, millis};
+use crate::topic::TopicPattern;
 use chrono::DateTime;
 use sqlx::{AssertSqlSafe, Postgres, Row, SqlSafeStr, SqlStr};
 use uuid::Uuid;

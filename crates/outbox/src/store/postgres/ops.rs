@@ -2,7 +2,6 @@
 
 use super::{AVAILABLE_AT, OCCURRED_AT, PgStore, UTF8_BYTES, schema_sql};
 use crate::error::Result;
-use crate::sink::router::TopicPattern;
 use crate::store::Operations;
 use crate::store::common::replay::{self, DeadText, ReplaySteps, Tx};
 use crate::store::lossy;
@@ -11,6 +10,7 @@ use crate::store::{
     DeadLetter, DeadSelector, PauseState, ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest,
     TopicPause,
 };
+use crate::topic::TopicPattern;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, Postgres, Row};

@@ -5,7 +5,6 @@ use super::decode::ms_to_time;
 use super::topics::{dead_topics, topic_in};
 use super::{NOW_MS, SqliteStore, ids_json};
 use crate::error::Result;
-use crate::sink::router::TopicPattern;
 use crate::store::common::replay::{self, DeadText, ReplaySteps, Tx};
 use crate::store::lossy;
 use crate::store::ops::{self, Dialect};
@@ -13,6 +12,7 @@ use crate::store::{
     DeadLetter, DeadSelector, Operations, PARKED_AT_MS, PauseState, ReplayAction, ReplayOutcome,
     ReplayRecord, ReplayRequest, TopicPause,
 };
+use crate::topic::TopicPattern;
 use async_trait::async_trait;
 use sqlx::{AssertSqlSafe, Row, Sqlite};
 use uuid::Uuid;
