@@ -1,6 +1,7 @@
 //! The relay registry's rows ([`crate::store::Registry`]), bound and read the same way in
 //! every store; each store supplies its statements and its time columns' type.
 
+use crate::error::Result;
 use crate::store::{RelayHeartbeat, RelayRecord, millis};
 use chrono::{DateTime, Utc};
 use sqlx::{Database, SqlSafeStr};
@@ -71,4 +72,26 @@ pub(crate) fn relay_records<T, A>(
             destinations: crate::store::ops::parse_destinations(r.10.as_deref()),
         })
         .collect()
+}
+
+/// Deletes the registry row of `relay_id`'s `instance` with the store's statement `sql`
+/// (relay id bound first, then instance).
+pub(crate) async fn deregister<'c, DB, E>(
+    e: E,
+    sql: impl SqlSafeStr,
+    relay_id: &str,
+    instance: &str,
+) -> Result<()>
+where
+    DB: Database,
+    E: sqlx::Executor<'c, Database = DB>,
+    String: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    <DB as Database>::Arguments: sqlx::IntoArguments<DB>,
+{
+    sqlx::query(sql)
+        .bind(relay_id.to_owned())
+        .bind(instance.to_owned())
+        .execute(e)
+        .await?;
+    Ok(())
 }

@@ -38,19 +38,20 @@ pub(crate) trait ReplaySteps: Sync {
     /// Writes the audit row of `req` and returns its id.
     async fn record(&self, tx: &mut Tx<Self>, req: &ReplayRequest) -> Result<i64>;
 
-    /// Replays or deletes the rows `ids`, gives back the followers they held parked, and
-    /// returns the number of rows changed.
-    async fn change(
-        &self,
-        tx: &mut Tx<Self>,
-        req: &ReplayRequest,
-        ids: &[i64],
-        replay_id: i64,
-        held: Self::Held,
-    ) -> Result<u64>;
+    /// Replays or deletes the rows of `change`, gives back the followers they held
+    /// parked, and returns the number of rows changed.
+    async fn change(&self, tx: &mut Tx<Self>, change: Change<'_>, held: Self::Held) -> Result<u64>;
 
     /// Adds `changed` to the count of the audit row `replay_id`.
     async fn count(&self, tx: &mut Tx<Self>, changed: u64, replay_id: i64) -> Result<()>;
+}
+
+/// What [`ReplaySteps::change`] changes: the request, the locked rows' ids in id order,
+/// and the audit row the change is counted in.
+pub(crate) struct Change<'a> {
+    pub(crate) req: &'a ReplayRequest,
+    pub(crate) ids: &'a [i64],
+    pub(crate) replay_id: i64,
 }
 
 /// A replay or discard in the transaction `tx` (the request already validated): the
@@ -80,7 +81,12 @@ pub(crate) async fn replay<S: ReplaySteps>(
         Some(id) => id,
         None => store.record(&mut tx, req).await?,
     };
-    let changed = store.change(&mut tx, req, &ids, replay_id, held).await?;
+    let change = Change {
+        req,
+        ids: &ids,
+        replay_id,
+    };
+    let changed = store.change(&mut tx, change, held).await?;
     store.count(&mut tx, changed, replay_id).await?;
     tx.commit().await?;
     Ok(ReplayOutcome {

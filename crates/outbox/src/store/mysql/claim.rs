@@ -2,11 +2,10 @@
 //! claim's fences), the claim transaction, and decoding claimed rows.
 
 use super::{MySqlStore, NOW, regexp_any, retry_deadlock};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::message::OutgoingMessage;
-use crate::store::{
-    Claim, ClaimRequest, Dead, PauseState, Relaying, Settled, Settlement, millis, parse_headers,
-};
+use crate::store::common;
+use crate::store::{Claim, ClaimRequest, Dead, PauseState, Relaying, Settled, Settlement, millis};
 use async_trait::async_trait;
 use chrono::NaiveDateTime;
 use sqlx::mysql::MySqlRow;
@@ -272,35 +271,7 @@ impl MySqlStore {
     }
 
     fn row_to_message(row: &MySqlRow) -> std::result::Result<OutgoingMessage, Dead> {
-        let id: i64 = row.try_get("id").map_err(|e| Dead {
-            id: -1,
-            error: e.to_string(),
-        })?;
-        let read = || -> Result<OutgoingMessage> {
-            let message_id =
-                crate::store::text_message_id(id, &row.try_get::<String, _>("message_id")?)?;
-            let headers: String = row.try_get("headers")?;
-            let headers: serde_json::Value =
-                serde_json::from_str(&headers).map_err(|e| Error::MalformedRow {
-                    id,
-                    reason: format!("headers are not JSON: {e}"),
-                })?;
-            let occurred: NaiveDateTime = row.try_get("occurred_at")?;
-            Ok(OutgoingMessage {
-                id,
-                message_id,
-                topic: row.try_get("topic")?,
-                key: row.try_get("key")?,
-                payload: bytes::Bytes::from(row.try_get::<Vec<u8>, _>("payload")?),
-                headers: parse_headers(id, headers)?,
-                occurred_at: occurred.and_utc(),
-                attempts: row.try_get("attempts")?,
-            })
-        };
-        read().map_err(|e| Dead {
-            id,
-            error: crate::store::malformed_reason(e),
-        })
+        common::decode::text_row(row, |_, at: NaiveDateTime| Ok(at.and_utc()))
     }
 }
 

@@ -5,6 +5,7 @@ use super::MySqlStore;
 use crate::error::{Error, Result};
 use crate::inbox::Accepted;
 use crate::message::{Enqueued, Message};
+use crate::store::common::enqueue;
 use sqlx::{MySql, Transaction};
 use std::time::Duration;
 
@@ -87,22 +88,17 @@ impl MySqlStore {
             .min(self.inner.max_packet.saturating_sub(64 * 1024));
         msg.validate(limit)?;
         let mid = msg.message_id.hyphenated().to_string();
-        let inserted = sqlx::query(self.inner.sql.enqueue.clone())
-            .bind(&mid)
-            .bind(&msg.topic)
-            .bind(msg.key.as_deref())
-            .bind(msg.payload.as_ref())
-            .bind(msg.headers_json().to_string())
-            .bind(msg.available_at.map(|t| t.naive_utc()))
-            .bind(msg.delay_ms())
+        let headers = msg.headers_json().to_string();
+        let at = msg.available_at.map(|t| t.naive_utc());
+        let sql = self.inner.sql.enqueue.clone();
+        let inserted = enqueue::insert(sql, msg, mid.clone(), headers, at)
             .execute(&mut **tx)
             .await;
         match inserted {
-            Ok(r) => Ok(Enqueued {
-                id: i64::try_from(r.last_insert_id()).unwrap_or(i64::MAX),
-                message_id: msg.message_id,
-                inserted: true,
-            }),
+            Ok(r) => {
+                let id = i64::try_from(r.last_insert_id()).unwrap_or(i64::MAX);
+                Ok(enqueue::enqueued(msg, id, true))
+            }
             // The only unique key an insert can hit is `message_id` (the primary key is
             // AUTO_INCREMENT): a duplicate is the idempotent case.
             Err(sqlx::Error::Database(db)) if db.is_unique_violation() => {
@@ -110,11 +106,7 @@ impl MySqlStore {
                     .bind(&mid)
                     .fetch_one(&mut **tx)
                     .await?;
-                Ok(Enqueued {
-                    id,
-                    message_id: msg.message_id,
-                    inserted: false,
-                })
+                Ok(enqueue::enqueued(msg, id, false))
             }
             Err(e) => Err(e.into()),
         }

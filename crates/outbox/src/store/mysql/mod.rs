@@ -25,6 +25,7 @@ mod ops;
 mod ordering;
 mod probe;
 mod registry;
+mod replay;
 mod retention;
 mod schema;
 mod settle;

@@ -30,12 +30,8 @@ impl Registry for MySqlStore {
     }
 
     async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()> {
-        sqlx::query(self.inner.sql.deregister.clone())
-            .bind(relay_id)
-            .bind(instance)
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(())
+        let sql = self.inner.sql.deregister.clone();
+        registry::deregister(&self.inner.pool, sql, relay_id, instance).await
     }
 
     async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {

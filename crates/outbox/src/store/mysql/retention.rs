@@ -2,7 +2,8 @@
 
 use super::{MySqlStore, retry_deadlock};
 use crate::error::Result;
-use crate::store::{PurgeBatch, millis};
+use crate::store::PurgeBatch;
+use crate::store::common::retention;
 use std::time::Duration;
 
 impl MySqlStore {
@@ -24,37 +25,20 @@ impl MySqlStore {
             .fetch_one(&mut *conn)
             .await?;
         if got != Some(1) {
-            return Ok(PurgeBatch {
-                deleted: 0,
-                locked_out: true,
-            });
+            return Ok(retention::locked_out());
         }
-        let r = sqlx::query(self.inner.sql.purge.clone())
-            .bind(millis(older_than))
-            .bind(i64::from(batch_size))
+        let r = retention::batch(self.inner.sql.purge.clone(), older_than, batch_size)
             .execute(&mut *conn)
             .await;
         let _ = sqlx::query(self.inner.sql.lock_release.clone())
             .bind(&lock)
             .execute(&mut *conn)
             .await;
-        let deleted = r?.rows_affected();
-        crate::metrics::purged(deleted);
-        Ok(PurgeBatch {
-            deleted,
-            locked_out: false,
-        })
+        Ok(retention::purged(r?.rows_affected()))
     }
 
     pub(super) async fn purge_inbox(&self, older_than: Duration, batch_size: u32) -> Result<u64> {
-        if batch_size == 0 {
-            return Ok(0);
-        }
-        let r = sqlx::query(self.inner.sql.inbox_purge.clone())
-            .bind(millis(older_than))
-            .bind(i64::from(batch_size))
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(r.rows_affected())
+        let sql = self.inner.sql.inbox_purge.clone();
+        retention::inbox(&self.inner.pool, sql, older_than, batch_size).await
     }
 }

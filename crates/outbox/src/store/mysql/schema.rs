@@ -4,9 +4,10 @@
 use super::statements::{inbox_lock_name, sections};
 use super::{MySqlStore, SCHEMA_VERSION, error_number};
 use crate::error::{Error, Result};
+use crate::store::common::schema::{self, MigrateSql};
 use crate::store::{KeyOrdering, Maintenance, PurgeBatch};
 use async_trait::async_trait;
-use sqlx::AssertSqlSafe;
+use sqlx::MySql;
 use std::time::Duration;
 
 /// A UUIDv7 built in SQL (RFC 9562 section 5.7): 48-bit Unix ms, version 7, variant 10,
@@ -91,21 +92,8 @@ impl MySqlStore {
             .bind(&table)
             .fetch_one(&self.inner.pool)
             .await?;
-        let found: i64 = if exists > 0 {
-            sqlx::query_scalar(self.inner.sql.version.clone())
-                .fetch_one(&self.inner.pool)
-                .await?
-        } else {
-            0
-        };
-        if found != SCHEMA_VERSION {
-            return Err(Error::NotMigrated {
-                schema: p.to_owned(),
-                found,
-                expected: SCHEMA_VERSION,
-            });
-        }
-        Ok(())
+        let version = self.inner.sql.version.clone();
+        schema::verify(&self.inner.pool, exists > 0, version, p, SCHEMA_VERSION).await
     }
 
     /// The limit `{prefix}_enqueue(...)` enforces (written by [`Maintenance::migrate`] from
@@ -141,41 +129,18 @@ impl Maintenance for MySqlStore {
             return Err(Error::Timeout(Duration::from_secs(60)));
         }
         let result = async {
-            sqlx::query(sql.versions_table.clone())
-                .execute(&mut *conn)
-                .await?;
-            let current: i64 = sqlx::query_scalar(sql.version.clone())
-                .fetch_one(&mut *conn)
-                .await?;
-            for (i, statements) in migrations(p).into_iter().enumerate() {
-                let version = i as i64 + 1;
-                if version <= current {
-                    continue;
-                }
-                for statement in statements {
-                    sqlx::raw_sql(AssertSqlSafe(statement))
-                        .execute(&mut *conn)
-                        .await?;
-                }
-                sqlx::query(sql.version_insert.clone())
-                    .bind(version)
-                    .execute(&mut *conn)
-                    .await?;
-            }
+            let statements = MigrateSql {
+                versions_table: sql.versions_table.clone(),
+                version: sql.version.clone(),
+                record: sql.version_insert.clone(),
+            };
+            schema::apply::<MySql>(&mut *conn, statements, migrations(p)).await?;
             sqlx::query(sql.enqueue_limit_set.clone())
                 .bind(i64::try_from(self.inner.config.max_message_bytes).unwrap_or(i64::MAX))
                 .execute(&mut *conn)
                 .await?;
-            let stored: Vec<String> = sqlx::query_scalar(sql.pause_patterns.clone())
-                .fetch_all(&mut *conn)
-                .await?;
-            for (pattern, regex) in crate::store::pause_regexes(stored) {
-                sqlx::query(sql.pause_regex_set.clone())
-                    .bind(regex)
-                    .bind(pattern)
-                    .execute(&mut *conn)
-                    .await?;
-            }
+            let (patterns, set) = (sql.pause_patterns.clone(), sql.pause_regex_set.clone());
+            schema::refill_pause_regexes::<MySql>(&mut *conn, patterns, set, true).await?;
             Ok::<_, Error>(())
         }
         .await;

@@ -3,7 +3,7 @@
 
 use super::MySqlStore;
 use crate::error::Result;
-use crate::store::common::views::{self, ClaimsRow, Find, LocationText, OverviewRows};
+use crate::store::common::views::{self, FindSql, LocationText, OverviewSql};
 use crate::store::{Counts, DueHeld, HeldKeys, KeyOrdering, Leases, Overview, Views};
 use async_trait::async_trait;
 use chrono::NaiveDateTime;
@@ -12,52 +12,24 @@ use sqlx::Row;
 #[async_trait]
 impl Views for MySqlStore {
     async fn counts(&self) -> Result<Counts> {
-        let row: crate::store::CountsRow = sqlx::query_as(self.inner.sql.counts.clone())
-            .fetch_one(&self.inner.pool)
-            .await?;
-        Ok(row.into())
+        views::counts(&self.inner.pool, self.inner.sql.counts.clone()).await
     }
 
     async fn leases(&self) -> Result<Leases> {
-        let (held, last, ms): (i64, Option<NaiveDateTime>, Option<i64>) =
-            sqlx::query_as(self.inner.sql.leases.clone())
-                .fetch_one(&self.inner.pool)
-                .await?;
-        Ok(Leases::from_row(held, last.map(|t| t.and_utc()), ms))
+        let sql = self.inner.sql.leases.clone();
+        views::leases(&self.inner.pool, sql, |t: NaiveDateTime| t.and_utc()).await
     }
 
     async fn overview(&self, top_n: u32) -> Result<Overview> {
-        let pool = &self.inner.pool;
         let sql = &self.inner.sql;
         let counts = self.counts().await?;
-        let (due, oldest_due, expired): (i64, Option<i64>, i64) =
-            sqlx::query_as(sql.due.clone()).fetch_one(pool).await?;
-        let claims_by: Vec<ClaimsRow> = sqlx::query_as(sql.claims_by.clone())
-            .fetch_all(pool)
-            .await?;
-        let parked: i64 = sqlx::query_scalar(sql.parked.clone())
-            .fetch_one(pool)
-            .await?;
-        let by_topic = async |status: i16| -> Result<Vec<(String, i64)>> {
-            Ok(sqlx::query_as(sql.by_topic.clone())
-                .bind(status)
-                .bind(i64::from(top_n))
-                .fetch_all(pool)
-                .await?)
+        let statements = OverviewSql {
+            due: sql.due.clone(),
+            parked: sql.parked.clone(),
+            claims_by: sql.claims_by.clone(),
+            by_topic: sql.by_topic.clone(),
         };
-        let pending_by_topic = by_topic(crate::store::status::PENDING).await?;
-        let dead_by_topic = by_topic(crate::store::status::DEAD).await?;
-        Ok(OverviewRows {
-            counts,
-            due,
-            oldest_due_s: oldest_due,
-            expired,
-            parked,
-            claims_by,
-            pending_by_topic,
-            dead_by_topic,
-        }
-        .into())
+        views::overview(&self.inner.pool, counts, statements, top_n, |s| s, |t| t).await
     }
 
     async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
@@ -122,19 +94,13 @@ impl Views for MySqlStore {
         query: &crate::store::lookup::MessageQuery,
         limit: u32,
     ) -> Result<Vec<crate::store::lookup::MessageLocation>> {
-        let sql = &self.inner.sql;
-        let rows = views::find(
-            &self.inner.pool,
-            query,
-            limit,
-            |find| match find {
-                Find::MessageId => sql.find_by_id.clone(),
-                Find::TopicKey => sql.find_by_topic_key.clone(),
-                Find::Key => sql.find_by_key.clone(),
-            },
-            |id| id.hyphenated().to_string(),
-        )
-        .await?;
+        let sql = FindSql {
+            message_id: self.inner.sql.find_by_id.clone(),
+            topic_key: self.inner.sql.find_by_topic_key.clone(),
+            key: self.inner.sql.find_by_key.clone(),
+        };
+        let id = |id: &uuid::Uuid| id.hyphenated().to_string();
+        let rows = views::find(&self.inner.pool, query, limit, sql, id).await?;
         rows.iter()
             .map(|r| {
                 let mid = r.try_get::<String, _>("message_id")?;

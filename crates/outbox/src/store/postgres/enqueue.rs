@@ -4,7 +4,8 @@ use super::{PgStore, schema_sql};
 use crate::error::Result;
 use crate::inbox::Accepted;
 use crate::message::{Enqueued, Message};
-use sqlx::{AssertSqlSafe, Postgres, Transaction};
+use crate::store::common::enqueue;
+use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 
 impl PgStore {
     /// Enqueues `msg` inside the caller's transaction. Idempotent on the message id: when a
@@ -22,38 +23,25 @@ impl PgStore {
         msg: &Message,
     ) -> Result<Enqueued> {
         msg.validate(self.inner.config.max_message_bytes)?;
-        let inserted: Option<i64> = sqlx::query_scalar(self.inner.sql.enqueue.clone())
-            .bind(msg.message_id)
-            .bind(&msg.topic)
-            .bind(msg.key.as_deref())
-            .bind(msg.payload.as_ref())
-            .bind(msg.headers_json())
-            .bind(msg.available_at)
-            .bind(msg.delay_ms())
-            .fetch_optional(&mut **tx)
-            .await?;
-        match inserted {
-            Some(id) => Ok(Enqueued {
-                id,
-                message_id: msg.message_id,
-                inserted: true,
-            }),
-            None => {
-                let s = self.s();
-                let id: i64 = sqlx::query_scalar(AssertSqlSafe(schema_sql(
-                    include_str!("sql/message_id_row.sql"),
-                    s,
-                )))
-                .bind(msg.message_id)
-                .fetch_one(&mut **tx)
-                .await?;
-                Ok(Enqueued {
-                    id,
-                    message_id: msg.message_id,
-                    inserted: false,
-                })
-            }
+        let (headers, at) = (msg.headers_json(), msg.available_at);
+        let row = enqueue::insert(
+            self.inner.sql.enqueue.clone(),
+            msg,
+            msg.message_id,
+            headers,
+            at,
+        )
+        .fetch_optional(&mut **tx)
+        .await?;
+        if let Some(row) = row {
+            return Ok(enqueue::enqueued(msg, row.try_get(0)?, true));
         }
+        let sql = AssertSqlSafe(schema_sql(include_str!("sql/message_id_row.sql"), self.s()));
+        let id: i64 = sqlx::query_scalar(sql)
+            .bind(msg.message_id)
+            .fetch_one(&mut **tx)
+            .await?;
+        Ok(enqueue::enqueued(msg, id, false))
     }
 
     /// Accepts the message (an [`Envelope`](crate::Envelope) or its id) for `consumer` inside the consumer's transaction (see
@@ -87,13 +75,9 @@ impl PgStore {
         consumer: &str,
         message: impl crate::inbox::Incoming,
     ) -> Result<Accepted> {
-        let message_id = message.message_id();
-        crate::inbox::validate_consumer(consumer)?;
-        let r = sqlx::query(self.inner.sql.inbox_accept.clone())
-            .bind(consumer)
-            .bind(message_id)
-            .execute(&mut **tx)
-            .await?;
+        let sql = self.inner.sql.inbox_accept.clone();
+        let r =
+            enqueue::accept::<Postgres, _>(&mut **tx, sql, consumer, message.message_id()).await?;
         Ok(Accepted::from_rows(r.rows_affected()))
     }
 }

@@ -18,6 +18,7 @@ mod listen;
 mod ops;
 mod ordering;
 mod registry;
+mod replay;
 mod schema;
 mod settle;
 mod views;

@@ -3,18 +3,17 @@
 use super::{AVAILABLE_AT, OCCURRED_AT, PgStore, UTF8_BYTES, schema_sql};
 use crate::error::Result;
 use crate::store::Operations;
-use crate::store::common::replay::{self, DeadText, ReplaySteps, Tx};
+use crate::store::common;
+use crate::store::common::replay::{self, DeadText};
 use crate::store::lossy;
 use crate::store::ops::{self, Dialect};
 use crate::store::{
-    DeadLetter, DeadSelector, PauseState, ReplayAction, ReplayOutcome, ReplayRecord, ReplayRequest,
-    TopicPause,
+    DeadLetter, DeadSelector, PauseState, ReplayOutcome, ReplayRecord, ReplayRequest,
 };
 use crate::topic::TopicPattern;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::{AssertSqlSafe, Postgres, Row};
-use uuid::Uuid;
+use sqlx::{AssertSqlSafe, Row};
 
 impl PgStore {
     pub(super) async fn pause_state(&self) -> Result<PauseState> {
@@ -22,23 +21,10 @@ impl PgStore {
             sqlx::query_as(self.inner.sql.pause_state.clone())
                 .fetch_one(&self.inner.pool)
                 .await?;
-        let mut topics: Vec<(String, String, String, i64)> =
-            serde_json::from_str(&topics).unwrap_or_default();
-        topics.sort();
-        Ok(PauseState {
-            paused,
-            reason,
-            changed_at: Some(changed_at),
-            topics: topics
-                .into_iter()
-                .map(|(pattern, reason, by, at)| TopicPause {
-                    pattern,
-                    reason,
-                    by,
-                    paused_at: DateTime::from_timestamp_millis(at).unwrap_or_default(),
-                })
-                .collect(),
-        })
+        let at = |ms| DateTime::from_timestamp_millis(ms).unwrap_or_default();
+        Ok(common::ops::pause_state(
+            paused, reason, changed_at, &topics, at,
+        ))
     }
 }
 
@@ -67,17 +53,10 @@ impl Operations for PgStore {
     }
 
     async fn pause_topic(&self, pattern: &TopicPattern, reason: &str, by: &str) -> Result<()> {
-        let s = self.s();
-        sqlx::query(AssertSqlSafe(schema_sql(
-            include_str!("sql/pause_topic.sql"),
-            s,
-        )))
-        .bind(pattern.as_str())
-        .bind(reason)
-        .bind(by)
-        .bind(pattern.regex())
-        .execute(&self.inner.pool)
-        .await?;
+        let sql = AssertSqlSafe(schema_sql(include_str!("sql/pause_topic.sql"), self.s()));
+        common::ops::pause_topic(sql, pattern, reason, by)
+            .execute(&self.inner.pool)
+            .await?;
         Ok(())
     }
 
@@ -128,11 +107,9 @@ impl Operations for PgStore {
                        AND l.status <> 2 AND l.status <= 1 AND l.id > m.id) AS waiting_behind
              FROM {s}.messages m WHERE {filter} ORDER BY id LIMIT {limit}"
         );
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for b in binds {
-            query = query.bind(b);
-        }
-        let rows = query.fetch_all(&self.inner.pool).await?;
+        let rows = common::ops::selected(sql, binds)
+            .fetch_all(&self.inner.pool)
+            .await?;
         rows.iter()
             .map(|r| {
                 let text = DeadText {
@@ -152,10 +129,7 @@ impl Operations for PgStore {
         let s = self.s();
         let (filter, binds) = ops::dead_filter(selector, Dialect::Postgres, 1);
         let sql = format!("SELECT count(*) FROM {s}.messages WHERE {filter}");
-        let n = replay::bound(sql, binds)
-            .fetch_one(&self.inner.pool)
-            .await?;
-        Ok(replay::count(n))
+        common::ops::count(&self.inner.pool, sql, binds).await
     }
 
     async fn replay(&self, req: &ReplayRequest) -> Result<ReplayOutcome> {
@@ -165,142 +139,12 @@ impl Operations for PgStore {
     }
 
     async fn replays(&self, limit: u32) -> Result<Vec<ReplayRecord>> {
-        let s = self.s();
-        let rows: Vec<replay::ReplayRow<DateTime<Utc>>> = sqlx::query_as(AssertSqlSafe(
-            schema_sql(include_str!("sql/replays.sql"), s),
-        ))
-        .bind(i64::from(limit))
-        .fetch_all(&self.inner.pool)
-        .await?;
-        Ok(replay::replay_records(rows, |at| at))
+        let sql = AssertSqlSafe(schema_sql(include_str!("sql/replays.sql"), self.s()));
+        common::ops::replays(&self.inner.pool, sql, limit, |at: DateTime<Utc>| at).await
     }
 
     async fn audit(&self, entry: &crate::store::ops::AuditEntry) -> Result<()> {
-        let s = self.s();
-        sqlx::query(AssertSqlSafe(schema_sql(include_str!("sql/audit.sql"), s)))
-            .bind(&entry.by)
-            .bind(&entry.reason)
-            .bind(&entry.action)
-            .bind(&entry.selection)
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl ReplaySteps for PgStore {
-    type Db = Postgres;
-    type Held = ();
-    const DIALECT: Dialect = Dialect::Postgres;
-
-    async fn named(&self, tx: &mut Tx<Self>, filter: &str) -> Result<Vec<(i64, Uuid, i16)>> {
-        let s = self.s();
-        Ok(sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT id, message_id, status FROM {s}.messages WHERE {filter}"
-        )))
-        .fetch_all(&mut **tx)
-        .await?)
-    }
-
-    async fn select(&self, tx: &mut Tx<Self>, req: &ReplayRequest) -> Result<Vec<i64>> {
-        let s = self.s();
-        let (filter, binds) = ops::dead_filter(&req.selector, Dialect::Postgres, 1);
-        let limit = req
-            .limit
-            .map_or_else(|| "ALL".to_owned(), |l| l.to_string());
-        // Locks the selected rows: a concurrent replay of the same rows waits, then finds
-        // them no longer dead.
-        let sql = format!(
-            "SELECT id FROM {s}.messages WHERE {filter} ORDER BY id LIMIT {limit} FOR UPDATE"
-        );
-        Ok(replay::bound(sql, binds).fetch_all(&mut **tx).await?)
-    }
-
-    async fn lock(&self, _: &mut Tx<Self>, selected: Vec<i64>) -> Result<(Vec<i64>, ())> {
-        Ok((selected, ()))
-    }
-
-    async fn record(&self, tx: &mut Tx<Self>, req: &ReplayRequest) -> Result<i64> {
-        let s = self.s();
-        Ok(sqlx::query_scalar(AssertSqlSafe(schema_sql(
-            include_str!("sql/replay_record.sql"),
-            s,
-        )))
-        .bind(&req.by)
-        .bind(&req.reason)
-        .bind(req.action.as_str())
-        .bind(req.describe())
-        .fetch_one(&mut **tx)
-        .await?)
-    }
-
-    async fn change(
-        &self,
-        tx: &mut Tx<Self>,
-        req: &ReplayRequest,
-        ids: &[i64],
-        replay_id: i64,
-        (): (),
-    ) -> Result<u64> {
-        let s = self.s();
-        // The keyed rows among them, whose parked followers are given back below; their
-        // text as bytes, which any row's text can be sent as (see `read_claimed`).
-        let keyed: Vec<(i64, Vec<u8>, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT id, convert_to(topic, {UTF8_BYTES}), convert_to(key, {UTF8_BYTES})
-             FROM {s}.messages WHERE id = ANY($1) AND key IS NOT NULL"
-        )))
-        .bind(ids)
-        .fetch_all(&mut **tx)
-        .await?;
-        let delays: Vec<i64> = (0..ids.len())
-            .map(|k| ops::spread_ms(k, req.rate_per_s))
-            .collect();
-        let changed = match req.action {
-            ReplayAction::Replay => sqlx::query(AssertSqlSafe(schema_sql(
-                include_str!("sql/replay_dead.sql"),
-                s,
-            )))
-            .bind(ids)
-            .bind(&delays)
-            .bind(replay_id)
-            .execute(&mut **tx)
-            .await?
-            .rows_affected(),
-            ReplayAction::Discard | ReplayAction::Purge => sqlx::query(AssertSqlSafe(schema_sql(
-                include_str!("sql/discard_dead.sql"),
-                s,
-            )))
-            .bind(ids)
-            .execute(&mut **tx)
-            .await?
-            .rows_affected(),
-        };
-        // A replayed row is due after its spread delay (its followers then, too); a deleted
-        // one releases its followers now.
-        let delay_of = replay::delays(req, ids);
-        let at = |id: i64| delay_of.get(&id).copied().unwrap_or(0);
-        self.unpark_keys(
-            tx,
-            &keyed.iter().map(|k| k.0).collect::<Vec<_>>(),
-            &keyed.iter().map(|k| k.1.clone()).collect::<Vec<_>>(),
-            &keyed.iter().map(|k| k.2.clone()).collect::<Vec<_>>(),
-            &keyed.iter().map(|k| at(k.0)).collect::<Vec<_>>(),
-        )
-        .await?;
-        Ok(changed)
-    }
-
-    async fn count(&self, tx: &mut Tx<Self>, changed: u64, replay_id: i64) -> Result<()> {
-        let s = self.s();
-        sqlx::query(AssertSqlSafe(schema_sql(
-            include_str!("sql/replay_count.sql"),
-            s,
-        )))
-        .bind(changed as i64)
-        .bind(replay_id)
-        .execute(&mut **tx)
-        .await?;
-        Ok(())
+        let sql = AssertSqlSafe(schema_sql(include_str!("sql/audit.sql"), self.s()));
+        common::ops::audit(&self.inner.pool, sql, entry).await
     }
 }

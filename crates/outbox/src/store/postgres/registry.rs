@@ -24,16 +24,8 @@ impl Registry for PgStore {
     }
 
     async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()> {
-        let s = self.s();
-        sqlx::query(AssertSqlSafe(schema_sql(
-            include_str!("sql/deregister.sql"),
-            s,
-        )))
-        .bind(relay_id)
-        .bind(instance)
-        .execute(&self.inner.pool)
-        .await?;
-        Ok(())
+        let sql = AssertSqlSafe(schema_sql(include_str!("sql/deregister.sql"), self.s()));
+        registry::deregister(&self.inner.pool, sql, relay_id, instance).await
     }
 
     async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {

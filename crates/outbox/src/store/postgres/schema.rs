@@ -2,12 +2,14 @@
 //! check; and retention (the purges).
 
 use super::{PgStore, SCHEMA_VERSION, schema_sql};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::store::KeyOrdering;
 use crate::store::Maintenance;
-use crate::store::{PurgeBatch, millis};
+use crate::store::PurgeBatch;
+use crate::store::common::retention;
+use crate::store::common::schema::{self, MigrateSql};
 use async_trait::async_trait;
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, SqlSafeStr};
 use std::time::Duration;
 
 /// The `enqueue(...)` SQL function, as the latest migration defines it (v1 creates it,
@@ -90,21 +92,8 @@ impl PgStore {
             .bind(s)
             .fetch_one(&self.inner.pool)
             .await?;
-        let found = if exists {
-            sqlx::query_scalar(self.inner.sql.version.clone())
-                .fetch_one(&self.inner.pool)
-                .await?
-        } else {
-            0
-        };
-        if found != SCHEMA_VERSION {
-            return Err(Error::NotMigrated {
-                schema: s.to_owned(),
-                found,
-                expected: SCHEMA_VERSION,
-            });
-        }
-        Ok(())
+        let version = self.inner.sql.version.clone();
+        schema::verify(&self.inner.pool, exists, version, s, SCHEMA_VERSION).await
     }
 }
 
@@ -118,52 +107,21 @@ impl Maintenance for PgStore {
             .bind(format!("outbox-migrate-{s}"))
             .execute(&mut *tx)
             .await?;
-        sqlx::raw_sql(AssertSqlSafe(schema_sql(
-            include_str!("sql/migrations/schema_migrations.sql"),
-            s,
-        )))
-        .execute(&mut *tx)
-        .await?;
-        let current: i64 = sqlx::query_scalar(self.inner.sql.version.clone())
-            .fetch_one(&mut *tx)
-            .await?;
-        for (i, m) in migrations(s).into_iter().enumerate() {
-            let version = i as i64 + 1;
-            if version <= current {
-                continue;
-            }
-            sqlx::raw_sql(AssertSqlSafe(m)).execute(&mut *tx).await?;
-            sqlx::query(AssertSqlSafe(schema_sql(
-                include_str!("sql/record_migration.sql"),
-                s,
-            )))
-            .bind(version)
+        let sql = |t: &str| AssertSqlSafe(schema_sql(t, s)).into_sql_str();
+        let statements = MigrateSql {
+            versions_table: sql(include_str!("sql/migrations/schema_migrations.sql")),
+            version: self.inner.sql.version.clone(),
+            record: sql(include_str!("sql/record_migration.sql")),
+        };
+        let migrations = migrations(s).into_iter().map(|m| vec![m]).collect();
+        schema::apply::<sqlx::Postgres>(&mut *tx, statements, migrations).await?;
+        sqlx::query(sql(include_str!("sql/set_max_message_bytes.sql")))
+            .bind(i32::try_from(self.inner.config.max_message_bytes).unwrap_or(i32::MAX))
             .execute(&mut *tx)
             .await?;
-        }
-        sqlx::query(AssertSqlSafe(schema_sql(
-            include_str!("sql/set_max_message_bytes.sql"),
-            s,
-        )))
-        .bind(i32::try_from(self.inner.config.max_message_bytes).unwrap_or(i32::MAX))
-        .execute(&mut *tx)
-        .await?;
-        let stored: Vec<String> = sqlx::query_scalar(AssertSqlSafe(schema_sql(
-            include_str!("sql/topic_pause_patterns.sql"),
-            s,
-        )))
-        .fetch_all(&mut *tx)
-        .await?;
-        for (pattern, regex) in crate::store::pause_regexes(stored) {
-            sqlx::query(AssertSqlSafe(schema_sql(
-                include_str!("sql/set_topic_pause_regex.sql"),
-                s,
-            )))
-            .bind(pattern)
-            .bind(regex)
-            .execute(&mut *tx)
-            .await?;
-        }
+        let patterns = sql(include_str!("sql/topic_pause_patterns.sql"));
+        let set = sql(include_str!("sql/set_topic_pause_regex.sql"));
+        schema::refill_pause_regexes::<sqlx::Postgres>(&mut *tx, patterns, set, false).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -176,34 +134,18 @@ impl Maintenance for PgStore {
             .fetch_one(&mut *tx)
             .await?;
         if !got {
-            return Ok(PurgeBatch {
-                deleted: 0,
-                locked_out: true,
-            });
+            return Ok(retention::locked_out());
         }
-        let r = sqlx::query(self.inner.sql.purge.clone())
-            .bind(millis(older_than))
-            .bind(i64::from(batch_size))
+        let r = retention::batch(self.inner.sql.purge.clone(), older_than, batch_size)
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        crate::metrics::purged(r.rows_affected());
-        Ok(PurgeBatch {
-            deleted: r.rows_affected(),
-            locked_out: false,
-        })
+        Ok(retention::purged(r.rows_affected()))
     }
 
     async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64> {
-        if batch_size == 0 {
-            return Ok(0);
-        }
-        let r = sqlx::query(self.inner.sql.inbox_purge.clone())
-            .bind(millis(older_than))
-            .bind(i64::from(batch_size))
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(r.rows_affected())
+        let sql = self.inner.sql.inbox_purge.clone();
+        retention::inbox(&self.inner.pool, sql, older_than, batch_size).await
     }
 
     async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {

@@ -6,53 +6,40 @@ use super::{
 };
 use crate::error::Result;
 use crate::store::Views;
-use crate::store::common::views::{self, ClaimsRow, Find, LocationText, OverviewRows};
+use crate::store::common::views::{self, FindSql, LocationText, OverviewSql};
 use crate::store::lossy;
 use crate::store::{Counts, Leases, Overview, PARKED_AT};
 use crate::store::{DueHeld, HeldKeys, KeyOrdering};
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, Row, SqlSafeStr};
 
 #[async_trait]
 impl Views for PgStore {
     async fn counts(&self) -> Result<Counts> {
-        let row: crate::store::CountsRow = sqlx::query_as(self.inner.sql.counts.clone())
-            .fetch_one(&self.inner.pool)
-            .await?;
-        Ok(row.into())
+        views::counts(&self.inner.pool, self.inner.sql.counts.clone()).await
     }
 
     async fn leases(&self) -> Result<Leases> {
-        let (held, last, ms): (i64, Option<DateTime<Utc>>, Option<i64>) =
-            sqlx::query_as(self.inner.sql.leases.clone())
-                .fetch_one(&self.inner.pool)
-                .await?;
-        Ok(Leases::from_row(held, last, ms))
+        views::leases(&self.inner.pool, self.inner.sql.leases.clone(), |t| t).await
     }
 
     async fn overview(&self, top_n: u32) -> Result<Overview> {
         let s = self.s();
-        let pool = &self.inner.pool;
         let counts = self.counts().await?;
-        let (due, oldest_due, expired): (i64, Option<i64>, i64) =
-            sqlx::query_as(AssertSqlSafe(format!(
+        let sql = |t: String| AssertSqlSafe(t).into_sql_str();
+        // Each claim goes to the latest-started live instance of its relay id whose start
+        // plus lease is not after the claim's lease end (none: an earlier process's).
+        let statements = OverviewSql {
+            due: sql(format!(
                 "SELECT count(*), floor(extract(epoch FROM now() - min({AVAILABLE_AT})))::bigint,
                         count(*) FILTER (WHERE status = 1)
                  FROM {s}.messages WHERE status <= 1 AND available_at <= now()"
-            )))
-            .fetch_one(pool)
-            .await?;
-        let parked: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT count(*) FROM {s}.messages
-             WHERE status <= 1 AND available_at = '{PARKED_AT}'"
-        )))
-        .fetch_one(pool)
-        .await?;
-        // Each claim goes to the latest-started live instance of its relay id whose start
-        // plus lease is not after the claim's lease end (none: an earlier process's).
-        let claims_by: Vec<ClaimsRow> =
-            sqlx::query_as(AssertSqlSafe(format!(
+            )),
+            parked: sql(format!(
+                "SELECT count(*) FROM {s}.messages
+                 WHERE status <= 1 AND available_at = '{PARKED_AT}'"
+            )),
+            claims_by: sql(format!(
                 "SELECT m.claimed_by,
                         (SELECT r.instance FROM {s}.relays r
                          WHERE r.relay_id = m.claimed_by
@@ -62,36 +49,13 @@ impl Views for PgStore {
                         count(*), count(*) FILTER (WHERE m.available_at <= now())
                  FROM {s}.messages m WHERE m.status = 1 GROUP BY 1, 2 ORDER BY 1, 2",
                 expiry = crate::store::RELAY_EXPIRY.as_millis()
-            )))
-        .fetch_all(pool)
-        .await?;
-        let by_topic = async |status: i16| -> Result<Vec<(String, i64)>> {
-            let rows: Vec<(Vec<u8>, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            )),
+            by_topic: sql(format!(
                 "SELECT convert_to(topic, {UTF8_BYTES}), count(*) FROM {s}.messages
                  WHERE status = $1 GROUP BY topic ORDER BY count(*) DESC, topic LIMIT $2"
-            )))
-            .bind(status)
-            .bind(i64::from(top_n))
-            .fetch_all(pool)
-            .await?;
-            Ok(rows
-                .into_iter()
-                .map(|(t, n)| (crate::store::lossy(t), n))
-                .collect())
+            )),
         };
-        let pending_by_topic = by_topic(crate::store::status::PENDING).await?;
-        let dead_by_topic = by_topic(crate::store::status::DEAD).await?;
-        Ok(OverviewRows {
-            counts,
-            due,
-            oldest_due_s: oldest_due,
-            expired,
-            parked,
-            claims_by,
-            pending_by_topic,
-            dead_by_topic,
-        }
-        .into())
+        views::overview(&self.inner.pool, counts, statements, top_n, |s| s, lossy).await
     }
 
     async fn cleanup_horizon(&self) -> Result<crate::store::CleanupHorizon> {
@@ -148,29 +112,11 @@ impl Views for PgStore {
              {DISPATCHED_AT} AS dispatched_at, last_error,
              octet_length(payload)::bigint AS payload_bytes, replay_id"
         );
-        let rows = views::find(
-            &self.inner.pool,
-            query,
-            limit,
-            |find| {
-                AssertSqlSafe(match find {
-                    Find::MessageId => {
-                        format!("SELECT {cols} FROM {s}.messages WHERE message_id = $1")
-                    }
-                    // md5(key) as the per-key index has it.
-                    Find::TopicKey => format!(
-                        "SELECT {cols} FROM {s}.messages
-                         WHERE topic = $1 AND md5(key) = md5($2) AND key = $2
-                         ORDER BY id DESC LIMIT $3"
-                    ),
-                    Find::Key => format!(
-                        "SELECT {cols} FROM {s}.messages WHERE key = $1 ORDER BY id DESC LIMIT $2"
-                    ),
-                })
-            },
-            |id| *id,
-        )
-        .await?;
+        // md5(key) as the per-key index has it.
+        let by_topic_key = "topic = $1 AND md5(key) = md5($2) AND key = $2";
+        let table = format!("{s}.messages");
+        let sql = FindSql::select(&cols, &table, by_topic_key, |n| format!("${n}"));
+        let rows = views::find(&self.inner.pool, query, limit, sql, |id| *id).await?;
         rows.iter()
             .map(|r| {
                 let text = LocationText {

@@ -4,7 +4,8 @@ use super::SqliteStore;
 use crate::error::Result;
 use crate::inbox::Accepted;
 use crate::message::{Enqueued, Message};
-use sqlx::{Sqlite, Transaction};
+use crate::store::common::enqueue;
+use sqlx::{Row, Sqlite, Transaction};
 
 crate::events::enqueue_for!("sqlite", SqliteStore, sqlx::Sqlite);
 crate::inbox::inbox_for!("sqlite", SqliteStore, sqlx::Sqlite);
@@ -24,31 +25,20 @@ impl SqliteStore {
     ) -> Result<Enqueued> {
         msg.validate(self.inner.config.max_message_bytes)?;
         let mid = msg.message_id.hyphenated().to_string();
-        let inserted: Option<i64> = sqlx::query_scalar(self.inner.sql.enqueue.clone())
-            .bind(&mid)
-            .bind(&msg.topic)
-            .bind(msg.key.as_deref())
-            .bind(msg.payload.as_ref())
-            .bind(msg.headers_json().to_string())
-            .bind(msg.available_at.map(|t| t.timestamp_millis()))
-            .bind(msg.delay_ms())
+        let headers = msg.headers_json().to_string();
+        let at = msg.available_at.map(|t| t.timestamp_millis());
+        let sql = self.inner.sql.enqueue.clone();
+        let row = enqueue::insert(sql, msg, mid.clone(), headers, at)
             .fetch_optional(&mut **tx)
             .await?;
-        let (id, inserted) = match inserted {
-            Some(id) => (id, true),
-            None => (
-                sqlx::query_scalar(self.inner.sql.existing_id.clone())
-                    .bind(&mid)
-                    .fetch_one(&mut **tx)
-                    .await?,
-                false,
-            ),
-        };
-        Ok(Enqueued {
-            id,
-            message_id: msg.message_id,
-            inserted,
-        })
+        if let Some(row) = row {
+            return Ok(enqueue::enqueued(msg, row.try_get(0)?, true));
+        }
+        let id: i64 = sqlx::query_scalar(self.inner.sql.existing_id.clone())
+            .bind(&mid)
+            .fetch_one(&mut **tx)
+            .await?;
+        Ok(enqueue::enqueued(msg, id, false))
     }
 
     /// Accepts the message (an [`Envelope`](crate::Envelope) or its id) for `consumer` inside the consumer's transaction (see
@@ -76,13 +66,9 @@ impl SqliteStore {
         consumer: &str,
         message: impl crate::inbox::Incoming,
     ) -> Result<Accepted> {
-        let message_id = message.message_id();
-        crate::inbox::validate_consumer(consumer)?;
-        let r = sqlx::query(self.inner.sql.inbox_accept.clone())
-            .bind(consumer)
-            .bind(message_id.hyphenated().to_string())
-            .execute(&mut **tx)
-            .await?;
+        let sql = self.inner.sql.inbox_accept.clone();
+        let id = message.message_id().hyphenated().to_string();
+        let r = enqueue::accept::<Sqlite, _>(&mut **tx, sql, consumer, id).await?;
         Ok(Accepted::from_rows(r.rows_affected()))
     }
 }

@@ -15,6 +15,7 @@ mod error;
 mod ops;
 mod ordering;
 mod registry;
+mod replay;
 mod retention;
 mod schema;
 mod settle;

@@ -38,15 +38,11 @@ impl Registry for SqliteStore {
     }
 
     async fn deregister(&self, relay_id: &str, instance: &str) -> Result<()> {
-        let p = self.p();
-        sqlx::query(AssertSqlSafe(format!(
-            "DELETE FROM {p}_relays WHERE relay_id = ?1 AND instance = ?2"
-        )))
-        .bind(relay_id)
-        .bind(instance)
-        .execute(&self.inner.pool)
-        .await?;
-        Ok(())
+        let sql = AssertSqlSafe(format!(
+            "DELETE FROM {}_relays WHERE relay_id = ?1 AND instance = ?2",
+            self.p()
+        ));
+        registry::deregister(&self.inner.pool, sql, relay_id, instance).await
     }
 
     async fn relays(&self, within: Duration) -> Result<Vec<RelayRecord>> {

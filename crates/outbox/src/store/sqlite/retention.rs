@@ -2,7 +2,8 @@
 
 use super::SqliteStore;
 use crate::error::Result;
-use crate::store::{PurgeBatch, millis};
+use crate::store::PurgeBatch;
+use crate::store::common::retention;
 use std::time::Duration;
 
 impl SqliteStore {
@@ -12,27 +13,14 @@ impl SqliteStore {
         batch_size: u32,
     ) -> Result<PurgeBatch> {
         // SQLite has one writer at a time: the write lock is the purge lock.
-        let r = sqlx::query(self.inner.sql.purge.clone())
-            .bind(millis(older_than))
-            .bind(i64::from(batch_size))
+        let r = retention::batch(self.inner.sql.purge.clone(), older_than, batch_size)
             .execute(&self.inner.pool)
             .await?;
-        crate::metrics::purged(r.rows_affected());
-        Ok(PurgeBatch {
-            deleted: r.rows_affected(),
-            locked_out: false,
-        })
+        Ok(retention::purged(r.rows_affected()))
     }
 
     pub(super) async fn purge_inbox(&self, older_than: Duration, batch_size: u32) -> Result<u64> {
-        if batch_size == 0 {
-            return Ok(0);
-        }
-        let r = sqlx::query(self.inner.sql.inbox_purge.clone())
-            .bind(millis(older_than))
-            .bind(i64::from(batch_size))
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(r.rows_affected())
+        let sql = self.inner.sql.inbox_purge.clone();
+        retention::inbox(&self.inner.pool, sql, older_than, batch_size).await
     }
 }

@@ -2,10 +2,11 @@
 //! and the version check.
 
 use super::{NOW_MS, SCHEMA_VERSION, SqliteStore};
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::store::common::schema::{self, MigrateSql};
 use crate::store::{KeyOrdering, Maintenance, PurgeBatch};
 use async_trait::async_trait;
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, SqlSafeStr};
 use std::time::Duration;
 
 /// The migrations in order, migration N in `sql/migration_N.sql`: each the text sent as it
@@ -49,23 +50,9 @@ impl SqliteStore {
         .bind(&table)
         .fetch_one(&self.inner.pool)
         .await?;
-        let found: i64 = if exists {
-            sqlx::query_scalar(AssertSqlSafe(format!(
-                "SELECT coalesce(max(version), 0) FROM {table}"
-            )))
-            .fetch_one(&self.inner.pool)
-            .await?
-        } else {
-            0
-        };
-        if found != SCHEMA_VERSION {
-            return Err(Error::NotMigrated {
-                schema: p.to_owned(),
-                found,
-                expected: SCHEMA_VERSION,
-            });
-        }
-        Ok(())
+        let version = AssertSqlSafe(format!("SELECT coalesce(max(version), 0) FROM {table}"));
+        let version = version.into_sql_str();
+        schema::verify(&self.inner.pool, exists, version, p, SCHEMA_VERSION).await
     }
 }
 
@@ -74,44 +61,26 @@ impl Maintenance for SqliteStore {
     async fn migrate(&self) -> Result<()> {
         let p = self.inner.config.schema.as_str();
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "CREATE TABLE IF NOT EXISTS {p}_schema_migrations (
-                 version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL DEFAULT ({NOW_MS}))"
-        )))
-        .execute(&mut *tx)
-        .await?;
-        let current: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT coalesce(max(version), 0) FROM {p}_schema_migrations"
-        )))
-        .fetch_one(&mut *tx)
-        .await?;
-        for (i, m) in migrations(p).into_iter().enumerate() {
-            let version = i as i64 + 1;
-            if version <= current {
-                continue;
-            }
-            sqlx::raw_sql(AssertSqlSafe(m)).execute(&mut *tx).await?;
-            sqlx::query(AssertSqlSafe(format!(
+        let sql = |t: String| AssertSqlSafe(t).into_sql_str();
+        let statements = MigrateSql {
+            versions_table: sql(format!(
+                "CREATE TABLE IF NOT EXISTS {p}_schema_migrations (
+                     version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL DEFAULT ({NOW_MS}))"
+            )),
+            version: sql(format!(
+                "SELECT coalesce(max(version), 0) FROM {p}_schema_migrations"
+            )),
+            record: sql(format!(
                 "INSERT INTO {p}_schema_migrations (version) VALUES (?1)"
-            )))
-            .bind(version)
-            .execute(&mut *tx)
-            .await?;
-        }
-        let stored: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT pattern FROM {p}_topic_pauses"
-        )))
-        .fetch_all(&mut *tx)
-        .await?;
-        for (pattern, regex) in crate::store::pause_regexes(stored) {
-            sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {p}_topic_pauses SET regex = ?2 WHERE pattern = ?1"
-            )))
-            .bind(pattern)
-            .bind(regex)
-            .execute(&mut *tx)
-            .await?;
-        }
+            )),
+        };
+        let migrations = migrations(p).into_iter().map(|m| vec![m]).collect();
+        schema::apply::<sqlx::Sqlite>(&mut *tx, statements, migrations).await?;
+        let patterns = sql(format!("SELECT pattern FROM {p}_topic_pauses"));
+        let set = sql(format!(
+            "UPDATE {p}_topic_pauses SET regex = ?2 WHERE pattern = ?1"
+        ));
+        schema::refill_pause_regexes::<sqlx::Sqlite>(&mut *tx, patterns, set, false).await?;
         tx.commit().await?;
         Ok(())
     }

@@ -4,28 +4,21 @@
 use super::decode::ms_to_time;
 use super::{NOW_MS, SqliteStore};
 use crate::error::Result;
-use crate::store::common::views::{self, ClaimsRow, Find, LocationText, OverviewRows};
+use crate::store::common::views::{self, FindSql, LocationText, OverviewSql};
 use crate::store::lossy;
 use crate::store::{Counts, DueHeld, HeldKeys, KeyOrdering, Leases, Overview, PARKED_AT_MS, Views};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, Row, SqlSafeStr};
 
 #[async_trait]
 impl Views for SqliteStore {
     async fn counts(&self) -> Result<Counts> {
-        let row: crate::store::CountsRow = sqlx::query_as(self.inner.sql.counts.clone())
-            .fetch_one(&self.inner.pool)
-            .await?;
-        Ok(row.into())
+        views::counts(&self.inner.pool, self.inner.sql.counts.clone()).await
     }
 
     async fn leases(&self) -> Result<Leases> {
-        let (held, last, ms): (i64, Option<i64>, Option<i64>) =
-            sqlx::query_as(self.inner.sql.leases.clone())
-                .fetch_one(&self.inner.pool)
-                .await?;
-        Ok(Leases::from_row(held, last.map(ms_to_time), ms))
+        views::leases(&self.inner.pool, self.inner.sql.leases.clone(), ms_to_time).await
     }
 
     async fn held_keys(&self, ordering: &KeyOrdering) -> Result<HeldKeys> {
@@ -39,62 +32,36 @@ impl Views for SqliteStore {
     async fn overview(&self, top_n: u32) -> Result<Overview> {
         let p = self.p();
         let n = NOW_MS;
-        let pool = &self.inner.pool;
         let counts = self.counts().await?;
-        let (due, oldest_due_ms, expired): (i64, Option<i64>, i64) =
-            sqlx::query_as(AssertSqlSafe(format!(
-                "SELECT count(*), CAST({n} - min(available_at) AS INTEGER), coalesce(sum(status = 1), 0)
-                 FROM {p}_messages WHERE status <= 1 AND available_at <= {n}"
-            )))
-            .fetch_one(pool)
-            .await?;
-        let parked: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT count(*) FROM {p}_messages
-             WHERE status <= 1 AND available_at = {PARKED_AT_MS}"
-        )))
-        .fetch_one(pool)
-        .await?;
+        let sql = |t: String| AssertSqlSafe(t).into_sql_str();
         // Each claim goes to the latest-started live instance of its relay id whose start
         // plus lease is not after the claim's lease end (none: an earlier process's).
-        let claims_by: Vec<ClaimsRow> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT m.claimed_by,
+        let statements = OverviewSql {
+            due: sql(format!(
+                "SELECT count(*), CAST({n} - min(available_at) AS INTEGER), coalesce(sum(status = 1), 0)
+                 FROM {p}_messages WHERE status <= 1 AND available_at <= {n}"
+            )),
+            parked: sql(format!(
+                "SELECT count(*) FROM {p}_messages
+                 WHERE status <= 1 AND available_at = {PARKED_AT_MS}"
+            )),
+            claims_by: sql(format!(
+                "SELECT m.claimed_by,
                         (SELECT r.instance FROM {p}_relays r
                          WHERE r.relay_id = m.claimed_by AND r.last_seen >= {n} - {expiry}
                            AND r.started_at + r.lease_ms <= m.available_at
                          ORDER BY r.started_at DESC, r.instance LIMIT 1) AS instance,
                         count(*), coalesce(sum(m.available_at <= {n}), 0)
                  FROM {p}_messages m WHERE m.status = 1 GROUP BY 1, 2 ORDER BY 1, 2",
-            expiry = crate::store::RELAY_EXPIRY.as_millis()
-        )))
-        .fetch_all(pool)
-        .await?;
-        let by_topic = async |status: i16| -> Result<Vec<(String, i64)>> {
-            let rows: Vec<(Vec<u8>, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+                expiry = crate::store::RELAY_EXPIRY.as_millis()
+            )),
+            by_topic: sql(format!(
                 "SELECT CAST(topic AS BLOB), count(*) FROM {p}_messages WHERE status = ?1
                  GROUP BY topic ORDER BY count(*) DESC, topic LIMIT ?2"
-            )))
-            .bind(status)
-            .bind(i64::from(top_n))
-            .fetch_all(pool)
-            .await?;
-            Ok(rows
-                .into_iter()
-                .map(|(t, n)| (crate::store::lossy(t), n))
-                .collect())
+            )),
         };
-        let pending_by_topic = by_topic(crate::store::status::PENDING).await?;
-        let dead_by_topic = by_topic(crate::store::status::DEAD).await?;
-        Ok(OverviewRows {
-            counts,
-            due,
-            oldest_due_s: oldest_due_ms.map(|ms| ms.max(0) / 1000),
-            expired,
-            parked,
-            claims_by,
-            pending_by_topic,
-            dead_by_topic,
-        }
-        .into())
+        let oldest_s = |ms: i64| ms.max(0) / 1000;
+        views::overview(&self.inner.pool, counts, statements, top_n, oldest_s, lossy).await
     }
 
     async fn find_messages(
@@ -107,27 +74,10 @@ impl Views for SqliteStore {
         let cols = "id, message_id, CAST(topic AS BLOB) AS topic, CAST(key AS BLOB) AS key,
                     status, attempts, occurred_at, available_at, claimed_by, locked_until,
                     dispatched_at, last_error, length(payload) AS payload_bytes, replay_id";
-        let rows = views::find(
-            &self.inner.pool,
-            query,
-            limit,
-            |find| {
-                AssertSqlSafe(match find {
-                    Find::MessageId => {
-                        format!("SELECT {cols} FROM {p}_messages WHERE message_id = ?1")
-                    }
-                    Find::TopicKey => format!(
-                        "SELECT {cols} FROM {p}_messages WHERE topic = ?1 AND key = ?2
-                         ORDER BY id DESC LIMIT ?3"
-                    ),
-                    Find::Key => format!(
-                        "SELECT {cols} FROM {p}_messages WHERE key = ?1 ORDER BY id DESC LIMIT ?2"
-                    ),
-                })
-            },
-            |id| id.hyphenated().to_string(),
-        )
-        .await?;
+        let table = format!("{p}_messages");
+        let sql = FindSql::select(cols, &table, "topic = ?1 AND key = ?2", |n| format!("?{n}"));
+        let id = |id: &uuid::Uuid| id.hyphenated().to_string();
+        let rows = views::find(&self.inner.pool, query, limit, sql, id).await?;
         rows.iter()
             .map(|r| {
                 let mid = r.try_get::<String, _>("message_id")?;
