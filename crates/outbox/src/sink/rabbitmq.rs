@@ -147,6 +147,15 @@ pub struct RabbitMqSink {
     envelope: EnvelopeFormat,
 }
 
+impl std::fmt::Debug for RabbitMqSink {
+    /// The description only, as logs show it: no credentials (see [`Sink::describe`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("RabbitMqSink")
+            .field(&self.describe())
+            .finish()
+    }
+}
+
 /// Idle channels kept per connection (one per batch in flight is what is needed).
 const MAX_IDLE_CHANNELS: usize = 8;
 

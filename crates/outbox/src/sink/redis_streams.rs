@@ -100,6 +100,15 @@ pub struct RedisStreamsSink {
     describe: String,
 }
 
+impl std::fmt::Debug for RedisStreamsSink {
+    /// The description only, as logs show it: no credentials (see [`Sink::describe`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("RedisStreamsSink")
+            .field(&self.describe())
+            .finish()
+    }
+}
+
 impl RedisStreamsSink {
     /// Reads `url` (see the module docs) and tries to connect. A server that cannot be
     /// reached is not an error here: it is logged, and each batch retries the connection.
