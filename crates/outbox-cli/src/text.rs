@@ -55,6 +55,14 @@ pub(crate) fn group(n: i64) -> String {
 }
 
 /// Seconds as "95 s", "14 min", "3.2 h", "2.0 d".
+/// [`human`] of a number of seconds measured as a float (an age): the whole seconds,
+/// rounded toward zero. `as` saturates (and takes NaN to 0); an age beyond `i64::MAX`
+/// seconds would print in days all the same.
+#[allow(clippy::cast_possible_truncation)]
+pub(crate) fn human_f64(s: f64) -> String {
+    human(s as i64)
+}
+
 pub(crate) fn human(s: i64) -> String {
     match s {
         s if s < 120 => format!("{s} s"),
