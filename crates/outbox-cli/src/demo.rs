@@ -276,11 +276,12 @@ pub(crate) async fn run(orders: u32) -> anyhow::Result<ExitCode> {
             .collect()
     };
     latencies.sort();
-    let pct = |p: f64| -> f64 {
+    // The `p`-th percentile in ms: the sample at (len - 1) × p / 100, rounded half up.
+    let pct = |p: usize| -> f64 {
         if latencies.is_empty() {
             return f64::NAN;
         }
-        let i = ((latencies.len() as f64 - 1.0) * p).round() as usize;
+        let i = ((latencies.len() - 1) * p + 50) / 100;
         latencies[i].as_secs_f64() * 1000.0
     };
     let orders_in_db: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
@@ -305,9 +306,9 @@ pub(crate) async fn run(orders: u32) -> anyhow::Result<ExitCode> {
         ),
         (
             "commit-to-confirm p50",
-            format!("{:.1} ms (first confirmation)", pct(0.50)),
+            format!("{:.1} ms (first confirmation)", pct(50)),
         ),
-        ("commit-to-confirm p99", format!("{:.1} ms", pct(0.99))),
+        ("commit-to-confirm p99", format!("{:.1} ms", pct(99))),
     ];
     println!();
     for (k, v) in &rows {

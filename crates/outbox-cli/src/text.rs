@@ -37,13 +37,15 @@ pub(crate) fn clip(s: &str, n: usize) -> String {
 
 /// `n` (grouped, as [`group`]) and `noun`, plural unless `n` is 1: "1 message",
 /// "1,204 messages".
-pub(crate) fn counted(n: i64, noun: &str) -> String {
+pub(crate) fn counted(n: impl Into<i128>, noun: &str) -> String {
+    let n: i128 = n.into();
     format!("{} {noun}{}", group(n), if n == 1 { "" } else { "s" })
 }
 
-/// 1204 → "1,204".
-pub(crate) fn group(n: i64) -> String {
-    let s = n.abs().to_string();
+/// 1204 → "1,204" (any integer type up to 64 bits, signed or not).
+pub(crate) fn group(n: impl Into<i128>) -> String {
+    let n: i128 = n.into();
+    let s = n.unsigned_abs().to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
         if i > 0 && (s.len() - i).is_multiple_of(3) {
@@ -55,6 +57,14 @@ pub(crate) fn group(n: i64) -> String {
 }
 
 /// Seconds as "95 s", "14 min", "3.2 h", "2.0 d".
+/// [`human`] of a number of seconds measured as a float (an age): the whole seconds,
+/// rounded toward zero. `as` saturates (and takes NaN to 0); an age beyond `i64::MAX`
+/// seconds would print in days all the same.
+#[allow(clippy::cast_possible_truncation)]
+pub(crate) fn human_f64(s: f64) -> String {
+    human(s as i64)
+}
+
 pub(crate) fn human(s: i64) -> String {
     match s {
         s if s < 120 => format!("{s} s"),

@@ -12,6 +12,7 @@
 //! behind a dead letter with `BENCH_BLOCKED` (50,000) rows waiting: claims while those rows
 //! are due, then after `Maintenance::park_held` parked them.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::cast_possible_truncation)]
 
 use outbox::mysql::MySqlStore;
 use outbox::postgres::PgStore;

@@ -29,6 +29,7 @@
 //! `-- enqueue` only the enqueue costs; `-- idle`, `-- steady` and `-- latency` only
 //! figures 7, 8 and 9 (MariaDB must run for `idle`).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::cast_possible_truncation)]
 
 use async_trait::async_trait;
 use outbox::postgres::PgStore;

@@ -11,6 +11,7 @@
 //! other destinations' delivery rate and backlog before and during the outage, then every
 //! message counted once RabbitMQ is back, and nothing quarantined.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::cast_possible_truncation)]
 
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;

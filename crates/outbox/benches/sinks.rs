@@ -7,6 +7,7 @@
 //! The file sink (fsync per batch, no network) runs first as the same-run reference: on a
 //! shared machine the ratios to it are steadier than the absolute figures.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::cast_possible_truncation)]
 
 use bytes::Bytes;
 use chrono::Utc;

@@ -114,7 +114,7 @@ pub(crate) async fn change_dead(
     if change.dry_run {
         out(&format!(
             "dry run: {} would be {}{}",
-            counted(preview.count as i64, "dead row"),
+            counted(preview.count, "dead row"),
             past(action),
             sample_text(&preview)
         ));
@@ -136,13 +136,13 @@ pub(crate) async fn change_dead(
     if preview.count > CONFIRM_ABOVE && change.limit.is_none() && !change.yes {
         let ask = format!(
             "{} match; {} them all? [y/N] ",
-            counted(preview.count as i64, "dead row"),
+            counted(preview.count, "dead row"),
             action.as_str()
         );
         if !confirm(&ask)? {
             anyhow::bail!(
                 "{} match and neither --limit nor --yes was given: refusing to {} them all (run with --dry-run to see a sample)",
-                counted(preview.count as i64, "dead row"),
+                counted(preview.count, "dead row"),
                 action.as_str()
             );
         }
@@ -159,7 +159,7 @@ pub(crate) async fn change_dead(
     out(&format!(
         "{} {} (audit id {}){}",
         past(action),
-        counted(done.count as i64, "dead row"),
+        counted(done.count, "dead row"),
         done.replay_id.map_or("-".into(), |i| i.to_string()),
         match (action, rate_per_s) {
             (ReplayAction::Replay, Some(r)) =>

@@ -107,7 +107,7 @@ async fn dead(store: &dyn Store, cmd: &DeadCommand) -> anyhow::Result<ExitCode> 
                 let held: i64 = per_key.values().sum();
                 eprintln!(
                     "{} {} ({} {}): `outbox replay` delivers one first, then the rest of its key; `outbox dead discard` releases the rest",
-                    counted(blocking as i64, "dead letter"),
+                    counted(u64::try_from(blocking).unwrap_or(u64::MAX), "dead letter"),
                     if blocking == 1 {
                         "blocks its key"
                     } else {
@@ -121,8 +121,8 @@ async fn dead(store: &dyn Store, cmd: &DeadCommand) -> anyhow::Result<ExitCode> 
             if total > rows.len() as u64 {
                 eprintln!(
                     "{} of {} shown (--limit to see more)",
-                    group(rows.len() as i64),
-                    group(total as i64)
+                    group(u64::try_from(rows.len()).unwrap_or(u64::MAX)),
+                    group(total)
                 );
             }
             Ok(ExitCode::SUCCESS)

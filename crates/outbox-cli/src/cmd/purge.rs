@@ -74,7 +74,7 @@ pub(crate) async fn run(global: &GlobalArgs, args: &Args) -> anyhow::Result<Exit
             // overlaps the previous run must not page anyone).
             eprintln!(
                 "another purge is running on this outbox; this one stops, having deleted {}",
-                counted(total as i64, "row"),
+                counted(total, "row"),
             );
             locked_out = true;
             break;

@@ -349,10 +349,7 @@ pub(crate) async fn run(global: &GlobalArgs, args: &Args) -> anyhow::Result<Exit
             if retried == 1 {
                 "1 publish failed and was rescheduled".to_owned()
             } else {
-                format!(
-                    "{} publishes failed and were rescheduled",
-                    group(retried as i64)
-                )
+                format!("{} publishes failed and were rescheduled", group(retried))
             },
             if retried == 1 {
                 "that message is"

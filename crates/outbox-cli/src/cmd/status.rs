@@ -3,7 +3,7 @@
 
 use super::OrderingArgs;
 use crate::shared::{Format, GlobalArgs, open_checked, out, parse_duration};
-use crate::text::{counted, group, human, safe};
+use crate::text::{counted, group, human_f64, safe};
 use outbox::store::{Overview, PauseState, RELAY_EXPIRY, RelayRecord, Store};
 use outbox::verdict::{Inputs, Limits, Verdict, decide};
 use std::process::ExitCode;
@@ -182,7 +182,7 @@ pub(crate) fn horizon_line(
             }
             let mut l = format!(
                 "oldest transaction  {} ({})",
-                human(t.age_s as i64),
+                human_f64(t.age_s),
                 who.join(", ")
             );
             if t.age_s >= HORIZON_WARN.as_secs_f64() {
@@ -408,7 +408,7 @@ pub(crate) async fn status(
         t.push_str(&format!("\nrelays      {} alive", relays.len()));
         for r in relays {
             let claim = last_claim_ago_s(r).map_or("never claimed".to_owned(), |s| {
-                format!("last claim {} ago", human(s as i64))
+                format!("last claim {} ago", human_f64(s))
             });
             t.push_str(&format!(
                 "\n  {}  {} pid {}  started {}  v{}  {}  in flight {}  claims {}  seen {:.1} s ago  {claim}",

@@ -282,8 +282,9 @@ async fn dead_list(
         page_sel.id_range = Some((after.saturating_add(1), i64::MAX));
     }
     let mut rows = a.store.dead_letters(&page_sel, limit + 1, false).await?;
-    let more = rows.len() > limit as usize;
-    rows.truncate(limit as usize);
+    let shown = usize::try_from(limit).unwrap_or(usize::MAX);
+    let more = rows.len() > shown;
+    rows.truncate(shown);
     let total = a.store.count_dead(&sel).await?;
     let rows: Vec<serde_json::Value> = rows
         .iter()
@@ -514,7 +515,7 @@ async fn change(
     if preview.count > CONFIRM_ABOVE && request.limit.is_none() && !body.yes {
         return Err(ApiError::bad(format!(
             "{} match: send a limit, or yes: true to {} them all",
-            counted(preview.count as i64, "dead row"),
+            counted(preview.count, "dead row"),
             action.as_str()
         )));
     }

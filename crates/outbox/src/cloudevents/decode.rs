@@ -12,18 +12,16 @@ use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
 use uuid::Uuid;
 
+/// What the HTTP binding percent-encodes in a header value (§3.1.3.2): space, `"`, `%`
+/// and the control characters; every byte outside ASCII is encoded by
+/// [`percent_encoding::utf8_percent_encode`] whatever the set.
+const HEADER_VALUE: &percent_encoding::AsciiSet =
+    &percent_encoding::CONTROLS.add(b' ').add(b'"').add(b'%');
+
 /// The HTTP binding's header value encoding (§3.1.3.2, also the NATS binding's): space,
 /// `"`, `%` and every byte outside printable ASCII (U+0021-U+007E) as `%XX`, upper-case.
 pub fn percent_encode(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for &b in value.as_bytes() {
-        if b == b' ' || b == b'"' || b == b'%' || !(0x21..=0x7e).contains(&b) {
-            out.push_str(&format!("%{b:02X}"));
-        } else {
-            out.push(char::from(b));
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(value, HEADER_VALUE).to_string()
 }
 
 /// The inverse of [`percent_encode`] as a receiver applies it (§3.1.3.2): a double-quoted
@@ -276,6 +274,13 @@ mod tests {
         );
         assert_eq!(percent_encode("100% \"sure\""), "100%25%20%22sure%22");
         assert_eq!(percent_encode("/a/b?c=d"), "/a/b?c=d");
+        // Control characters and DEL are encoded; the rest of printable ASCII is not.
+        assert_eq!(percent_encode("\t\n\u{0}\u{7f}"), "%09%0A%00%7F");
+        let printable: String = (0x21u8..=0x7e)
+            .filter(|b| !matches!(b, b'"' | b'%'))
+            .map(char::from)
+            .collect();
+        assert_eq!(percent_encode(&printable), printable);
         assert_eq!(
             percent_decode("x", "Euro%20%e2%82%ac%20%F0%9F%98%80").unwrap(),
             "Euro \u{20ac} \u{1f600}"

@@ -147,6 +147,16 @@ pub struct Relay {
     futile: std::sync::atomic::AtomicBool,
 }
 
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("relay_id", &self.config.relay_id)
+            .field("instance", &self.instance)
+            .field("router", &self.router)
+            .finish_non_exhaustive()
+    }
+}
+
 #[derive(Default)]
 struct PauseCache {
     reason: Option<String>,
@@ -161,6 +171,14 @@ pub struct RelayHandle {
     cancel: CancellationToken,
     counters: Arc<Counters>,
     task: tokio::task::JoinHandle<Result<RelayStats, RelayError>>,
+}
+
+impl std::fmt::Debug for RelayHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayHandle")
+            .field("finished", &self.task.is_finished())
+            .finish_non_exhaustive()
+    }
 }
 
 impl RelayHandle {

@@ -239,9 +239,11 @@ impl Relay {
             crate::metrics::value(crate::metrics::BATCH_SIZE, n as f64);
             let h = &self.health;
             h.last_claim_ms.store(h.now_ms().max(1), Ordering::Relaxed);
-            h.in_flight.fetch_add(n as i64, Ordering::Relaxed);
+            // A claim's rows, at most the batch size (a u32): always an i64.
+            let rows = i64::try_from(n).unwrap_or(i64::MAX);
+            h.in_flight.fetch_add(rows, Ordering::Relaxed);
             let stop = self.process(claim, cancel).await;
-            h.in_flight.fetch_sub(n as i64, Ordering::Relaxed);
+            h.in_flight.fetch_sub(rows, Ordering::Relaxed);
             if stop {
                 break;
             }

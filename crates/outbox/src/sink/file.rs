@@ -27,6 +27,13 @@ pub struct FileSink {
     describe: String,
 }
 
+impl std::fmt::Debug for FileSink {
+    /// The description only, as logs show it: no credentials (see [`Sink::describe`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("FileSink").field(&self.describe()).finish()
+    }
+}
+
 impl FileSink {
     /// JSON lines on standard output.
     pub fn stdout() -> Self {

@@ -74,6 +74,13 @@ pub struct KafkaSink {
     envelope: EnvelopeFormat,
 }
 
+impl std::fmt::Debug for KafkaSink {
+    /// The description only, as logs show it: no credentials (see [`Sink::describe`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("KafkaSink").field(&self.describe()).finish()
+    }
+}
+
 impl KafkaSink {
     /// Creates the producer for `url`. No connection is made yet: brokers that are down
     /// make publishes report the destination unavailable, they do not fail this call.

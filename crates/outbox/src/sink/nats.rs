@@ -81,6 +81,13 @@ pub struct NatsSink {
     envelope: EnvelopeFormat,
 }
 
+impl std::fmt::Debug for NatsSink {
+    /// The description only, as logs show it: no credentials (see [`Sink::describe`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("NatsSink").field(&self.describe()).finish()
+    }
+}
+
 impl NatsSink {
     /// Connects to `url`: `nats://HOST:PORT` (TLS when the server requires it) or
     /// `tls://HOST:PORT` (TLS always), optionally with `USER:PASS@` or `TOKEN@`

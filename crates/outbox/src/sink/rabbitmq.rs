@@ -147,6 +147,15 @@ pub struct RabbitMqSink {
     envelope: EnvelopeFormat,
 }
 
+impl std::fmt::Debug for RabbitMqSink {
+    /// The description only, as logs show it: no credentials (see [`Sink::describe`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("RabbitMqSink")
+            .field(&self.describe())
+            .finish()
+    }
+}
+
 /// Idle channels kept per connection (one per batch in flight is what is needed).
 const MAX_IDLE_CHANNELS: usize = 8;
 
@@ -804,16 +813,19 @@ fn parse_url(url: &str) -> Result<ParsedUrl, SinkError> {
     } else {
         cleaned.as_str()
     };
-    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let base = url.split_once('?').map_or(url, |(base, _)| base);
+    // Decoded as a form (`+` is a space); what is not UTF-8 once decoded comes out as
+    // U+FFFD, refused for the values this sink reads.
+    let decoded =
+        |v: std::borrow::Cow<'_, str>| Some(v.into_owned()).filter(|v| !v.contains('\u{FFFD}'));
     let mut options = RabbitMqOptions::default();
-    let mut kept = Vec::new();
+    let mut kept = url::form_urlencoded::Serializer::new(String::new());
     let mut envelope = None;
     let mut source = None;
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
+    for (k, v) in parsed.query_pairs() {
+        match k.as_ref() {
             ENVELOPE_PARAM | SOURCE_PARAM => {
-                let v = percent_decode(v)
+                let v = decoded(v)
                     .ok_or_else(|| invalid(format!("{k} is not valid percent-encoded UTF-8")))?;
                 if k == ENVELOPE_PARAM {
                     envelope = Some(v);
@@ -822,7 +834,7 @@ fn parse_url(url: &str) -> Result<ParsedUrl, SinkError> {
                 }
             }
             "exchange" => {
-                options.exchange = percent_decode(v).ok_or_else(|| {
+                options.exchange = decoded(v.clone()).ok_or_else(|| {
                     invalid(format!("exchange {v:?} is not valid percent-encoded UTF-8"))
                 })?;
             }
@@ -831,7 +843,9 @@ fn parse_url(url: &str) -> Result<ParsedUrl, SinkError> {
                     invalid(format!("max_message_bytes {v:?} is not a positive integer"))
                 })?;
             }
-            k if LAPIN_PARAMS.contains(&k) => kept.push(pair),
+            k if LAPIN_PARAMS.contains(&k) => {
+                kept.append_pair(k, &v);
+            }
             k => {
                 return Err(invalid(format!(
                     "unknown parameter {k:?} (known: exchange, max_message_bytes, envelope, ce_source, {})",
@@ -842,10 +856,11 @@ fn parse_url(url: &str) -> Result<ParsedUrl, SinkError> {
     }
     let envelope = EnvelopeFormat::parse(Binding::Amqp, "", envelope.as_deref(), source.as_deref())
         .map_err(invalid)?;
+    let kept = kept.finish();
     let lapin_url = if kept.is_empty() {
         base.to_owned()
     } else {
-        format!("{base}?{}", kept.join("&"))
+        format!("{base}?{kept}")
     };
     let mut uri = AMQPUri::from_str(&lapin_url).map_err(invalid)?;
     if uri.scheme != AMQPScheme::AMQP && uri.scheme != AMQPScheme::AMQPS {
@@ -885,31 +900,6 @@ fn ip_host(url: &str) -> Option<String> {
     host.parse::<std::net::IpAddr>()
         .ok()
         .map(|ip| ip.to_string())
-}
-
-/// Decodes `%XX` escapes (and `+` as a space, as in a query string).
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = s.get(i + 1..i + 3)?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]
@@ -959,6 +949,19 @@ mod tests {
         assert_eq!(o.exchange, "");
         assert_eq!(o.max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES);
         assert!(parse_url("amqp://h/v?exchnage=x").is_err());
+        // A form's decoding: `+` is a space; bytes that are not UTF-8 are refused.
+        let ParsedUrl { uri, options, .. } =
+            parse_url("amqp://h/v?exchange=a+b%2Bc&heartbeat=5&frame_max=8192").unwrap();
+        assert_eq!(options.exchange, "a b+c");
+        assert_eq!(
+            (uri.query.heartbeat, uri.query.frame_max),
+            (Some(5), Some(8192))
+        );
+        let e = parse_url("amqp://h/v?exchange=%FF")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("is not valid percent-encoded UTF-8"), "{e}");
         let ParsedUrl { uri, files, .. } = parse_url("amqps://h/v?ca=/ca.pem&exchange=x").unwrap();
         assert_eq!(uri.scheme, AMQPScheme::AMQPS);
         assert_eq!(uri.authority.port, 5671);

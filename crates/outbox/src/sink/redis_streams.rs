@@ -100,6 +100,15 @@ pub struct RedisStreamsSink {
     describe: String,
 }
 
+impl std::fmt::Debug for RedisStreamsSink {
+    /// The description only, as logs show it: no credentials (see [`Sink::describe`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("RedisStreamsSink")
+            .field(&self.describe())
+            .finish()
+    }
+}
+
 impl RedisStreamsSink {
     /// Reads `url` (see the module docs) and tries to connect. A server that cannot be
     /// reached is not an error here: it is logged, and each batch retries the connection.
@@ -448,26 +457,27 @@ fn parse_url(url: &str) -> Result<(String, RedisStreamsOptions, super::tls::TlsF
     } else {
         cleaned.as_str()
     };
-    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let base = url.split_once('?').map_or(url, |(base, _)| base);
     let mut options = RedisStreamsOptions::default();
-    let mut kept = Vec::new();
+    let mut kept = url::form_urlencoded::Serializer::new(String::new());
     let mut envelope = None;
     let mut source = None;
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+    for (k, v) in parsed.query_pairs() {
         let positive = |what: &str| {
             v.parse::<u64>()
                 .ok()
                 .filter(|n| *n > 0)
                 .ok_or_else(|| invalid(format!("{what} {v:?} is not a positive integer")))
         };
-        match k {
+        match k.as_ref() {
             "maxlen" => options.maxlen = Some(positive("maxlen")?),
             "max_message_bytes" => {
                 options.max_message_bytes = usize::try_from(positive("max_message_bytes")?)
                     .map_err(|_| invalid(format!("max_message_bytes {v:?} is too large")))?;
             }
-            "protocol" => kept.push(pair),
+            "protocol" => {
+                kept.append_pair(&k, &v);
+            }
             crate::cloudevents::ENVELOPE_PARAM => envelope = Some(v),
             crate::cloudevents::SOURCE_PARAM => source = Some(v),
             k => {
@@ -477,12 +487,17 @@ fn parse_url(url: &str) -> Result<(String, RedisStreamsOptions, super::tls::TlsF
             }
         }
     }
-    crate::cloudevents::EnvelopeFormat::refuse("Redis Streams", envelope, source)
-        .map_err(invalid)?;
+    crate::cloudevents::EnvelopeFormat::refuse(
+        "Redis Streams",
+        envelope.as_deref(),
+        source.as_deref(),
+    )
+    .map_err(invalid)?;
+    let kept = kept.finish();
     let redis_url = if kept.is_empty() {
         base.to_owned()
     } else {
-        format!("{base}?{}", kept.join("&"))
+        format!("{base}?{kept}")
     };
     Ok((redis_url, options, files))
 }

@@ -148,6 +148,25 @@ pub struct Router {
     options: RouterOptions,
 }
 
+impl std::fmt::Debug for Router {
+    /// Each route's pattern and its destination's label (the redacted description).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let routes: Vec<_> = self
+            .routes
+            .iter()
+            .map(|r| {
+                (
+                    &r.pattern,
+                    self.labels.get(r.health).map(|(label, _)| label),
+                )
+            })
+            .collect();
+        f.debug_struct("Router")
+            .field("routes", &routes)
+            .finish_non_exhaustive()
+    }
+}
+
 impl From<Arc<dyn Sink>> for Router {
     fn from(sink: Arc<dyn Sink>) -> Self {
         Router::single(sink)

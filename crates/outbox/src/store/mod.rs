@@ -15,6 +15,11 @@
 //! - every update after a claim is guarded by `claim_token` and `status = 1`, so a stale
 //!   claimant changes nothing;
 //! - no method holds a transaction open after it returns.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::manual_let_else,
+    missing_debug_implementations
+)] // store/ is being reworked; its own fixes follow
 
 use crate::error::Result;
 use crate::ident::Ident;

@@ -20,6 +20,7 @@
 //! `test(/^sink::(conformance::kafka|sink_kafka)::/)`.
 
 #![allow(clippy::unwrap_used)]
+#![allow(clippy::cast_possible_truncation)]
 
 mod common;
 

@@ -187,6 +187,15 @@ pub struct WebhookSink {
     late: std::sync::Arc<std::sync::Mutex<HashMap<uuid::Uuid, tokio::time::Instant>>>,
 }
 
+impl std::fmt::Debug for WebhookSink {
+    /// The description only, as logs show it: no credentials (see [`Sink::describe`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("WebhookSink")
+            .field(&self.describe())
+            .finish()
+    }
+}
+
 type Outstanding =
     std::sync::Arc<std::sync::Mutex<HashMap<uuid::Uuid, (u64, tokio::time::Instant)>>>;
 

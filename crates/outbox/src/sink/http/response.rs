@@ -182,19 +182,9 @@ fn parse_retry_after(value: &str, now: chrono::DateTime<chrono::Utc>) -> Option<
 
 /// An HTTP-date (RFC 9110 §5.6.7): IMF-fixdate, RFC 850 or asctime.
 fn parse_http_date(value: &str) -> Option<chrono::DateTime<chrono::Utc>> {
-    let v = value.trim();
-    chrono::DateTime::parse_from_rfc2822(v)
-        .map(|d| d.with_timezone(&chrono::Utc))
+    httpdate::parse_http_date(value.trim())
         .ok()
-        .or_else(|| {
-            // RFC 850: "Sunday, 06-Nov-94 08:49:37 GMT"; asctime: "Sun Nov  6 08:49:37 1994".
-            let rfc850 = v.strip_suffix(" GMT").and_then(|s| {
-                chrono::NaiveDateTime::parse_from_str(s, "%A, %d-%b-%y %H:%M:%S").ok()
-            });
-            rfc850
-                .or_else(|| chrono::NaiveDateTime::parse_from_str(v, "%a %b %e %H:%M:%S %Y").ok())
-                .map(|n| n.and_utc())
-        })
+        .map(chrono::DateTime::<chrono::Utc>::from)
 }
 
 #[cfg(test)]

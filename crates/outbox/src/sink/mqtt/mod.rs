@@ -145,6 +145,13 @@ pub struct MqttSink {
     driver: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
+impl std::fmt::Debug for MqttSink {
+    /// The description only, as logs show it: no credentials (see [`Sink::describe`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("MqttSink").field(&self.describe()).finish()
+    }
+}
+
 type Outcome = Result<(), PublishError>;
 
 /// One publish handed to rumqttc whose acknowledgement has not arrived; holds its in-flight

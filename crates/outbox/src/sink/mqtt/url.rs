@@ -10,7 +10,7 @@ use rumqttc::v5::mqttbytes::QoS;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct MqttUrl {
     pub(super) tls: bool,
-    /// As written (an IPv6 address keeps its brackets).
+    /// An IPv6 address in brackets.
     pub(super) host: String,
     pub(super) port: u16,
     pub(super) username: Option<String>,
@@ -22,47 +22,31 @@ pub(super) struct MqttUrl {
 }
 
 pub(super) fn parse_url(url: &str) -> Result<MqttUrl, String> {
-    let (tls, rest) = if let Some(r) = url.strip_prefix("mqtt://") {
-        (false, r)
-    } else if let Some(r) = url.strip_prefix("mqtts://") {
-        (true, r)
+    let tls = if url.starts_with("mqtt://") {
+        false
+    } else if url.starts_with("mqtts://") {
+        true
     } else {
         return Err("the scheme must be mqtt:// or mqtts://".into());
     };
-    if rest.contains('#') {
+    if url.contains('#') {
         return Err("a fragment (#…) has no meaning here".into());
     }
-    let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (authority, path) = before_query.split_once('/').unwrap_or((before_query, ""));
-    if !path.is_empty() {
+    // The url crate's errors name what is wrong, never the text (no userinfo).
+    let u = ::url::Url::parse(url).map_err(|e| e.to_string())?;
+    if !matches!(u.path(), "" | "/") {
         return Err("the URL has a path; the topic comes from each message".into());
     }
-    let (userinfo, hostport) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, authority),
+    let host = match u.host() {
+        None => return Err("the URL has no host".into()),
+        Some(::url::Host::Domain("")) => return Err("the URL has no host".into()),
+        // In brackets, as an MQTT client takes it.
+        Some(::url::Host::Ipv6(addr)) => format!("[{addr}]"),
+        // Not a special scheme: the host is opaque, percent-encoded where not ASCII.
+        Some(::url::Host::Domain(name)) => percent_decode(name)?,
+        Some(::url::Host::Ipv4(addr)) => addr.to_string(),
     };
-    let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
-        let (addr, after) = v6
-            .split_once(']')
-            .ok_or_else(|| "an IPv6 address needs a closing ]".to_owned())?;
-        let port = match after {
-            "" => None,
-            p => Some(
-                p.strip_prefix(':')
-                    .ok_or_else(|| "expected :PORT after the IPv6 address".to_owned())?,
-            ),
-        };
-        (format!("[{addr}]"), port)
-    } else {
-        match hostport.rsplit_once(':') {
-            Some((h, p)) => (h.to_owned(), Some(p)),
-            None => (hostport.to_owned(), None),
-        }
-    };
-    if host.is_empty() || host == "[]" {
-        return Err("the URL has no host".into());
-    }
-    let port = match port {
+    let port = match u.port() {
         None => {
             if tls {
                 8883
@@ -70,18 +54,16 @@ pub(super) fn parse_url(url: &str) -> Result<MqttUrl, String> {
                 1883
             }
         }
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| format!("port {p:?} is not a number in 1-65535"))?,
+        Some(0) => return Err("port \"0\" is not a number in 1-65535".into()),
+        Some(p) => p,
     };
-    let (username, password) = match userinfo {
-        None => (None, None),
-        Some(u) => match u.split_once(':') {
-            Some((name, pw)) => (Some(percent_decode(name)?), Some(percent_decode(pw)?)),
-            None => (Some(percent_decode(u)?), None),
-        },
+    // A user name when the URL has userinfo (`:PASS@` alone is an empty user name).
+    let (username, password) = match (u.username(), u.password()) {
+        ("", None) => (None, None),
+        (name, pw) => (
+            Some(percent_decode(name)?),
+            pw.map(percent_decode).transpose()?,
+        ),
     };
     let mut parsed = MqttUrl {
         tls,
@@ -96,7 +78,8 @@ pub(super) fn parse_url(url: &str) -> Result<MqttUrl, String> {
     };
     let mut envelope = None;
     let mut source = None;
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
+    // Split here rather than by `query_pairs`: a `+` in an MQTT parameter is a `+`.
+    for pair in u.query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let v = percent_decode(v)?;
         match k {
@@ -140,25 +123,22 @@ pub(super) fn parse_url(url: &str) -> Result<MqttUrl, String> {
     Ok(parsed)
 }
 
+/// `s` percent-decoded: every `%` must begin a `%XX` escape (the `percent-encoding` crate
+/// would keep a stray one as it is), and what the escapes spell must be UTF-8.
 fn percent_decode(s: &str) -> Result<String, String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = b
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| "invalid percent-encoding in the URL".to_owned())?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
+    let stray = s.split('%').skip(1).any(|after| {
+        !after
+            .as_bytes()
+            .get(..2)
+            .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    });
+    if stray {
+        return Err("invalid percent-encoding in the URL".into());
     }
-    String::from_utf8(out).map_err(|_| "percent-encoding in the URL is not UTF-8".to_owned())
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .map(std::borrow::Cow::into_owned)
+        .map_err(|_| "percent-encoding in the URL is not UTF-8".to_owned())
 }
 
 #[cfg(test)]
@@ -191,6 +171,31 @@ mod tests {
         assert_eq!(
             (ce.mode(), ce.source()),
             (crate::cloudevents::Mode::Binary, "urn:shop")
+        );
+        // A `+` is itself; a stray `%` and escapes that are not UTF-8 are refused.
+        let u = parse_url("mqtt://:p%2B+@h?client_id=a+b%2Fc").unwrap();
+        assert_eq!(u.client_id.as_deref(), Some("a+b/c"));
+        assert_eq!(
+            (u.username.as_deref(), u.password.as_deref()),
+            (Some(""), Some("p++"))
+        );
+        assert_eq!(parse_url("mqtt://u@h").unwrap().password, None);
+        assert_eq!(parse_url("mqtt://h").unwrap().username, None);
+        assert_eq!(
+            parse_url("mqtt://h?client_id=a%zz").unwrap_err(),
+            "invalid percent-encoding in the URL"
+        );
+        assert_eq!(
+            parse_url("mqtt://u:%FF@h").unwrap_err(),
+            "percent-encoding in the URL is not UTF-8"
+        );
+        assert_eq!(
+            parse_url("mqtt://h:0").unwrap_err(),
+            "port \"0\" is not a number in 1-65535"
+        );
+        assert_eq!(
+            parse_url("mqtt://h#x").unwrap_err(),
+            "a fragment (#…) has no meaning here"
         );
         for bad in [
             "mqtt://h?envelope=cloud",
