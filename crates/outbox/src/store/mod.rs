@@ -15,11 +15,6 @@
 //! - every update after a claim is guarded by `claim_token` and `status = 1`, so a stale
 //!   claimant changes nothing;
 //! - no method holds a transaction open after it returns.
-#![allow(
-    clippy::cast_possible_truncation,
-    clippy::manual_let_else,
-    missing_debug_implementations
-)] // store/ is being reworked; its own fixes follow
 
 use crate::error::Result;
 use crate::ident::Ident;
@@ -430,7 +425,7 @@ pub struct PauseState {
 }
 
 /// A store chosen at run time from a database URL.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum AnyStore {
     /// PostgreSQL.
@@ -759,6 +754,23 @@ pub(crate) fn pause_regex(pattern: &str) -> String {
 /// A duration in whole milliseconds, saturating, as the stores bind it.
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// `x` rounded to the nearest integer, saturating at the ends of `i64` (NaN is 0): the
+/// conversion Rust's `as` performs for floats, named here as the one place the stores
+/// use it.
+#[allow(clippy::cast_possible_truncation)]
+pub(crate) fn round_saturating(x: f64) -> i64 {
+    x.round() as i64
+}
+
+/// A database's epoch seconds (`extract(epoch …)`, microsecond precision) as a time;
+/// `None` when out of chrono's range or not finite.
+pub(crate) fn epoch_secs_to_time(secs: f64) -> Option<chrono::DateTime<chrono::Utc>> {
+    if !secs.is_finite() {
+        return None;
+    }
+    chrono::DateTime::from_timestamp_micros(round_saturating(secs * 1e6))
 }
 
 /// The counts query's row: pending, claimed, dispatched, dead, oldest pending age (s).

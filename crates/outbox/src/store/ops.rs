@@ -636,7 +636,7 @@ pub(crate) fn check_spread(n: usize, rate_per_s: Option<f64>) -> crate::Result<(
 /// The delay of the `k`-th replayed row (0-based, id order) at `rate_per_s`, in ms.
 pub(crate) fn spread_ms(k: usize, rate_per_s: Option<f64>) -> i64 {
     match rate_per_s {
-        Some(r) => ((k as f64) * 1000.0 / r).round() as i64,
+        Some(r) => super::round_saturating((k as f64) * 1000.0 / r),
         None => 0,
     }
 }

@@ -6,7 +6,6 @@ use super::error::text_not_sendable;
 use crate::error::Result;
 use crate::store::{Claim, ClaimRequest, millis};
 use crate::topic::TopicPattern;
-use chrono::DateTime;
 use sqlx::{AssertSqlSafe, Postgres, Row, SqlSafeStr, SqlStr};
 use uuid::Uuid;
 
@@ -314,7 +313,7 @@ impl PgStore {
         claim.db_now = rows
             .first()
             .and_then(|r| r.try_get::<f64, _>(col::NOW_EPOCH).ok())
-            .and_then(|e| DateTime::from_timestamp_micros((e * 1e6) as i64));
+            .and_then(crate::store::epoch_secs_to_time);
         Ok(claim)
     }
 }

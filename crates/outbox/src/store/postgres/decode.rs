@@ -126,7 +126,7 @@ impl PgStore {
         claim.db_now = row
             .try_get::<f64, _>(1)
             .ok()
-            .and_then(|e| DateTime::from_timestamp_micros((e * 1e6) as i64));
+            .and_then(crate::store::epoch_secs_to_time);
         Ok(claim)
     }
 
@@ -234,9 +234,7 @@ impl PgStore {
 /// `occurred_at` comes back as epoch seconds: a hand-written `'infinity'` must become a
 /// malformed row, not a decoding panic.
 pub(super) fn epoch_to_time(id: i64, secs: f64) -> Result<DateTime<Utc>> {
-    if secs.is_finite()
-        && let Some(t) = DateTime::<Utc>::from_timestamp_micros((secs * 1e6).round() as i64)
-    {
+    if let Some(t) = crate::store::epoch_secs_to_time(secs) {
         return Ok(t);
     }
     Err(Error::MalformedRow {

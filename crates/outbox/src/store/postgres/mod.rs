@@ -122,6 +122,15 @@ pub struct PgStore {
     inner: Arc<Inner>,
 }
 
+/// The store's kind and schema (or table prefix); never its URL, which may hold a password.
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("schema", &self.inner.config.schema.as_str())
+            .finish_non_exhaustive()
+    }
+}
+
 impl PgStore {
     /// Connects a pool of its own to `url` (the relay's connections).
     ///
