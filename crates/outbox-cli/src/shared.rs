@@ -16,6 +16,12 @@ pub(crate) const USAGE: u8 = 2;
 /// are still pending).
 pub(crate) const DRAIN_RETRIED: u8 = 3;
 
+/// Exit code of `relay --drain` when every publish succeeded or was settled but some
+/// messages were quarantined as dead letters during the drain (permanent errors or
+/// malformed rows): they will not be delivered without `outbox replay`. Exit 3 wins when
+/// both happened.
+pub(crate) const DRAIN_QUARANTINED: u8 = 4;
+
 /// More rows than this need `--limit` or `--yes` (a prompt on a terminal).
 pub(crate) const CONFIRM_ABOVE: u64 = 1_000;
 

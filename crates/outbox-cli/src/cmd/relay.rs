@@ -5,8 +5,8 @@ use super::pause::paused_topics;
 use crate::dashboard;
 use crate::serve;
 use crate::shared::{
-    DRAIN_RETRIED, GlobalArgs, Missing, USAGE, connect, error_chain, shutdown_on_signal,
-    sqlite_path, with_password_file,
+    DRAIN_QUARANTINED, DRAIN_RETRIED, GlobalArgs, Missing, USAGE, connect, error_chain,
+    shutdown_on_signal, sqlite_path, with_password_file,
 };
 use crate::text::{counted, group};
 use outbox::store::prelude::*;
@@ -65,6 +65,14 @@ pub(crate) struct Args {
     /// messages; dead letters are kept and replayed as always).
     #[arg(long, env = "OUTBOX_ON_DISPATCH", default_value = "keep", value_parser = ["keep", "delete"])]
     on_dispatch: String,
+    /// At start, create a JetStream stream for each --route to NATS whose pattern no
+    /// stream covers: named after the pattern (`orders.>` → ORDERS), subjects the
+    /// pattern, file storage, one replica, the server's default duplicate window (2 min).
+    /// Without it, the relay only checks and says on stderr which routes no stream
+    /// covers (their messages would be quarantined). A stream that covers part of a
+    /// pattern is never changed.
+    #[arg(long, env = "OUTBOX_CREATE_MISSING")]
+    create_missing: bool,
     /// The most rows per claim. Claims start at --min-batch-size and follow the
     /// backlog: doubling after a full claim, halving after one less than half full.
     #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
@@ -161,6 +169,7 @@ pub(crate) async fn run(global: &GlobalArgs, args: &Args) -> anyhow::Result<Exit
         auth,
         summary_interval_s,
         sample_interval_s,
+        create_missing,
         ..
     } = args;
     if routes.is_empty() && sink.is_none() {
@@ -191,6 +200,7 @@ pub(crate) async fn run(global: &GlobalArgs, args: &Args) -> anyhow::Result<Exit
         (sink, _) => sink.clone(),
     };
     let open = || open_sink(sink.as_deref(), routes);
+    check_streams(routes, *create_missing).await?;
     let mut config = RelayConfig {
         batch_size: *batch_size,
         min_batch_size,
@@ -282,6 +292,7 @@ pub(crate) async fn run(global: &GlobalArgs, args: &Args) -> anyhow::Result<Exit
         return Ok(ExitCode::SUCCESS);
     }
     let mut retried = stats.retried;
+    let mut quarantined = stats.quarantined;
     // Rows other relays still hold (one killed a moment ago holds its claims until
     // their lease ends): say so, and with --drain-wait-leases wait for those leases,
     // then drain again. Only the leases seen here are waited for; later claims
@@ -342,6 +353,7 @@ pub(crate) async fn run(global: &GlobalArgs, args: &Args) -> anyhow::Result<Exit
         // The sink was closed when the last run stopped: a new one for this run.
         let stats = relay(open().await?).run(cancel.clone()).await?;
         retried += stats.retried;
+        quarantined += stats.quarantined;
     }
     if retried > 0 {
         eprintln!(
@@ -375,6 +387,19 @@ pub(crate) async fn run(global: &GlobalArgs, args: &Args) -> anyhow::Result<Exit
             );
         }
     }
+    if quarantined > 0 {
+        eprintln!(
+            "drain finished, but {} quarantined as dead letters (see the warnings above; `outbox dead list` shows them, `outbox replay` sends them again)",
+            if quarantined == 1 {
+                "1 message was".to_owned()
+            } else {
+                format!(
+                    "{} messages were",
+                    group(i64::try_from(quarantined).unwrap_or(i64::MAX))
+                )
+            },
+        );
+    }
     if config.ordering.holds_dead() {
         let held = store.held_keys(&config.ordering).await?;
         if held.held > 0 {
@@ -385,6 +410,9 @@ pub(crate) async fn run(global: &GlobalArgs, args: &Args) -> anyhow::Result<Exit
                 counted(held.blocked_keys, "ordered key")
             );
         }
+    }
+    if quarantined > 0 {
+        return Ok(ExitCode::from(DRAIN_QUARANTINED));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -442,6 +470,55 @@ fn parse_relay_id(s: &str) -> Result<String, String> {
 }
 
 /// The relay's sink: `sink` alone, or a router over `routes` with `sink` as the catch-all.
+/// The JetStream streams of the routes to NATS: each route's pattern checked against
+/// the server's streams, and with `create` a missing stream created
+/// ([`outbox::sink::nats::NatsSink::ensure_stream`]). What is missing is said on stderr;
+/// a server that cannot be asked within 10 s is said too and does not stop the relay
+/// (it delivers once the server is back). A URL that cannot be read is the relay's
+/// own error, given when it opens the routes.
+async fn check_streams(routes: &[(String, String)], create: bool) -> anyhow::Result<()> {
+    use outbox::sink::nats::{NatsSink, StreamCheck};
+    for (pattern, url) in routes {
+        let is_nats = url.starts_with("nats://") || url.starts_with("tls://");
+        let Ok(topics) = outbox::sink::router::TopicPattern::parse(pattern) else {
+            continue;
+        };
+        if !is_nats {
+            continue;
+        }
+        let Ok(sink) = NatsSink::connect(url, Default::default()).await else {
+            continue;
+        };
+        let shown = outbox::redact::redact_url(url);
+        let checked =
+            tokio::time::timeout(Duration::from_secs(10), sink.ensure_stream(&topics, create))
+                .await;
+        match checked {
+            Ok(Ok(StreamCheck::Covered { .. })) => {}
+            Ok(Ok(StreamCheck::Created { stream })) => eprintln!(
+                "created JetStream stream {stream} (subjects {pattern:?}, file storage, 1 replica) on {shown}"
+            ),
+            Ok(Ok(StreamCheck::Missing {
+                suggested,
+                partial: Some(partial),
+            })) => eprintln!(
+                "warning: no JetStream stream on {shown} covers every topic of route {pattern:?}: stream {partial} covers part of it, so none was created; widen its subjects or split the route (messages no stream covers are quarantined; `outbox replay` sends them again; the name a new stream would get: {suggested})"
+            ),
+            Ok(Ok(StreamCheck::Missing { suggested, .. })) => eprintln!(
+                "warning: no JetStream stream on {shown} covers route {pattern:?}: its messages will be quarantined until one does; run the relay once with --create-missing (creates stream {suggested}), or `nats stream add {suggested} --subjects '{pattern}' --storage file --replicas 1 --defaults`"
+            ),
+            Ok(Err(e)) => {
+                eprintln!("warning: cannot check the JetStream streams of route {pattern:?}: {e}")
+            }
+            Err(_) => eprintln!(
+                "warning: cannot check the JetStream streams of route {pattern:?}: {shown} did not answer within 10 s"
+            ),
+        }
+        outbox::Sink::close(&sink).await;
+    }
+    Ok(())
+}
+
 async fn open_sink(
     sink: Option<&str>,
     routes: &[(String, String)],

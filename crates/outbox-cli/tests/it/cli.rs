@@ -440,7 +440,8 @@ fn relay_clock_skew_changes_nothing() {
 }
 
 /// `--route` sends each topic to its first matching destination; an unmatched topic is
-/// quarantined with "no route for topic"; routes can come from outbox.toml.
+/// quarantined with "no route for topic" (and the drain exits 4); routes can come from
+/// outbox.toml.
 #[test]
 fn routes_split_topics_between_destinations() {
     let dir = tempfile::tempdir().unwrap();
@@ -473,10 +474,18 @@ fn routes_split_topics_between_destinations() {
         ),
     )
     .unwrap();
-    run_ok(
-        outbox()
-            .current_dir(dir.path())
-            .args(["--database-url", &db, "relay", "--drain"]),
+    // The unrouted message is quarantined: the drain says so and exits 4, so a script
+    // that checks `$?` sees it.
+    let out = outbox()
+        .current_dir(dir.path())
+        .args(["--database-url", &db, "relay", "--drain"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(
+        stderr.contains("1 message was quarantined as dead letters"),
+        "{stderr}"
     );
     let lines = |p: &std::path::Path| {
         std::fs::read_to_string(p)

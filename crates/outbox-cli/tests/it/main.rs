@@ -1,7 +1,8 @@
 //! The `outbox` binary end to end, in one test binary: the CLI against PostgreSQL and NATS
 //! (`cli`), MariaDB producers and relays (`mariadb`), operations (`operations`), traces
 //! (`traces`), logs without secrets (`no_secrets_in_logs`) and the admin server
-//! (`dashboard`), its listeners under load and their limits (`listeners`).
+//! (`dashboard`), its listeners under load and their limits (`listeners`), the JetStream streams a route
+//! needs (`streams`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,4 +13,5 @@ mod listeners;
 mod mariadb;
 mod no_secrets_in_logs;
 mod operations;
+mod streams;
 mod traces;

@@ -334,6 +334,69 @@ impl NatsSink {
         Ok(h)
     }
 
+    /// Is every topic `pattern` matches covered by a JetStream stream (a stream's subject
+    /// that is equal to or wider than it: `orders.>` covers `orders.*.v1`)? With
+    /// `create`, a missing one is created: named by [`stream_name_for`], subjects
+    /// `[pattern]`, file storage, limits retention, one replica, discard old, the
+    /// server's default duplicate window (2 min, wider than a lease, so a message sent
+    /// again after a relay crash within it is dropped by `Nats-Msg-Id`). A stream that
+    /// covers only part of the pattern is named in [`StreamCheck::Missing`] and never
+    /// changed. Source:
+    /// <https://docs.nats.io/nats-concepts/jetstream/streams#configuration>.
+    ///
+    /// # Errors
+    /// The JetStream API's error, as text, when the server cannot be asked (down, no
+    /// JetStream, no permission) or refuses the new stream (e.g. its subjects overlap
+    /// another stream's).
+    pub async fn ensure_stream(
+        &self,
+        pattern: &crate::topic::TopicPattern,
+        create: bool,
+    ) -> Result<StreamCheck, String> {
+        use futures::TryStreamExt as _;
+        let mut streams = self.js.streams();
+        let mut partial = None;
+        while let Some(info) = streams
+            .try_next()
+            .await
+            .map_err(|e| format!("listing JetStream streams on {}: {e}", self.describe))?
+        {
+            let subjects = &info.config.subjects;
+            if subjects.iter().any(|s| subject_covers(s, pattern.as_str())) {
+                return Ok(StreamCheck::Covered {
+                    stream: info.config.name,
+                });
+            }
+            if partial.is_none()
+                && subjects
+                    .iter()
+                    .any(|s| subjects_overlap(s, pattern.as_str()))
+            {
+                partial = Some(info.config.name);
+            }
+        }
+        let name = stream_name_for(pattern.as_str());
+        if !create || partial.is_some() {
+            return Ok(StreamCheck::Missing {
+                suggested: name,
+                partial,
+            });
+        }
+        self.js
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: name.clone(),
+                subjects: vec![pattern.as_str().to_owned()],
+                storage: async_nats::jetstream::stream::StorageType::File,
+                retention: async_nats::jetstream::stream::RetentionPolicy::Limits,
+                discard: async_nats::jetstream::stream::DiscardPolicy::Old,
+                num_replicas: 1,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| format!("creating JetStream stream {name} on {}: {e}", self.describe))?;
+        Ok(StreamCheck::Created { stream: name })
+    }
+
     /// A publish got "no responders" (status 503): is `subject` really covered by no
     /// stream? Asks the JetStream API (`$JS.API.STREAM.NAMES` filtered by subject):
     /// - it answers with no stream → permanent (the message's subject is the problem);
@@ -820,4 +883,94 @@ mod tests {
         };
         assert_eq!(e.kind, ErrorKind::Transient);
     }
+}
+
+/// What [`NatsSink::ensure_stream`] found or did for a topic pattern.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamCheck {
+    /// The stream `stream` covers every topic of the pattern.
+    Covered {
+        /// Its name.
+        stream: String,
+    },
+    /// No stream covered the pattern; `stream` was created for it.
+    Created {
+        /// Its name.
+        stream: String,
+    },
+    /// No stream covers every topic of the pattern: `suggested` is the name a created one
+    /// would get; `partial`, a stream that covers some of its topics (which blocks
+    /// creating one whose subjects would overlap it).
+    Missing {
+        /// The name [`stream_name_for`] gives.
+        suggested: String,
+        /// A stream that covers part of the pattern.
+        partial: Option<String>,
+    },
+}
+
+/// The stream name made for a topic pattern: its tokens before the first wildcard, upper
+/// case, joined by `_`, each character that is not an ASCII letter, digit, `-` or `_`
+/// replaced by `_` (stream names may not hold `.`, `*`, `>`, spaces or path
+/// separators); `OUTBOX` for a pattern that starts with a wildcard. `orders.>` →
+/// `ORDERS`, `eu.billing.*.v1` → `EU_BILLING`.
+pub fn stream_name_for(pattern: &str) -> String {
+    let head: Vec<String> = pattern
+        .split('.')
+        .take_while(|t| *t != "*" && *t != ">")
+        .map(|t| {
+            t.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                        c.to_ascii_uppercase()
+                    } else {
+                        '_'
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    if head.is_empty() {
+        "OUTBOX".to_owned()
+    } else {
+        head.join("_")
+    }
+}
+
+/// Does the NATS subject filter `wide` match every subject `narrow` matches? Token by
+/// token: `>` in `wide` takes the rest; `*` in `wide` takes one token (a literal or `*`
+/// in `narrow`); a literal must be equal. `narrow`'s `>` is covered only by `>`.
+pub fn subject_covers(wide: &str, narrow: &str) -> bool {
+    let w: Vec<&str> = wide.split('.').collect();
+    let n: Vec<&str> = narrow.split('.').collect();
+    for (i, wt) in w.iter().enumerate() {
+        if *wt == ">" {
+            return n.len() > i;
+        }
+        let Some(nt) = n.get(i) else {
+            return false;
+        };
+        if *nt == ">" {
+            return false;
+        }
+        if *wt != "*" && wt != nt {
+            return false;
+        }
+    }
+    w.len() == n.len()
+}
+
+/// Could some subject match both filters `a` and `b`?
+fn subjects_overlap(a: &str, b: &str) -> bool {
+    let a: Vec<&str> = a.split('.').collect();
+    let b: Vec<&str> = b.split('.').collect();
+    for i in 0.. {
+        match (a.get(i), b.get(i)) {
+            (Some(&">"), Some(_)) | (Some(_), Some(&">")) => return true,
+            (None, None) => return true,
+            (Some(x), Some(y)) if *x == "*" || *y == "*" || x == y => {}
+            _ => return false,
+        }
+    }
+    false
 }
