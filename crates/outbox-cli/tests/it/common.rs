@@ -44,6 +44,20 @@ pub(crate) fn run_ok(cmd: &mut Command) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// Runs `relay --drain` (`cmd`) that quarantines messages on purpose: it must exit 4
+/// (every publish settled, some messages quarantined); its stdout.
+pub(crate) fn run_quarantining(cmd: &mut Command) -> String {
+    let out = run(cmd);
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{cmd:?}: expected exit 4 (quarantined): {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// A free loopback port.
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

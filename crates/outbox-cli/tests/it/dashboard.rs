@@ -5,7 +5,7 @@
 //! inside a relay (`--admin-addr`) beside `--metrics-addr`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common::{MYSQL, PG, free_port, outbox, run, run_ok, unique};
+use crate::common::{MYSQL, PG, free_port, outbox, run, run_ok, run_quarantining, unique};
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
@@ -183,7 +183,7 @@ fn api_round_trip(db: &Db) {
     db.enqueue("ok.ping.v1", None, "a");
     db.enqueue("ok.ping.v1", None, "b");
     let out = db.dir.path().join("out.jsonl");
-    run_ok(db.cmd().args([
+    run_quarantining(db.cmd().args([
         "relay",
         "--drain",
         "--route",
@@ -643,7 +643,7 @@ fn dashboard_shows_binary_payloads_as_hex() {
     assert!(out.status.success());
     let row: Value = serde_json::from_slice(&out.stdout).unwrap();
     let file = db.dir.path().join("out.jsonl");
-    run_ok(db.cmd().args([
+    run_quarantining(db.cmd().args([
         "relay",
         "--drain",
         "--route",

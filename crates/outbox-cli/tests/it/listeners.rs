@@ -6,7 +6,7 @@
 //! is shown as a bounded preview and downloaded whole.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common::{PG, free_port, run_ok};
+use crate::common::{PG, free_port, run_ok, run_quarantining};
 use crate::dashboard::{Api, DANA, Db, READER, Server, error_of, request, serve, wait_for};
 use serde_json::Value;
 use std::io::{Read, Write};
@@ -229,7 +229,7 @@ fn admin_api_limits_and_payload_preview() {
     assert!(out.status.success());
     let row: Value = serde_json::from_slice(&out.stdout).unwrap();
     let file = db.dir.path().join("out.jsonl");
-    run_ok(db.cmd().args([
+    run_quarantining(db.cmd().args([
         "relay",
         "--drain",
         "--route",

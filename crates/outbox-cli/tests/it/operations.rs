@@ -4,7 +4,9 @@
 //! MariaDB.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common::{MYSQL, PG, free_port, outbox, run, run_ok, unique, wait_for};
+use crate::common::{
+    MYSQL, PG, free_port, outbox, run, run_ok, run_quarantining, unique, wait_for,
+};
 use std::collections::BTreeSet;
 use std::io::{BufRead, Read, Write};
 use std::process::{Child, Command, Stdio};
@@ -110,7 +112,7 @@ fn dead_letters_round_trip(db: &Db) {
     let orders: BTreeSet<String> = db.enqueue("ops.orders.v1", 10).into_iter().collect();
     db.enqueue("ok.ping.v1", 2);
     let ok_route = format!("ok.>=file:{}", out.display());
-    run_ok(db.cmd().args(["relay", "--drain", "--route", &ok_route]));
+    run_quarantining(db.cmd().args(["relay", "--drain", "--route", &ok_route]));
     assert_eq!(file_ids(&out).len(), 2);
     let s = db.status();
     assert_eq!(s["dead"], 10, "{s}");
