@@ -444,6 +444,49 @@ pub(crate) fn ordered_plan_request() -> ClaimRequest {
     }
 }
 
+/// A claimer racing producers: claims `batch` rows as `relay` and marks each claim
+/// dispatched (all its rows must be marked), handing every claim to `each` first, until a
+/// claim finds nothing once `producing` is false (read before the claim: then every
+/// committed row was claimed by someone). After a claim that found nothing it waits, as an
+/// idle relay does, for the store's next wake-up (a commit), at most 100 ms.
+pub(crate) async fn claim_until_drained(
+    store: &Arc<dyn Store>,
+    relay: &str,
+    batch: u32,
+    producing: &AtomicBool,
+    mut each: impl FnMut(&Claim) + Send,
+) {
+    use outbox::store::prelude::*;
+    let mut wakeups = store.wakeups();
+    loop {
+        let done = !producing.load(Ordering::SeqCst);
+        let c = store
+            .claim(&ClaimRequest {
+                relay_id: relay.to_owned(),
+                batch_size: batch,
+                lease: LONG,
+                skip_topics: Vec::new(),
+                ordering: Default::default(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{relay}: claim failed: {e}"));
+        if c.messages.is_empty() {
+            if done {
+                return;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(100), wakeups.changed()).await;
+            continue;
+        }
+        each(&c);
+        let ids = claim_ids(&c);
+        let n = store
+            .mark_dispatched(c.token, &ids)
+            .await
+            .unwrap_or_else(|e| panic!("{relay}: mark failed: {e}"));
+        assert_eq!(n, ids.len() as u64, "{relay} lost rows of its claim");
+    }
+}
+
 pub(crate) fn claim_ids(c: &Claim) -> Vec<i64> {
     c.messages.iter().map(|m| m.id).collect()
 }
