@@ -1120,7 +1120,7 @@ async fn passwords_from_files_never_show() {
         );
     }
     let port = free_port();
-    let relay = with_files(db.cmd())
+    let mut relay = with_files(db.cmd())
         .args(["relay", "--sink", "nats://outbox@127.0.0.1:4222"])
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
         .args(["--summary-interval-s", "1", "--sample-interval-s", "1"])
@@ -1128,6 +1128,20 @@ async fn passwords_from_files_never_show() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // The relay's log, as it is written.
+    let logged = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let log_reader = {
+        let (logged, mut stderr) = (logged.clone(), relay.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = stderr.read(&mut buf) {
+                logged
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    };
     wait_for("3 dispatched", Duration::from_secs(30), || {
         (db.status()["dispatched"] == 3).then_some(())
     });
@@ -1136,11 +1150,24 @@ async fn passwords_from_files_never_show() {
         (code == 200 && body.contains("outbox_relay_info")).then_some(body)
     });
     seen.push_str(&scrape);
-    std::thread::sleep(Duration::from_millis(1_500));
-    capture(
-        &mut seen,
-        with_files(db.cmd()).arg("status").output().unwrap(),
+    wait_for("the relay's summary line", Duration::from_secs(30), || {
+        logged
+            .lock()
+            .unwrap()
+            .contains("relay summary")
+            .then_some(())
+    });
+    let status = wait_for(
+        "the relay's sink in status",
+        Duration::from_secs(30),
+        || {
+            let out = with_files(db.cmd()).arg("status").output().unwrap();
+            String::from_utf8_lossy(&out.stdout)
+                .contains("nats://outbox")
+                .then_some(out)
+        },
     );
+    capture(&mut seen, status);
     capture(
         &mut seen,
         with_files(db.cmd())
@@ -1156,8 +1183,9 @@ async fn passwords_from_files_never_show() {
         .args(["-TERM", &relay.id().to_string()])
         .status();
     let out = relay.wait_with_output().unwrap();
+    log_reader.join().unwrap();
     seen.push_str(&String::from_utf8_lossy(&out.stdout));
-    seen.push_str(&String::from_utf8_lossy(&out.stderr));
+    seen.push_str(&logged.lock().unwrap());
     assert!(
         seen.contains("delivered"),
         "the summary line was logged: {seen}"
@@ -1250,7 +1278,14 @@ fn a_held_snapshot_shows_in_status_and_metrics() {
     let pid: i64 = line.trim().trim_start_matches("held:").parse().unwrap();
     let began = Instant::now();
     let held = Duration::from_secs(2);
-    std::thread::sleep(held);
+    wait_for(
+        "the snapshot reported held for 2 s",
+        held + Duration::from_secs(5),
+        || {
+            let age = db.status()["cleanup_horizon"]["oldest"]["age_s"].as_f64()?;
+            (age >= held.as_secs_f64()).then_some(())
+        },
+    );
 
     let text = run_ok(db.cmd().arg("status"));
     let line = text

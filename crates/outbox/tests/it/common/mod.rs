@@ -65,6 +65,26 @@ where
     }
 }
 
+/// Waits until the relay behind `handle` has started `n` more claims than when called
+/// (each a claim statement, whether it found rows or not): it looked that often.
+pub(crate) async fn wait_claims(
+    what: &str,
+    handle: &outbox::RelayHandle,
+    n: u64,
+    timeout: Duration,
+) {
+    let from = handle.stats().claims;
+    wait_until(what, timeout, || async move {
+        let claims = handle.stats().claims - from;
+        if claims >= n {
+            Ok(())
+        } else {
+            Err(format!("{claims}/{n} claims"))
+        }
+    })
+    .await;
+}
+
 /// Waits until something accepts TCP connections on 127.0.0.1:`port`.
 pub(crate) async fn wait_listening(what: &str, port: u16, timeout: Duration) {
     wait_until(what, timeout, || async move {

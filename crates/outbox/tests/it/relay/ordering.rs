@@ -354,9 +354,9 @@ async fn a_dead_letter_blocks_its_key_until_replayed_or_discarded() {
         }
     })
     .await;
-    // Nothing more of k0 or k1 goes out while their dead letters block them (the relay
-    // polls every 100 ms: fifteen chances).
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Nothing more of k0 or k1 goes out while their dead letters block them: fifteen
+    // more claims (a poll every 100 ms), none of which took them.
+    crate::common::wait_claims("fifteen more claims", &handle, 15, Duration::from_secs(10)).await;
     let seen = accepted(&answers);
     assert_eq!(seen["k0"], vec![0, 1], "k0 blocked behind its dead letter");
     assert_eq!(seen["k1"], vec![0, 1], "k1 blocked behind its dead letter");

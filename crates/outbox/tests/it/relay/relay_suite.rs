@@ -46,7 +46,14 @@ async fn pause_stops_relays_not_producers() {
     // producers keep writing.
     let later = b.enqueue_all(&messages("t.pause.v1", 10)).await;
     assert!(later.iter().all(|e| e.inserted));
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Ten claims after the commit (a poll every 100 ms): each found nothing.
+    crate::common::wait_claims(
+        "ten claims while paused",
+        &handle,
+        10,
+        Duration::from_secs(10),
+    )
+    .await;
     assert_eq!(total(&seen), 5, "published while paused");
     let c = store.counts().await.unwrap();
     assert_eq!((c.pending, c.claimed, c.dispatched), (10, 0, 5), "{c:?}");

@@ -78,9 +78,30 @@ async fn nats_outage_keeps_rows_pending_then_delivers_all() {
         },
     )
     .await;
-    // Several more outage retries (backoff at most 500 ms) past max_attempts = 2.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let rows = db.rows().await;
+    // Several more outage retries past max_attempts = 2: every row claimed three more
+    // times on average; then a moment when rows wait in pending between attempts.
+    let from = handle.stats().claimed;
+    let h = &handle;
+    let between = std::sync::Mutex::new(Vec::new());
+    wait_until(
+        "three more claims of every row, then rows pending between attempts",
+        Duration::from_secs(20),
+        || async {
+            let more = h.stats().claimed - from;
+            if more < 3 * N as u64 {
+                return Err(format!("{more} rows claimed since"));
+            }
+            let rows = db.rows().await;
+            if rows.iter().any(|r| r.status == status::PENDING) {
+                *between.lock().unwrap() = rows;
+                Ok(())
+            } else {
+                Err("every row claimed".into())
+            }
+        },
+    )
+    .await;
+    let rows = between.into_inner().unwrap();
     let mut pending = 0;
     for r in &rows {
         assert!(r.status == status::PENDING || r.status == status::CLAIMED);

@@ -108,24 +108,22 @@ impl Node {
                 panic!("cannot run rabbitmq-server ({e}): install it with `apt-get install rabbitmq-server`")
             });
         std::thread::spawn(move || child.wait());
-        let start = Instant::now();
+        let what = format!("the private RabbitMQ node to come up on port {}", self.port);
         // Each attempt is bounded: a connection the booting node accepts and then drops can
         // leave lapin's handshake waiting forever, with nothing left to wake it.
-        while !matches!(
-            tokio::time::timeout(
+        crate::common::wait_until(&what, Duration::from_secs(120), || async {
+            match tokio::time::timeout(
                 Duration::from_secs(5),
                 Connection::connect(&self.url(), ConnectionProperties::default()),
             )
-            .await,
-            Ok(Ok(_))
-        ) {
-            assert!(
-                start.elapsed() < Duration::from_secs(120),
-                "the private RabbitMQ node did not come up on port {}",
-                self.port
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+            .await
+            {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("no handshake within 5 s".into()),
+            }
+        })
+        .await;
     }
 
     /// Stops the node as an operator would (`rabbitmqctl stop`).

@@ -129,8 +129,15 @@ async fn outage_and_slowness_stay_with_their_destination() {
         "orders took {healthy_time:?}"
     );
 
-    // Let the outage run for a while: the breaker opens, nothing is quarantined for it.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Let the outage run for a while, thirty claims (a poll every 100 ms): the breaker
+    // opens, nothing is quarantined for it.
+    crate::common::wait_claims(
+        "thirty claims in the outage",
+        &handle,
+        30,
+        Duration::from_secs(20),
+    )
+    .await;
     let breakers = router.breakers();
     assert!(
         matches!(breakers[1].1, BreakerState::Open { .. }),

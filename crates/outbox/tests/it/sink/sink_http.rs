@@ -671,8 +671,9 @@ async fn relay_quarantines_a_400_after_one_attempt() {
         },
     )
     .await;
-    // Give a wrongly scheduled retry the chance to show up.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Give a wrongly scheduled retry the chance to show up: five more claims (a poll
+    // every 100 ms, past the 50 ms backoff).
+    crate::common::wait_claims("five more claims", &handle, 5, Duration::from_secs(10)).await;
     handle.shutdown().await.unwrap();
     for r in db.rows().await {
         assert_eq!((r.status, r.attempts), (3, 1), "{r:?}");

@@ -14,6 +14,7 @@ use outbox::Relay;
 use outbox::sink::http::{WebhookOptions, WebhookSink};
 use outbox::store::status;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +24,8 @@ type Behaviour = Arc<dyn Fn(&[u8]) -> Option<Duration> + Send + Sync>;
 #[derive(Clone)]
 struct Endpoint {
     deliveries: Arc<Mutex<HashMap<String, u32>>>,
+    /// Requests answered (200 sent).
+    answered: Arc<AtomicU32>,
     behaviour: Behaviour,
 }
 
@@ -38,14 +41,20 @@ async fn handle(State(e): State<Endpoint>, headers: HeaderMap, body: Bytes) -> &
         Some(d) => tokio::time::sleep(d).await,
         None => std::future::pending::<()>().await,
     }
+    e.answered.fetch_add(1, Ordering::SeqCst);
     "ok"
 }
 
-/// Starts the endpoint; returns its URL and the deliveries it received per message id.
-async fn endpoint(behaviour: Behaviour) -> (String, Arc<Mutex<HashMap<String, u32>>>) {
+/// Starts the endpoint; returns its URL, the deliveries it received per message id and
+/// how many it answered.
+async fn endpoint(
+    behaviour: Behaviour,
+) -> (String, Arc<Mutex<HashMap<String, u32>>>, Arc<AtomicU32>) {
     let deliveries = Arc::new(Mutex::new(HashMap::new()));
+    let answered = Arc::new(AtomicU32::new(0));
     let state = Endpoint {
         deliveries: deliveries.clone(),
+        answered: answered.clone(),
         behaviour,
     };
     let app = axum::Router::new()
@@ -54,7 +63,7 @@ async fn endpoint(behaviour: Behaviour) -> (String, Arc<Mutex<HashMap<String, u3
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (url, deliveries)
+    (url, deliveries, answered)
 }
 
 async fn webhook(url: &str, timeout: Duration) -> Arc<WebhookSink> {
@@ -81,7 +90,7 @@ fn count(d: &Mutex<HashMap<String, u32>>, id: &str) -> u32 {
 /// it timed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_message_times_out_alone() {
-    let (url, deliveries) = endpoint(Arc::new(|body: &[u8]| {
+    let (url, deliveries, _) = endpoint(Arc::new(|body: &[u8]| {
         (body != b"payload-2").then_some(Duration::from_millis(10))
     }))
     .await;
@@ -159,7 +168,7 @@ async fn the_shutdown_grace_keeps_confirmations() {
             .unwrap();
         n < 4
     };
-    let (url, deliveries) = endpoint(Arc::new(move |body: &[u8]| {
+    let (url, deliveries, answered) = endpoint(Arc::new(move |body: &[u8]| {
         fast(body).then_some(Duration::from_millis(10))
     }))
     .await;
@@ -190,7 +199,18 @@ async fn the_shutdown_grace_keeps_confirmations() {
         }
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let a = &answered;
+    wait_until(
+        "the four fast ones answered",
+        Duration::from_secs(10),
+        || async move {
+            match a.load(Ordering::SeqCst) {
+                4 => Ok(()),
+                n => Err(format!("{n} answered")),
+            }
+        },
+    )
+    .await;
     let stats = handle.shutdown().await.unwrap();
     assert_eq!((stats.dispatched, stats.released), (4, 6), "{stats:?}");
     for (i, e) in enq.iter().enumerate() {
@@ -203,7 +223,7 @@ async fn the_shutdown_grace_keeps_confirmations() {
     }
 
     // The next relay, to an endpoint that answers everything, sends only the released six.
-    let (url2, deliveries2) = endpoint(Arc::new(|_: &[u8]| Some(Duration::ZERO))).await;
+    let (url2, deliveries2, _) = endpoint(Arc::new(|_: &[u8]| Some(Duration::ZERO))).await;
     let mut cfg = relay_config("relay-grace-2");
     cfg.drain = true;
     Relay::new(
@@ -229,7 +249,8 @@ async fn the_shutdown_grace_keeps_confirmations() {
 /// flight, a second relay never takes the rows, and each message is delivered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_but_live_publish_keeps_its_lease() {
-    let (url, deliveries) = endpoint(Arc::new(|_: &[u8]| Some(Duration::from_millis(2_500)))).await;
+    let (url, deliveries, _) =
+        endpoint(Arc::new(|_: &[u8]| Some(Duration::from_millis(2_500)))).await;
     let db = crate::store::conformance_postgres::PgBackend::create(
         "renew",
         crate::store::conformance::DEFAULT_MAX,
@@ -300,7 +321,7 @@ async fn a_blackholed_endpoint_spends_attempts_only_after_the_refunds() {
     use outbox::sink::router::TIMEOUT_REFUNDS;
     let answering = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let a = answering.clone();
-    let (url, deliveries) = endpoint(Arc::new(move |_: &[u8]| {
+    let (url, deliveries, _) = endpoint(Arc::new(move |_: &[u8]| {
         a.load(std::sync::atomic::Ordering::SeqCst)
             .then_some(Duration::ZERO)
     }))

@@ -10,8 +10,39 @@ use outbox::mysql::MySqlStore;
 use outbox::store::prelude::*;
 use std::time::{Duration, Instant};
 
-/// How long the test holds its transaction open before reading.
+/// How old the test's open transaction must be reported.
 const HELD: Duration = Duration::from_secs(2);
+
+/// Waits until `store` reports an open transaction at least `age` old, which must happen
+/// within `late` of the test's transaction reaching that age (started just before this
+/// call): the age is not under-reported by more. Returns that report.
+async fn reported_at_least<S: Views>(
+    store: &S,
+    age: Duration,
+    late: Duration,
+) -> outbox::store::CleanupHorizon {
+    let report = tokio::sync::Mutex::new(None);
+    crate::common::wait_until(
+        &format!("an open transaction reported at least {age:?} old"),
+        age + late,
+        || async {
+            let h = store.cleanup_horizon().await.unwrap();
+            let old = h
+                .oldest
+                .as_ref()
+                .is_some_and(|o| o.age_s >= age.as_secs_f64());
+            let state = format!("{h:?}");
+            if old {
+                *report.lock().await = Some(h);
+                Ok(())
+            } else {
+                Err(state)
+            }
+        },
+    )
+    .await;
+    report.into_inner().unwrap()
+}
 
 #[tokio::test]
 async fn postgres_reports_a_held_snapshot() {
@@ -31,9 +62,7 @@ async fn postgres_reports_a_held_snapshot() {
         .await
         .unwrap();
     let began = Instant::now();
-    tokio::time::sleep(HELD).await;
-
-    let h = store.cleanup_horizon().await.unwrap();
+    let h = reported_at_least(&store, HELD, HELD / 4).await;
     let oldest = h.oldest.as_ref().expect("an open transaction is reported");
     let held_s = began.elapsed().as_secs_f64();
     assert!(
@@ -70,10 +99,8 @@ async fn mariadb_reports_a_held_consistent_snapshot() {
         .fetch_one(&mut held)
         .await
         .unwrap();
-    // trx_started has whole seconds: hold one more so the truncation cannot matter.
-    tokio::time::sleep(HELD + Duration::from_secs(1)).await;
-
-    let h = store.cleanup_horizon().await.unwrap();
+    // trx_started has whole seconds: the age may show up to one second late.
+    let h = reported_at_least(&store, HELD, HELD / 4 + Duration::from_secs(1)).await;
     let oldest = h.oldest.as_ref().expect("an open transaction is reported");
     assert!(oldest.age_s >= HELD.as_secs_f64(), "{h:?}");
     if oldest.pid == Some(id as i64) {

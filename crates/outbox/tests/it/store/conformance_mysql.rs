@@ -95,6 +95,8 @@ impl Backend for MySqlBackend {
     const SINGLE_WRITER: bool = false;
     const SQL_ENTRY_CHECKS: bool = true;
     const PLAN_ROWS: u64 = 200_000;
+    const NOW: &'static str = "UTC_TIMESTAMP(6)";
+    const TEXT_HOLDS_NUL: bool = true;
     type Database = sqlx::MySql;
     type Enqueuer = MySqlStore;
 
@@ -122,13 +124,18 @@ impl Backend for MySqlBackend {
             .connect(&mysql_url())
             .await
             .unwrap();
-        sqlx::query(AssertSqlSafe(format!(
-            "CREATE TABLE {}_orders (id BIGINT PRIMARY KEY, note TEXT NOT NULL) ENGINE = InnoDB",
-            prefix.name
-        )))
-        .execute(&app)
-        .await
-        .unwrap();
+        for table in [
+            "orders (id BIGINT PRIMARY KEY, note TEXT NOT NULL)",
+            "business (message_id CHAR(36) NOT NULL, consumer TEXT NOT NULL, KEY (message_id))",
+        ] {
+            sqlx::query(AssertSqlSafe(format!(
+                "CREATE TABLE {}_{table} ENGINE = InnoDB",
+                prefix.name
+            )))
+            .execute(&app)
+            .await
+            .unwrap();
+        }
         MySqlBackend { store, app, prefix }
     }
 
@@ -187,25 +194,67 @@ impl Backend for MySqlBackend {
             .collect()
     }
 
-    async fn count(&self, filter: &str) -> i64 {
-        sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT COUNT(*) FROM {}_messages WHERE {filter}",
-            self.p()
-        )))
-        .fetch_one(&self.app)
-        .await
-        .unwrap()
+    fn before(&self, time: &str, by: Duration) -> String {
+        format!("TIMESTAMPADD(MICROSECOND, -{}, {time})", by.as_micros())
     }
 
-    async fn orders(&self, id: i64) -> i64 {
-        sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT COUNT(*) FROM {}_orders WHERE id = ?",
+    fn table(&self, name: &str) -> String {
+        format!("{}_{name}", self.p())
+    }
+
+    async fn scalar(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
+            .fetch_one(&self.app)
+            .await
+            .unwrap()
+    }
+
+    async fn execute_in(
+        &self,
+        tx: &mut Transaction<'_, MySql>,
+        sql: &str,
+    ) -> Result<u64, sqlx::Error> {
+        let r = sqlx::query(AssertSqlSafe(sql.to_owned()))
+            .execute(&mut **tx)
+            .await?;
+        Ok(r.rows_affected())
+    }
+
+    async fn sql_inbox_accept_in(
+        &self,
+        tx: &mut Transaction<'_, MySql>,
+        consumer: &str,
+        id: Uuid,
+    ) -> Result<bool, String> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "CALL {}_inbox_accept(?, ?)",
             self.p()
         )))
-        .bind(id)
+        .bind(consumer)
+        .bind(id.hyphenated().to_string())
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(|e| e.to_string())?;
+        let fresh: i64 = row.try_get("fresh").map_err(|e| e.to_string())?;
+        Ok(fresh == 1)
+    }
+
+    /// Sessions running a statement of this prefix that wait on a row lock (an InnoDB
+    /// lock wait; an insert's shows as state `Update`) or on a user lock (`GET_LOCK`, the
+    /// inbox's lock of an id).
+    async fn lock_waiters(&self) -> Option<i64> {
+        let waiting = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST
+             WHERE COMMAND <> 'Sleep' AND INFO LIKE ?
+               AND (STATE IN ('Update', 'User lock')
+                    OR ID IN (SELECT trx_mysql_thread_id FROM information_schema.INNODB_TRX
+                              WHERE trx_state = 'LOCK WAIT'))",
+        )
+        .bind(format!("%{}%", self.p()))
         .fetch_one(&self.app)
         .await
-        .unwrap()
+        .unwrap();
+        Some(waiting)
     }
 
     async fn db_now_us(&self) -> i64 {
@@ -213,22 +262,6 @@ impl Backend for MySqlBackend {
             .fetch_one(&self.app)
             .await
             .unwrap()
-    }
-
-    async fn set_dispatched_at_ago(&self, ids: &[i64], ago: Duration) {
-        sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {}_messages
-             SET dispatched_at = TIMESTAMPADD(MICROSECOND, -? * 1000, UTC_TIMESTAMP(6)),
-                 occurred_at = TIMESTAMPADD(MICROSECOND, -? * 1000, UTC_TIMESTAMP(6))
-             WHERE {}",
-            self.p(),
-            crate::store::conformance::id_filter(ids)
-        )))
-        .bind(ms(ago))
-        .bind(ms(ago))
-        .execute(&self.app)
-        .await
-        .unwrap();
     }
 
     async fn bulk_insert_dispatched(&self, n: u64, ago: Duration) {

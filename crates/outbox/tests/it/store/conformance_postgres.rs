@@ -15,6 +15,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Connection, Postgres, Row as _, Transaction};
 use std::sync::Arc;
 use std::time::Duration;
+use uuid::Uuid;
 
 pub(crate) struct PgBackend {
     pub(crate) store: PgStore,
@@ -79,6 +80,8 @@ impl Backend for PgBackend {
     const SINGLE_WRITER: bool = false;
     const SQL_ENTRY_CHECKS: bool = true;
     const PLAN_ROWS: u64 = 1_000_000;
+    const NOW: &'static str = "now()";
+    const TEXT_HOLDS_NUL: bool = false;
     type Database = sqlx::Postgres;
     type Enqueuer = PgStore;
 
@@ -106,9 +109,10 @@ impl Backend for PgBackend {
             .connect(&pg_url())
             .await
             .unwrap();
-        sqlx::query(AssertSqlSafe(format!(
-            "CREATE TABLE {}.orders (id bigint PRIMARY KEY, note text NOT NULL)",
-            schema.name
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE {s}.orders (id bigint PRIMARY KEY, note text NOT NULL);
+             CREATE TABLE {s}.business (message_id uuid NOT NULL, consumer text NOT NULL)",
+            s = schema.name
         )))
         .execute(&app)
         .await
@@ -168,25 +172,59 @@ impl Backend for PgBackend {
             .collect()
     }
 
-    async fn count(&self, filter: &str) -> i64 {
-        sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT count(*) FROM {}.messages WHERE {filter}",
-            self.s()
-        )))
-        .fetch_one(&self.app)
-        .await
-        .unwrap()
+    fn before(&self, time: &str, by: Duration) -> String {
+        format!("({time} - interval '{} microseconds')", by.as_micros())
     }
 
-    async fn orders(&self, id: i64) -> i64 {
+    fn table(&self, name: &str) -> String {
+        format!("{}.{name}", self.s())
+    }
+
+    async fn scalar(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
+            .fetch_one(&self.app)
+            .await
+            .unwrap()
+    }
+
+    async fn execute_in(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        sql: &str,
+    ) -> Result<u64, sqlx::Error> {
+        let r = sqlx::query(AssertSqlSafe(sql.to_owned()))
+            .execute(&mut **tx)
+            .await?;
+        Ok(r.rows_affected())
+    }
+
+    async fn sql_inbox_accept_in(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        consumer: &str,
+        id: Uuid,
+    ) -> Result<bool, String> {
         sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT count(*) FROM {}.orders WHERE id = $1",
+            "SELECT {}.inbox_accept($1, $2)",
             self.s()
         )))
+        .bind(consumer)
         .bind(id)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(|e| e.to_string())
+    }
+
+    async fn lock_waiters(&self) -> Option<i64> {
+        let waiting = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query LIKE $1",
+        )
+        .bind(format!("%{}.%", self.s()))
         .fetch_one(&self.app)
         .await
-        .unwrap()
+        .unwrap();
+        Some(waiting)
     }
 
     async fn db_now_us(&self) -> i64 {
@@ -194,21 +232,6 @@ impl Backend for PgBackend {
             .fetch_one(&self.app)
             .await
             .unwrap()
-    }
-
-    async fn set_dispatched_at_ago(&self, ids: &[i64], ago: Duration) {
-        sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {}.messages
-             SET dispatched_at = now() - $1 * interval '1 millisecond',
-                 occurred_at = now() - $1 * interval '1 millisecond'
-             WHERE id = ANY($2)",
-            self.s()
-        )))
-        .bind(ms(ago))
-        .bind(ids)
-        .execute(&self.app)
-        .await
-        .unwrap();
     }
 
     async fn bulk_insert_dispatched(&self, n: u64, ago: Duration) {

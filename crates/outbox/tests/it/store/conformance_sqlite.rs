@@ -90,6 +90,8 @@ impl Backend for SqliteBackend {
     const SINGLE_WRITER: bool = true;
     const SQL_ENTRY_CHECKS: bool = false;
     const PLAN_ROWS: u64 = 1_000_000;
+    const NOW: &'static str = NOW_MS;
+    const TEXT_HOLDS_NUL: bool = true;
     type Database = sqlx::Sqlite;
     type Enqueuer = SqliteStore;
 
@@ -117,8 +119,9 @@ impl Backend for SqliteBackend {
             .connect_with(outbox::sqlite::connect_options(&url).unwrap())
             .await
             .unwrap();
-        sqlx::query(AssertSqlSafe(format!(
-            "CREATE TABLE {P}_orders (id INTEGER PRIMARY KEY, note TEXT NOT NULL)"
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE {P}_orders (id INTEGER PRIMARY KEY, note TEXT NOT NULL);
+             CREATE TABLE {P}_business (message_id TEXT NOT NULL, consumer TEXT NOT NULL)"
         )))
         .execute(&app)
         .await
@@ -161,23 +164,63 @@ impl Backend for SqliteBackend {
             .collect()
     }
 
-    async fn count(&self, filter: &str) -> i64 {
-        sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT count(*) FROM {P}_messages WHERE {filter}"
-        )))
-        .fetch_one(&self.app)
-        .await
-        .unwrap()
+    fn before(&self, time: &str, by: Duration) -> String {
+        format!("({time} - {})", by.as_millis())
     }
 
-    async fn orders(&self, id: i64) -> i64 {
-        sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT count(*) FROM {P}_orders WHERE id = ?1"
+    fn table(&self, name: &str) -> String {
+        format!("{P}_{name}")
+    }
+
+    async fn scalar(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
+            .fetch_one(&self.app)
+            .await
+            .unwrap()
+    }
+
+    async fn execute_in(
+        &self,
+        tx: &mut Transaction<'_, Sqlite>,
+        sql: &str,
+    ) -> Result<u64, sqlx::Error> {
+        let r = sqlx::query(AssertSqlSafe(sql.to_owned()))
+            .execute(&mut **tx)
+            .await?;
+        Ok(r.rows_affected())
+    }
+
+    /// The documented plain statement and `changes()`, in the consumer's transaction.
+    async fn sql_inbox_accept_in(
+        &self,
+        tx: &mut Transaction<'_, Sqlite>,
+        consumer: &str,
+        id: Uuid,
+    ) -> Result<bool, String> {
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {P}_inbox (consumer, message_id) VALUES (?1, ?2)
+             ON CONFLICT DO NOTHING"
         )))
-        .bind(id)
-        .fetch_one(&self.app)
+        .bind(consumer)
+        .bind(id.hyphenated().to_string())
+        .execute(&mut **tx)
         .await
-        .unwrap()
+        .map_err(|e| e.to_string())?;
+        let changes: i64 = sqlx::query_scalar("SELECT changes()")
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(changes == 1)
+    }
+
+    async fn lock_waiters(&self) -> Option<i64> {
+        None
+    }
+
+    /// The store's own pool: its connections wait for the write lock in the store's busy
+    /// handler (a deferred transaction whose first statement is the accept, a write).
+    fn consumer_pool(&self) -> &SqlitePool {
+        self.store.pool()
     }
 
     async fn db_now_us(&self) -> i64 {
@@ -186,18 +229,6 @@ impl Backend for SqliteBackend {
             .await
             .unwrap();
         ms * 1000
-    }
-
-    async fn set_dispatched_at_ago(&self, ids: &[i64], ago: Duration) {
-        sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {P}_messages SET dispatched_at = {NOW_MS} - ?1, occurred_at = {NOW_MS} - ?1
-             WHERE {}",
-            crate::store::conformance::id_filter(ids)
-        )))
-        .bind(ms(ago))
-        .execute(&self.app)
-        .await
-        .unwrap();
     }
 
     async fn bulk_insert_dispatched(&self, n: u64, ago: Duration) {

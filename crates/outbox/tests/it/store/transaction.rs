@@ -191,13 +191,27 @@ async fn sqlite_busy_is_retried() {
         )
         .await
         .unwrap();
-    // The lock holder: BEGIN IMMEDIATE on a connection of its own, released after 150 ms.
+    // The lock holder: BEGIN IMMEDIATE on a connection of its own, released once the
+    // transaction runs a second time (its first met the lock, past the busy timeout).
     let holder = store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
-    let release = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        holder.rollback().await.unwrap();
-    });
     let attempts = Arc::new(AtomicU32::new(0));
+    let release = {
+        let attempts = attempts.clone();
+        tokio::spawn(async move {
+            crate::common::wait_until("a second attempt", Duration::from_secs(10), || {
+                let n = attempts.load(Ordering::SeqCst);
+                async move {
+                    if n >= 2 {
+                        Ok(())
+                    } else {
+                        Err(format!("{n} attempts"))
+                    }
+                }
+            })
+            .await;
+            holder.rollback().await.unwrap();
+        })
+    };
     let policy = RetryPolicy {
         max_attempts: 10,
         base: Duration::from_millis(20),

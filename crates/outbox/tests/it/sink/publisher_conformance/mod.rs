@@ -483,26 +483,25 @@ pub(crate) async fn poll_read<T, F, Fut>(
     expected: usize,
     timeout: Duration,
     grace: Duration,
-    mut read: F,
+    read: F,
 ) -> Vec<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Vec<T>>,
 {
-    let start = Instant::now();
-    loop {
-        let got = read().await;
-        if got.len() >= expected {
-            break;
+    let read = tokio::sync::Mutex::new(read);
+    crate::common::wait_until(&format!("{expected} messages read"), timeout, || async {
+        let next = (*read.lock().await)();
+        let n = next.await.len();
+        if n >= expected {
+            Ok(())
+        } else {
+            Err(format!("{n}/{expected} read"))
         }
-        assert!(
-            start.elapsed() < timeout,
-            "read {}/{expected} messages within {timeout:?}",
-            got.len()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     tokio::time::sleep(grace).await;
+    let mut read = read.into_inner();
     read().await
 }
 

@@ -3,35 +3,38 @@
 use super::*;
 use outbox::store::prelude::*;
 
-/// Claims `store` every 20 ms until every id in `waiting` has been claimed (marking each
-/// claim at once), and returns when each was first claimed, measured from `start`.
+/// Claims `store` until every id in `waiting` has been claimed (marking each claim at
+/// once), and returns when each was first claimed, measured from `start`.
 async fn first_claimed(
     store: &Arc<dyn Store>,
     waiting: &[i64],
     start: Instant,
     timeout: Duration,
 ) -> HashMap<i64, Duration> {
-    let mut got = HashMap::new();
-    while got.len() < waiting.len() {
-        assert!(
-            start.elapsed() < timeout,
-            "rows {waiting:?} not all claimable after {timeout:?}; got {got:?}"
-        );
+    let got = Mutex::new(HashMap::new());
+    let what = format!("rows {waiting:?} all claimable");
+    wait_until(&what, timeout.saturating_sub(start.elapsed()), || async {
         let c = claim(store, "relay-clock", 100, LONG).await;
         let at = start.elapsed();
-        for m in &c.messages {
-            if waiting.contains(&m.id) {
-                got.entry(m.id).or_insert(at);
-            }
-        }
         // Mark what came back so it does not come back again.
         store
             .mark_dispatched(c.token, &claim_ids(&c))
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    got
+        let mut got = got.lock().unwrap();
+        for m in &c.messages {
+            if waiting.contains(&m.id) {
+                got.entry(m.id).or_insert(at);
+            }
+        }
+        if got.len() == waiting.len() {
+            Ok(())
+        } else {
+            Err(format!("got {got:?}"))
+        }
+    })
+    .await;
+    got.into_inner().unwrap()
 }
 
 /// Every eligibility comparison runs on the database clock in UTC: a producer whose session

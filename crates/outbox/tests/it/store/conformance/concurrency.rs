@@ -1,7 +1,6 @@
 //! Store conformance: concurrent claimers.
 
 use super::*;
-use outbox::store::prelude::*;
 
 /// Six claimers loop claim → mark over thousands of rows while a producer adds more: no
 /// row is ever in two claims (with a lease longer than the test, each id is claimed exactly
@@ -35,41 +34,15 @@ pub(crate) async fn concurrent_claimers_never_overlap<B: Backend>() {
             let (store, claimed, producing) = (store.clone(), claimed.clone(), producing.clone());
             tokio::spawn(async move {
                 let mut mine = 0usize;
-                loop {
-                    // Read the flag before claiming: once the producer is done and a claim
-                    // finds nothing, every committed row was claimed by someone.
-                    let done = !producing.load(Ordering::SeqCst);
-                    let c = store
-                        .claim(&ClaimRequest {
-                            relay_id: format!("claimer-{i}"),
-                            batch_size: 50,
-                            lease: LONG,
-                            skip_topics: Vec::new(),
-                            ordering: Default::default(),
-                        })
-                        .await
-                        .unwrap_or_else(|e| panic!("claimer-{i}: claim failed: {e}"));
-                    if c.messages.is_empty() {
-                        if done {
-                            return mine;
-                        }
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                        continue;
+                claim_until_drained(&store, &format!("claimer-{i}"), 50, &producing, |c| {
+                    let mut map = claimed.lock().unwrap();
+                    for m in &c.messages {
+                        *map.entry(m.id).or_insert(0) += 1;
                     }
-                    let ids = claim_ids(&c);
-                    {
-                        let mut map = claimed.lock().unwrap();
-                        for id in &ids {
-                            *map.entry(*id).or_insert(0) += 1;
-                        }
-                    }
-                    mine += ids.len();
-                    let n = store
-                        .mark_dispatched(c.token, &ids)
-                        .await
-                        .unwrap_or_else(|e| panic!("claimer-{i}: mark failed: {e}"));
-                    assert_eq!(n, ids.len() as u64, "claimer-{i} lost rows of its claim");
-                }
+                    mine += c.messages.len();
+                })
+                .await;
+                mine
             })
         })
         .collect();

@@ -102,7 +102,7 @@ pub(crate) async fn enqueue_is_idempotent_and_delays_hold<B: Backend>() {
     enqueued_rx.await.unwrap();
     let (b2, m2) = (b.clone(), race.clone());
     let racer = tokio::spawn(async move { b2.enqueue_all(&[m2]).await.pop().unwrap() });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.wait_for_lock_waiters(1, Duration::from_millis(300)).await;
     assert!(
         !racer.is_finished(),
         "the second producer must wait for the first's uncommitted row"

@@ -6,7 +6,10 @@
 //! database through a [`Backend`]: the producer's side (enqueue is typed per store, inside a
 //! transaction the case commits, rolls back or drops), raw SQL to look at rows, and the few
 //! store-specific things a case needs (the SQL entry point for other languages, a bulk
-//! insert, the claim's query plan, a lock held from outside).
+//! insert, the claim's query plan, a lock held from outside, the sessions waiting on one).
+//! The backends are each store's one harness: the relay, sink and consumer rooms borrow
+//! them (the inbox cases of `consumer/inbox.rs`: a consumer's transaction, the inbox's SQL
+//! entry point, the business table `business`).
 //!
 //! Each case asserts what the store contract promises (the guarantees and the row lifecycle
 //! of ARCHITECTURE.md); where stores legitimately differ (SQLite has one writer, so a purge is never
@@ -153,8 +156,9 @@ pub(crate) struct Row {
 }
 
 /// What a case needs from one store. Each implementation owns an isolated store (its own
-/// PostgreSQL schema, MariaDB table prefix or SQLite file), migrated, with a business table
-/// `orders (id, note)` beside it, and cleans it up when dropped.
+/// PostgreSQL schema, MariaDB table prefix or SQLite file), migrated, with the business
+/// tables `orders (id, note)` (producers) and `business (message_id, consumer)`
+/// (consumers, `consumer/inbox.rs`) beside it, and cleans it up when dropped.
 #[async_trait]
 pub(crate) trait Backend: Send + Sync + Sized + 'static {
     /// For messages only: cases decide by the capabilities below, never by the store.
@@ -169,10 +173,16 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
     const SQL_ENTRY_CHECKS: bool;
     /// Dispatched rows the plan case inserts (MySQL's bulk insert is slower per row).
     const PLAN_ROWS: u64;
+    /// The database clock's now, as SQL of the store's time columns.
+    const NOW: &'static str;
+    /// Text holds a NUL character (PostgreSQL's cannot: the driver refuses such a value
+    /// before the SQL entry point can).
+    const TEXT_HOLDS_NUL: bool;
     /// The database whose transactions the backend hands out (a held write lock).
     type Database: sqlx::Database;
-    /// The typed store producers enqueue through.
-    type Enqueuer: outbox::events::Enqueue<Database = Self::Database>;
+    /// The typed store producers enqueue and consumers accept through.
+    type Enqueuer: outbox::events::Enqueue<Database = Self::Database>
+        + outbox::inbox::Inbox<Database = Self::Database>;
 
     /// A fresh migrated store whose `StoreConfig.max_message_bytes` is `max_message_bytes`.
     async fn create(label: &str, max_message_bytes: usize) -> Self;
@@ -197,18 +207,25 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
     /// Rows matching `filter` (a SQL condition every store understands), by id.
     async fn select_rows(&self, filter: &str) -> Vec<Row>;
 
-    /// Rows of the messages table matching `filter`.
-    async fn count(&self, filter: &str) -> i64;
+    /// The store's table `name` as SQL names it (`messages`, `inbox`, the business tables
+    /// `orders` and `business`): schema-qualified or prefixed.
+    fn table(&self, name: &str) -> String;
 
-    /// Business rows with this id.
-    async fn orders(&self, id: i64) -> i64;
+    /// SQL of the time `time` (SQL of a time column's type) less `by`.
+    fn before(&self, time: &str, by: Duration) -> String;
+
+    /// The one integer `sql` selects, on the application's pool.
+    async fn scalar(&self, sql: &str) -> i64;
+
+    /// Runs `sql` inside `tx`; the rows it changed.
+    async fn execute_in(
+        &self,
+        tx: &mut sqlx::Transaction<'_, Self::Database>,
+        sql: &str,
+    ) -> Result<u64, sqlx::Error>;
 
     /// The database clock, microseconds since the Unix epoch (UTC).
     async fn db_now_us(&self) -> i64;
-
-    /// Sets `dispatched_at` and `occurred_at` of rows `ids` (whatever their status) to
-    /// `ago` before the database clock's now.
-    async fn set_dispatched_at_ago(&self, ids: &[i64], ago: Duration);
 
     /// Inserts `n` dispatched rows (dispatched `ago` before now) in bulk, with SQL.
     async fn bulk_insert_dispatched(&self, n: u64, ago: Duration);
@@ -245,6 +262,21 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
         e
     }
 
+    /// The store's SQL entry point for consumers in other languages, inside `tx`:
+    /// `Ok(true)` when `id` is fresh for `consumer`.
+    async fn sql_inbox_accept_in(
+        &self,
+        tx: &mut sqlx::Transaction<'_, Self::Database>,
+        consumer: &str,
+        id: Uuid,
+    ) -> Result<bool, String>;
+
+    /// Sessions of this store waiting for a lock another transaction holds, as the server
+    /// shows them (PostgreSQL `pg_stat_activity`, MariaDB's process list and InnoDB lock
+    /// waits); `None` where nothing shows them (SQLite: a statement waiting for the one
+    /// writer's lock retries in its busy handler, unseen).
+    async fn lock_waiters(&self) -> Option<i64>;
+
     /// The store, typed: what a producer enqueues through.
     fn enqueuer(&self) -> &Self::Enqueuer;
 
@@ -252,6 +284,75 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
     fn app(&self) -> &sqlx::Pool<Self::Database>;
 
     // -------------------------------------------------------------------- provided
+
+    /// The pool consumer transactions run on: the application's.
+    fn consumer_pool(&self) -> &sqlx::Pool<Self::Database> {
+        self.app()
+    }
+
+    /// Rows of the messages table matching `filter`.
+    async fn count(&self, filter: &str) -> i64 {
+        self.scalar(&format!(
+            "SELECT count(*) FROM {} WHERE {filter}",
+            self.table("messages")
+        ))
+        .await
+    }
+
+    /// Business rows with this id.
+    async fn orders(&self, id: i64) -> i64 {
+        self.scalar(&format!(
+            "SELECT count(*) FROM {} WHERE id = {id}",
+            self.table("orders")
+        ))
+        .await
+    }
+
+    /// Sets `dispatched_at` and `occurred_at` of rows `ids` (whatever their status) to
+    /// `ago` before the database clock's now.
+    async fn set_dispatched_at_ago(&self, ids: &[i64], ago: Duration) {
+        let t = self.before(Self::NOW, ago);
+        let mut tx = self.app().begin().await.unwrap();
+        let sql = format!(
+            "UPDATE {} SET dispatched_at = {t}, occurred_at = {t} WHERE {}",
+            self.table("messages"),
+            id_filter(ids)
+        );
+        self.execute_in(&mut tx, &sql).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+
+    /// The SQL entry point for consumers, in a transaction of its own.
+    async fn sql_inbox_accept(&self, consumer: &str, id: Uuid) -> Result<bool, String> {
+        let mut tx = self
+            .consumer_pool()
+            .begin()
+            .await
+            .map_err(|e| e.to_string())?;
+        let fresh = self.sql_inbox_accept_in(&mut tx, consumer, id).await?;
+        tx.commit().await.map_err(|e| e.to_string())?;
+        Ok(fresh)
+    }
+
+    /// Returns once `n` sessions wait for a lock held by another ([`Backend::lock_waiters`]);
+    /// where waiters cannot be seen, after `unseen`, the time they get to reach the lock.
+    async fn wait_for_lock_waiters(&self, n: i64, unseen: Duration) {
+        if self.lock_waiters().await.is_none() {
+            tokio::time::sleep(unseen).await;
+            return;
+        }
+        wait_until(
+            &format!("{n} sessions waiting for a lock"),
+            Duration::from_secs(10),
+            || async move {
+                match self.lock_waiters().await {
+                    Some(w) if w >= n => Ok(()),
+                    w => Err(format!("{w:?} waiting")),
+                }
+            },
+        )
+        .await;
+    }
 
     async fn produce(&self, msgs: &[Message], opts: TxOpts) -> Vec<outbox::Result<Enqueued>> {
         self.try_produce(msgs, opts).await.unwrap()
@@ -340,6 +441,49 @@ pub(crate) fn ordered_plan_request() -> ClaimRequest {
             topics: vec![outbox::sink::router::TopicPattern::parse("t.>").unwrap()],
             skip_dead: false,
         },
+    }
+}
+
+/// A claimer racing producers: claims `batch` rows as `relay` and marks each claim
+/// dispatched (all its rows must be marked), handing every claim to `each` first, until a
+/// claim finds nothing once `producing` is false (read before the claim: then every
+/// committed row was claimed by someone). After a claim that found nothing it waits, as an
+/// idle relay does, for the store's next wake-up (a commit), at most 100 ms.
+pub(crate) async fn claim_until_drained(
+    store: &Arc<dyn Store>,
+    relay: &str,
+    batch: u32,
+    producing: &AtomicBool,
+    mut each: impl FnMut(&Claim) + Send,
+) {
+    use outbox::store::prelude::*;
+    let mut wakeups = store.wakeups();
+    loop {
+        let done = !producing.load(Ordering::SeqCst);
+        let c = store
+            .claim(&ClaimRequest {
+                relay_id: relay.to_owned(),
+                batch_size: batch,
+                lease: LONG,
+                skip_topics: Vec::new(),
+                ordering: Default::default(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{relay}: claim failed: {e}"));
+        if c.messages.is_empty() {
+            if done {
+                return;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(100), wakeups.changed()).await;
+            continue;
+        }
+        each(&c);
+        let ids = claim_ids(&c);
+        let n = store
+            .mark_dispatched(c.token, &ids)
+            .await
+            .unwrap_or_else(|e| panic!("{relay}: mark failed: {e}"));
+        assert_eq!(n, ids.len() as u64, "{relay} lost rows of its claim");
     }
 }
 

@@ -246,7 +246,7 @@ pub(crate) async fn ordered_claims_follow_each_key<B: Backend>() {
     assert_eq!(claim_ids(&c), f);
     for i in [0, 2, 1] {
         assert_eq!(store.release(c.token, &[f[i]]).await.unwrap(), 1);
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        clock_moves_on(&b).await;
     }
     let c = claim_ordered(&store, 2, &strict).await;
     assert_eq!(claim_ids(&c), vec![f[0]], "f3 is before f2's fence");

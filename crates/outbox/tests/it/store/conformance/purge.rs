@@ -81,8 +81,8 @@ pub(crate) async fn purge_deletes_old_dispatched_rows_in_bounded_batches<B: Back
         let store = store.clone();
         tokio::spawn(async move { store.purge(hour, 500).await.unwrap() })
     };
-    // Time for the first purger to take the purge lock and reach the held lock.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The first purger took the purge lock and waits on the held lock.
+    b.wait_for_lock_waiters(1, Duration::from_millis(500)).await;
     assert!(
         !first.is_finished(),
         "the first purge should wait on the held lock"
@@ -153,32 +153,11 @@ pub(crate) async fn purge_deletes_old_dispatched_rows_in_bounded_batches<B: Back
         let (store, running) = (store.clone(), running.clone());
         tokio::spawn(async move {
             let mut marked = Vec::new();
-            loop {
-                let done = !running.load(Ordering::SeqCst);
-                let c = store
-                    .claim(&ClaimRequest {
-                        relay_id: "relay-purge".into(),
-                        batch_size: 100,
-                        lease: LONG,
-                        skip_topics: Vec::new(),
-                        ordering: Default::default(),
-                    })
-                    .await
-                    .unwrap_or_else(|e| panic!("claim failed: {e}"));
-                if c.messages.is_empty() {
-                    if done {
-                        return marked;
-                    }
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    continue;
-                }
-                let n = store
-                    .mark_dispatched(c.token, &claim_ids(&c))
-                    .await
-                    .unwrap_or_else(|e| panic!("mark failed: {e}"));
-                assert_eq!(n, c.messages.len() as u64);
+            claim_until_drained(&store, "relay-purge", 100, &running, |c| {
                 marked.extend(c.messages.iter().map(|m| m.message_id));
-            }
+            })
+            .await;
+            marked
         })
     };
     let purgers: Vec<_> = (0..2)
