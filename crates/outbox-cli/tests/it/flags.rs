@@ -416,3 +416,41 @@ fn the_usage_line_does_not_require_what_the_environment_gave() {
         "{err}"
     );
 }
+
+/// `/api/messages` shows a dispatched row's times as they happened: its `available_at`
+/// (where its last lease ended, after it was dispatched) is null.
+#[test]
+fn the_api_shows_no_lease_end_on_a_dispatched_row() {
+    use crate::dashboard::{Api, Db, OPERATOR, serve};
+    let db = Db::new(None);
+    run_ok(db.cmd().arg("migrate"));
+    let sent = db.enqueue("flags.v1", Some("k-1"), "{}");
+    db.enqueue("flags.v1", Some("k-1"), "{}");
+    // Delivered under a lease of a minute: the rows' available_at is then a minute after
+    // their dispatched_at.
+    run_ok(db.cmd().args([
+        "relay",
+        "--sink",
+        "stdout",
+        "--drain",
+        "--lease-ms",
+        "60000",
+    ]));
+    let later = db.enqueue("flags.v2", Some("k-2"), "{}");
+    let server = serve(&db);
+    let api = Api { port: server.port };
+    let rows = |q: &str| api.get(&format!("/api/messages?q={q}"), Some(OPERATOR)).1["rows"].clone();
+    let dispatched = &rows(sent["message_id"].as_str().unwrap())[0];
+    assert_eq!(dispatched["status"], "dispatched", "{dispatched}");
+    assert!(dispatched["dispatched_at"].is_string(), "{dispatched}");
+    assert!(dispatched["available_at"].is_null(), "{dispatched}");
+    let pending = &rows(later["message_id"].as_str().unwrap())[0];
+    assert_eq!(pending["status"], "pending", "{pending}");
+    assert!(pending["available_at"].is_string(), "{pending}");
+    // By key: every dispatched row of the key the same way.
+    for row in rows("k-1").as_array().unwrap() {
+        if row["status"] == "dispatched" {
+            assert!(row["available_at"].is_null(), "{row}");
+        }
+    }
+}
