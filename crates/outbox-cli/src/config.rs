@@ -11,6 +11,16 @@ use std::path::PathBuf;
 /// when it exists, and exports its keys as `OUTBOX_*` defaults. Must run before any other
 /// thread starts.
 pub(crate) fn apply_config_file(command: &clap::Command) -> anyhow::Result<()> {
+    // An earlier name set in the environment counts as the new one set there, so it still
+    // comes before the file.
+    for (old, new, convert) in RENAMED {
+        if std::env::var_os(new).is_none()
+            && let Ok(value) = std::env::var(old)
+        {
+            // SAFETY: called from `main` before the runtime or any other thread starts.
+            unsafe { std::env::set_var(new, convert(&value)) };
+        }
+    }
     let args: Vec<String> = std::env::args().collect();
     let explicit = args
         .iter()
@@ -42,7 +52,11 @@ pub(crate) fn apply_config_file(command: &clap::Command) -> anyhow::Result<()> {
     })?;
     let known = env_vars(command);
     for (key, value) in table {
-        let var = format!("OUTBOX_{}", key.to_ascii_uppercase().replace('-', "_"));
+        let mut var = format!("OUTBOX_{}", key.to_ascii_uppercase().replace('-', "_"));
+        let renamed = RENAMED.iter().find(|(old, _, _)| *old == var);
+        if let Some((_, new, _)) = renamed {
+            var = (*new).to_owned();
+        }
         if !known.contains(&var) {
             let mut keys: Vec<String> = known
                 .iter()
@@ -84,12 +98,38 @@ pub(crate) fn apply_config_file(command: &clap::Command) -> anyhow::Result<()> {
                 other.type_str()
             ),
         };
+        let value = match renamed {
+            Some((_, _, convert)) => convert(&value),
+            None => value,
+        };
         if std::env::var_os(&var).is_none() {
             // SAFETY: called from `main` before the runtime or any other thread starts.
             unsafe { std::env::set_var(&var, value) };
         }
     }
     Ok(())
+}
+
+/// Variables (and so `outbox.toml` keys) an option had before it was renamed: (earlier
+/// name, name now, the earlier value in the new form). Both names are read; the new one
+/// comes first.
+const RENAMED: [(&str, &str, Convert); 1] = [
+    // `purge --older-than-s SECONDS` became `--older-than DURATION`.
+    ("OUTBOX_RETENTION_S", "OUTBOX_RETENTION", seconds),
+];
+
+/// An earlier value in the form its new name takes.
+type Convert = fn(&str) -> String;
+
+/// A number of seconds (`604800`) as a duration (`604800s`); anything else as it is, for
+/// the option's own error.
+fn seconds(value: &str) -> String {
+    let value = value.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        format!("{value}s")
+    } else {
+        value.to_owned()
+    }
 }
 
 /// Where and why `text` is not TOML: line and column, the key of that line when it has a

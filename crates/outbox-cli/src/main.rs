@@ -89,11 +89,12 @@ enum Command {
 /// code is clap's: 2 for a usage error, 0 for `--help` and `--version`.
 fn parse_args() -> Result<Cli, ExitCode> {
     use clap::{CommandFactory as _, FromArgMatches as _};
-    let command = hide_env_values(Cli::command());
+    let mut command = hide_env_values(Cli::command());
     command
-        .try_get_matches_from(std::env::args_os())
+        .try_get_matches_from_mut(std::env::args_os())
         .and_then(|m| Cli::from_arg_matches(&m))
-        .map_err(|e| {
+        .map_err(|mut e| {
+            usage_without_env(&command, std::env::args_os(), &mut e);
             if e.use_stderr() {
                 eprint!("{}", redact_urls_in(&e.render().to_string()));
             } else {
@@ -103,6 +104,51 @@ fn parse_args() -> Result<Cli, ExitCode> {
             }
             ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(USAGE))
         })
+}
+
+/// Replaces the usage line of `e` (an error parsing `args`) by the command's own when an
+/// option's value came from its environment variable: clap's line lists every option
+/// given, so `--database-url <DATABASE_URL>` would look required when it came from
+/// `OUTBOX_DATABASE_URL`.
+fn usage_without_env(
+    command: &clap::Command,
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+    e: &mut clap::Error,
+) {
+    use clap::error::{ContextKind, ContextValue};
+    if e.get(ContextKind::Usage).is_none() {
+        return;
+    }
+    fn lenient(c: clap::Command) -> clap::Command {
+        c.ignore_errors(true).mut_subcommands(lenient)
+    }
+    let Ok(matches) = lenient(command.clone()).try_get_matches_from(args) else {
+        return;
+    };
+    let from_env = |cmd: &clap::Command, m: &clap::ArgMatches| {
+        cmd.get_arguments().any(|a| {
+            m.try_contains_id(a.get_id().as_str()).unwrap_or(false)
+                && m.value_source(a.get_id().as_str())
+                    == Some(clap::parser::ValueSource::EnvVariable)
+        })
+    };
+    let mut any_env = from_env(command, &matches);
+    let mut cmd = command;
+    let mut m = &matches;
+    while let Some((name, sub_matches)) = m.subcommand() {
+        let Some(sub) = cmd.find_subcommand(name) else {
+            break;
+        };
+        cmd = sub;
+        m = sub_matches;
+        any_env |= from_env(cmd, m);
+    }
+    if any_env {
+        e.insert(
+            ContextKind::Usage,
+            ContextValue::StyledStr(cmd.clone().render_usage()),
+        );
+    }
 }
 
 /// `command` with every argument's environment value hidden from the help text, its

@@ -125,7 +125,7 @@ pub(crate) async fn connect(cli: &GlobalArgs, missing: Missing) -> anyhow::Resul
     {
         anyhow::ensure!(
             std::path::Path::new(path).exists(),
-            "no outbox database at {path}: run `outbox migrate` (with the same --database-url) first"
+            "no outbox database at {path}: run `outbox migrate` (with the same --database-url or OUTBOX_DATABASE_URL) first"
         );
     }
     let config = |limit| -> anyhow::Result<StoreConfig> {

@@ -386,54 +386,60 @@ pub fn describe() {
         Unit::Seconds,
         "occurred_at to the broker's confirmation, on the database clock."
     );
-    describe_gauge!(MESSAGES, "Rows by status (store sample).");
+    describe_gauge!(
+        MESSAGES,
+        "Rows by status (store sample: read every --sample-interval-s, 15 s by default, so up to that far behind the counters)."
+    );
     describe_gauge!(
         OLDEST_PENDING_AGE,
         Unit::Seconds,
-        "Age of the oldest pending row, database clock; 0 when none (store sample)."
+        "Age of the oldest pending row, database clock; 0 when none (store sample: read every --sample-interval-s, 15 s by default, so up to that far behind the counters)."
     );
     describe_gauge!(
         DUE,
-        "Rows due now: pending and due, or claimed with an ended lease (store sample)."
+        "Rows due now: pending and due, or claimed with an ended lease (store sample: read every --sample-interval-s, 15 s by default, so up to that far behind the counters)."
     );
     describe_gauge!(
         CLAIMS_EXPIRED,
-        "Claimed rows whose lease has ended (store sample)."
+        "Claimed rows whose lease has ended (store sample: read every --sample-interval-s, 15 s by default, so up to that far behind the counters)."
     );
     describe_gauge!(
         DEAD_BY_TOPIC,
-        "Dead rows by topic: the 10 largest topics and other (store sample)."
+        "Dead rows by topic: the 10 largest topics and other (store sample: read every --sample-interval-s, 15 s by default, so up to that far behind the counters)."
     );
     describe_gauge!(
         RELAYS_ALIVE,
-        "Relays with a fresh registry heartbeat (store sample)."
+        "Relays with a fresh registry heartbeat (store sample: read every --sample-interval-s, 15 s by default, so up to that far behind the counters)."
     );
-    describe_gauge!(TOPIC_PAUSES, "Topic pauses in force (store sample).");
+    describe_gauge!(
+        TOPIC_PAUSES,
+        "Topic pauses in force (store sample: read every --sample-interval-s, 15 s by default, so up to that far behind the counters)."
+    );
     describe_gauge!(
         ORDERED_BLOCKED_KEYS,
-        "Keys of ordered topics blocked by a dead letter (store sample)."
+        "Keys of ordered topics blocked by a dead letter (store sample: read every --sample-interval-s, 15 s by default, so up to that far behind the counters)."
     );
     describe_gauge!(
         ORDERED_HELD,
-        "Messages waiting behind dead letters of ordered keys (store sample)."
+        "Messages waiting behind dead letters of ordered keys (store sample: read every --sample-interval-s, 15 s by default, so up to that far behind the counters)."
     );
     describe_gauge!(
         ORDERED_OLDEST_HELD_AGE,
         Unit::Seconds,
-        "Age of the oldest message waiting behind a dead letter of its key (store sample)."
+        "Age of the oldest message waiting behind a dead letter of its key (store sample: read every --sample-interval-s, 15 s by default, so up to that far behind the counters)."
     );
     describe_gauge!(
         PAUSED,
-        "1 while the global pause switch is on (store sample)."
+        "1 while the global pause switch is on (store sample: read every --sample-interval-s, 15 s by default, so up to that far behind the counters)."
     );
     describe_gauge!(
         OLDEST_TRANSACTION_AGE,
         Unit::Seconds,
-        "Age of the oldest open transaction of another session holding back the cleanup of dead row versions; claims slow down while it stays open; 0 when none (store sample; PostgreSQL, MySQL/MariaDB)."
+        "Age of the oldest open transaction of another session holding back the cleanup of dead row versions; claims slow down while it stays open; 0 when none (store sample: read every --sample-interval-s, 15 s by default, so up to that far behind the counters; PostgreSQL, MySQL/MariaDB)."
     );
     describe_gauge!(
         OLDEST_XMIN_AGE,
-        "Age in transaction ids of the oldest xmin holding back cleanup: sessions, prepared transactions, replication slots (store sample; PostgreSQL)."
+        "Age in transaction ids of the oldest xmin holding back cleanup: sessions, prepared transactions, replication slots (store sample: read every --sample-interval-s, 15 s by default, so up to that far behind the counters; PostgreSQL)."
     );
     describe_gauge!(
         DESTINATION_STATE,

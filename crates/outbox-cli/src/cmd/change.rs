@@ -21,9 +21,8 @@ pub(crate) struct ChangeArgs {
     /// Why (kept in the audit row). Required, except with --dry-run.
     #[arg(long, required_unless_present = "dry_run")]
     pub(crate) reason: Option<String>,
-    /// Who (kept in the audit row). Required, except with --dry-run.
-    #[arg(long, required_unless_present = "dry_run")]
-    pub(crate) by: Option<String>,
+    #[command(flatten)]
+    pub(crate) by: super::ByArgs,
     /// Print the count and a sample; change nothing.
     #[arg(long)]
     pub(crate) dry_run: bool,
@@ -101,9 +100,9 @@ pub(crate) async fn change_dead(
         selector,
         action,
         ChangeText {
-            // A dry run writes no audit row: it needs neither.
+            // A dry run writes no audit row: it needs no reason.
             reason: change.reason.as_deref().unwrap_or("dry run"),
-            by: change.by.as_deref().unwrap_or("dry run"),
+            by: &change.by.by,
             names: CLI_NAMES,
         },
         change.limit,

@@ -23,6 +23,10 @@ pub(crate) enum InboxCommand {
         /// Pause between batches, in ms (gives consumers room on a busy database).
         #[arg(long, env = "OUTBOX_INBOX_PURGE_PAUSE_MS", default_value_t = 0)]
         pause_ms: u64,
+        /// Delete more than 1,000 rows without asking (a prompt on a terminal; a script
+        /// without it is refused: a scheduled purge passes --yes).
+        #[arg(long)]
+        yes: bool,
     },
 }
 
@@ -33,9 +37,14 @@ pub(crate) async fn run(global: &GlobalArgs, cmd: &InboxCommand) -> anyhow::Resu
             older_than,
             batch_size,
             pause_ms,
+            yes,
         } => {
             let store = open_checked(global).await?;
             anyhow::ensure!(*batch_size > 0, "--batch-size must be at least 1");
+            if !yes {
+                let matching = store.count_inbox_purgeable(*older_than).await?;
+                super::purge::confirm_purge(matching, "inbox row", *older_than)?;
+            }
             let mut total = 0u64;
             loop {
                 let n = store.inbox_purge(*older_than, *batch_size).await?;

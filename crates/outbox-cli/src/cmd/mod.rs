@@ -43,3 +43,57 @@ impl OrderingArgs {
         }
     }
 }
+
+/// Who does an audited change (`pause`, `resume`, `replay`, `dead discard`, `purge
+/// --dead-older-than`): `--by`, by default the user running the command.
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct ByArgs {
+    /// Who, for the audit (`outbox replays`, `status`); by default the user running the
+    /// command: $USER, else $LOGNAME, else the name of its user id.
+    #[arg(long, value_name = "NAME", default_value_t = os_user())]
+    pub(crate) by: String,
+}
+
+/// The user running the command: `$USER`, else `$LOGNAME`, else the name the user
+/// database gives the process's user id (as `id -un`), else `unknown`.
+pub(crate) fn os_user() -> String {
+    ["USER", "LOGNAME"]
+        .into_iter()
+        .filter_map(|var| std::env::var(var).ok())
+        .map(|name| name.trim().to_owned())
+        .find(|name| !name.is_empty())
+        .or_else(uid_name)
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// The login name of the process's real user id, from the user database (`getpwuid_r`).
+#[cfg(unix)]
+fn uid_name() -> Option<String> {
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: `passwd` is plain data (integers and pointers); zeroed is a valid value
+    // that getpwuid_r overwrites.
+    let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is to a live local of the size passed; getpwuid_r writes the
+    // strings into `buf` and sets `found` to `&entry` or null.
+    let rc = unsafe {
+        libc::getpwuid_r(
+            libc::getuid(),
+            &raw mut entry,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &raw mut found,
+        )
+    };
+    if rc != 0 || found.is_null() || entry.pw_name.is_null() {
+        return None;
+    }
+    // SAFETY: on success pw_name points to a NUL-terminated string inside `buf`.
+    let name = unsafe { std::ffi::CStr::from_ptr(entry.pw_name) };
+    Some(name.to_string_lossy().trim().to_owned()).filter(|n| !n.is_empty())
+}
+
+#[cfg(not(unix))]
+fn uid_name() -> Option<String> {
+    None
+}

@@ -16,14 +16,14 @@ pub(crate) struct Args {
     /// Pause only topics matching this pattern (orders.>, *.v1).
     #[arg(long)]
     topic: Option<String>,
-    /// Who (shown by `status`; default $USER).
-    #[arg(long, env = "USER", default_value = "unknown")]
-    by: String,
+    #[command(flatten)]
+    by: super::ByArgs,
 }
 
 /// Runs `outbox pause`.
 pub(crate) async fn run(global: &GlobalArgs, args: &Args) -> anyhow::Result<ExitCode> {
     let Args { reason, topic, by } = args;
+    let by = &by.by;
     let store = open_checked(global).await?;
     eprintln!("{}", pause(&store, topic.as_deref(), reason, by).await?);
     Ok(ExitCode::SUCCESS)

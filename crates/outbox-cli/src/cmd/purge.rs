@@ -17,16 +17,19 @@ pub(crate) struct Args {
     /// operation, instead of dispatched rows.
     #[arg(long, value_parser = parse_duration)]
     dead_older_than: Option<Duration>,
-    /// Who, for the audit row of a dead-row purge (default $USER).
-    #[arg(long, env = "USER", default_value = "unknown")]
-    by: String,
-    /// Delete more than 1,000 dead rows without asking (a prompt on a terminal; a
-    /// script without it is refused).
+    #[command(flatten)]
+    by: super::ByArgs,
+    /// Delete more than 1,000 rows without asking (a prompt on a terminal; a script
+    /// without it is refused: a scheduled purge passes --yes).
     #[arg(long)]
     yes: bool,
-    /// Keep dispatched rows younger than this many seconds.
-    #[arg(long, env = "OUTBOX_RETENTION_S", default_value_t = 7 * 24 * 3600)]
-    older_than_s: u64,
+    /// Keep dispatched rows younger than this (e.g. 7d, 36h, 90m) [default: 7d].
+    #[arg(long, env = "OUTBOX_RETENTION", value_parser = parse_duration)]
+    older_than: Option<Duration>,
+    /// The retention in seconds: the earlier spelling of --older-than (OUTBOX_RETENTION_S
+    /// and `retention-s` in outbox.toml are still read, as seconds).
+    #[arg(long, value_name = "SECONDS", hide = true)]
+    older_than_s: Option<u64>,
     /// Rows per delete statement.
     #[arg(long, env = "OUTBOX_PURGE_BATCH_SIZE", default_value_t = 1_000)]
     batch_size: u32,
@@ -41,10 +44,12 @@ pub(crate) async fn run(global: &GlobalArgs, args: &Args) -> anyhow::Result<Exit
         dead_older_than,
         by,
         yes,
+        older_than,
         older_than_s,
         batch_size,
         pause_ms,
     } = args;
+    let by = &by.by;
     let store = open_checked(global).await?;
     anyhow::ensure!(*batch_size > 0, "--batch-size must be at least 1");
     if let Some(age) = dead_older_than {
@@ -63,12 +68,18 @@ pub(crate) async fn run(global: &GlobalArgs, args: &Args) -> anyhow::Result<Exit
         out(&serde_json::json!({ "dead_deleted": deleted }).to_string());
         return Ok(ExitCode::SUCCESS);
     }
+    let older_than = older_than_s
+        .map(Duration::from_secs)
+        .or(*older_than)
+        .unwrap_or(DEFAULT_RETENTION);
+    if !yes {
+        let matching = store.count_purgeable(older_than).await?;
+        confirm_purge(matching, "dispatched row", older_than)?;
+    }
     let mut total = 0u64;
     let mut locked_out = false;
     loop {
-        let b = store
-            .purge(Duration::from_secs(*older_than_s), *batch_size)
-            .await?;
+        let b = store.purge(older_than, *batch_size).await?;
         if b.locked_out {
             // Not a failure: the other purger does the same work (a cron job that
             // overlaps the previous run must not page anyone).
@@ -89,6 +100,29 @@ pub(crate) async fn run(global: &GlobalArgs, args: &Args) -> anyhow::Result<Exit
     }
     out(&serde_json::json!({ "deleted": total, "locked_out": locked_out }).to_string());
     Ok(ExitCode::SUCCESS)
+}
+
+/// The retention of dispatched rows when neither --older-than nor --older-than-s is given.
+const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The rule of every purge: more than [`CONFIRM_ABOVE`] rows (`matching` rows, each a
+/// `noun`, older than `older_than`) are deleted only after a yes on the terminal; without
+/// one (or without a terminal) the purge is refused. `--yes` skips it.
+pub(crate) fn confirm_purge(matching: u64, noun: &str, older_than: Duration) -> anyhow::Result<()> {
+    if matching <= CONFIRM_ABOVE {
+        return Ok(());
+    }
+    let rows = counted(matching, noun);
+    let age = humantime_fmt(older_than);
+    if confirm(&format!(
+        "{rows} are older than {age}; delete them all? [y/N] "
+    ))? {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{rows} are older than {age} and --yes was not given: refusing to delete more than {} without it (a scheduled purge passes --yes)",
+        counted(CONFIRM_ABOVE, "row")
+    )
 }
 
 /// A purge of dead rows, as `outbox purge --dead-older-than` asks for it.

@@ -14,14 +14,14 @@ pub(crate) struct Args {
     /// Why (kept in the audit, `outbox replays`; optional).
     #[arg(long, default_value = "")]
     reason: String,
-    /// Who (kept in the audit; default $USER).
-    #[arg(long, env = "USER", default_value = "unknown")]
-    by: String,
+    #[command(flatten)]
+    by: super::ByArgs,
 }
 
 /// Runs `outbox resume`.
 pub(crate) async fn run(global: &GlobalArgs, args: &Args) -> anyhow::Result<ExitCode> {
     let Args { topic, reason, by } = args;
+    let by = &by.by;
     let store = open_checked(global).await?;
     eprintln!("{}", resume(&store, topic.as_deref(), reason, by).await?);
     Ok(ExitCode::SUCCESS)

@@ -646,5 +646,13 @@ async fn messages(
         MessageQuery::MessageId(_) => "message_id",
         MessageQuery::Key { .. } => "key",
     };
+    let mut rows = serde_json::to_value(rows).map_err(anyhow::Error::from)?;
+    for row in rows.as_array_mut().into_iter().flatten() {
+        // A dispatched row's available_at is where its last lease ended, after its
+        // dispatched_at: no time of its own, so none is shown.
+        if row["status"] == "dispatched" {
+            row["available_at"] = serde_json::Value::Null;
+        }
+    }
     Ok(Json(serde_json::json!({ "by": by, "rows": rows })))
 }

@@ -3,7 +3,8 @@
 // `outbox serve` with an operator token; the overview, dead letters filtered and opened, a
 // replay with a reason (dry-run count first) delivered by a relay, a topic pause that a
 // relay honours, the audit; labels and the contrast of the status colours checked in the
-// page; screenshots and the overview's page weight saved as artifacts.
+// page; the header's verdict badge on every page, "sign out" only with a token;
+// screenshots and the overview's page weight saved as artifacts.
 //
 // Run: `npm ci && node --test` in this directory, with the binary built
 // (`cargo build -p outbox-cli`; OUTBOX_BIN names it, else target/debug/outbox).
@@ -280,4 +281,44 @@ test("a wrong token is refused and asked again", async () => {
   await p.getByText("the token is not valid").waitFor();
   assert.equal(await p.locator("#app").isHidden(), true);
   await ctx.close();
+});
+
+test("the verdict badge is filled on every page, and sign out is offered with a token", async () => {
+  const ctx = await browser.newContext();
+  const p = await ctx.newPage();
+  // Opened on the dead letters: the header's badge is the overview's verdict all the same.
+  await p.goto(`http://127.0.0.1:${port}/#dead`);
+  await p.getByLabel("Admin token").fill(TOKEN);
+  await p.getByRole("button", { name: "Sign in" }).click();
+  await p.getByRole("tab", { name: /Replays/ }).click();
+  await p.waitForFunction(() => document.querySelector("#verdict-badge").textContent !== "…");
+  assert.match(await p.locator("#verdict-badge").textContent(), /^(DEAD|OK|BEHIND|STUCK|PAUSED|BLOCKED)$/);
+  assert.equal(await p.locator("#signout").isVisible(), true);
+  await p.locator("#signout").click();
+  await p.getByLabel("Admin token").waitFor();
+  assert.equal(await p.locator("#app").isHidden(), true);
+  await ctx.close();
+});
+
+test("a server without a token offers no sign out", async () => {
+  const openPort = await freePort();
+  const env = { ...process.env, OUTBOX_LOG: "error" };
+  for (const v of ["OUTBOX_ADMIN_TOKEN", "OUTBOX_ADMIN_READ_TOKEN", "OUTBOX_ADMIN_TOKENS_FILE"]) delete env[v];
+  const open = spawn(BIN, ["--database-url", db, "serve", "--listen", `127.0.0.1:${openPort}`], {
+    env,
+    stdio: ["ignore", "ignore", "inherit"],
+  });
+  try {
+    await waitHealthy(`http://127.0.0.1:${openPort}/healthz`);
+    const ctx = await browser.newContext();
+    const p = await ctx.newPage();
+    await p.goto(`http://127.0.0.1:${openPort}/#replays`);
+    await p.waitForFunction(() => document.querySelector("#who").textContent.startsWith("local"));
+    await p.waitForFunction(() => document.querySelector("#verdict-badge").textContent !== "…");
+    assert.equal(await p.locator("#signout").isHidden(), true);
+    assert.equal(await p.locator("#login").isHidden(), true);
+    await ctx.close();
+  } finally {
+    open.kill();
+  }
 });

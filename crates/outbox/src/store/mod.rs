@@ -537,6 +537,8 @@ forward!(Maintenance {
     async fn migrate(&self) -> Result<()>;
     async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<PurgeBatch>;
     async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64>;
+    async fn count_purgeable(&self, older_than: Duration) -> Result<u64>;
+    async fn count_inbox_purgeable(&self, older_than: Duration) -> Result<u64>;
     async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64>;
     async fn unpark_released(&self, ordering: &KeyOrdering) -> Result<u64>;
 });

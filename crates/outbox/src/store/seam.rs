@@ -131,6 +131,14 @@ pub trait Maintenance: Send + Sync + 'static {
     /// [`crate::inbox::MIN_RETENTION`], which the CLI enforces).
     async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64>;
 
+    /// How many rows [`Maintenance::purge`] with `older_than` would delete now, all
+    /// batches together (database clock): what an operator confirms before a large purge.
+    async fn count_purgeable(&self, older_than: Duration) -> Result<u64>;
+
+    /// How many rows [`Maintenance::inbox_purge`] with `older_than` would delete now, all
+    /// batches together (database clock).
+    async fn count_inbox_purgeable(&self, older_than: Duration) -> Result<u64>;
+
     /// Parks the messages that strict per-key ordering holds behind dead letters: every
     /// pending, due row of an ordered topic (`ordering`) whose key has a dead letter with a
     /// smaller `id` gets `available_at` = [`PARKED_AT`], so it leaves the claim's due range

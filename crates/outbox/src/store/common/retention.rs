@@ -84,3 +84,19 @@ where
         .await?
         .affected())
 }
+
+/// The count statement `sql` (its one argument the age, in ms) as a number of rows.
+pub(crate) async fn count<'c, DB, E>(e: E, sql: String, older_than: Duration) -> Result<u64>
+where
+    DB: Database,
+    E: sqlx::Executor<'c, Database = DB>,
+    i64: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB> + for<'r> sqlx::Decode<'r, DB>,
+    <DB as Database>::Arguments: sqlx::IntoArguments<DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(millis(older_than))
+        .fetch_one(e)
+        .await?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}

@@ -4,6 +4,7 @@
 use super::statements::{inbox_lock_name, sections};
 use super::{MySqlStore, SCHEMA_VERSION, error_number};
 use crate::error::{Error, Result};
+use crate::store::common::retention;
 use crate::store::common::schema::{self, MigrateSql};
 use crate::store::{KeyOrdering, Maintenance, PurgeBatch};
 use async_trait::async_trait;
@@ -157,6 +158,24 @@ impl Maintenance for MySqlStore {
 
     async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64> {
         self.purge_inbox(older_than, batch_size).await
+    }
+
+    async fn count_purgeable(&self, older_than: Duration) -> Result<u64> {
+        let p = &self.inner.config.schema;
+        let sql = format!(
+            "SELECT COUNT(*) FROM {p}_messages WHERE status = 2
+             AND dispatched_at < TIMESTAMPADD(MICROSECOND, -? * 1000, UTC_TIMESTAMP(6))"
+        );
+        retention::count(&self.inner.pool, sql, older_than).await
+    }
+
+    async fn count_inbox_purgeable(&self, older_than: Duration) -> Result<u64> {
+        let p = &self.inner.config.schema;
+        let sql = format!(
+            "SELECT COUNT(*) FROM {p}_inbox
+             WHERE received_at < TIMESTAMPADD(MICROSECOND, -? * 1000, UTC_TIMESTAMP(6))"
+        );
+        retention::count(&self.inner.pool, sql, older_than).await
     }
 
     async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {

@@ -148,6 +148,23 @@ impl Maintenance for PgStore {
         retention::inbox(&self.inner.pool, sql, older_than, batch_size).await
     }
 
+    async fn count_purgeable(&self, older_than: Duration) -> Result<u64> {
+        let s = &self.inner.config.schema;
+        let sql = format!(
+            "SELECT count(*) FROM {s}.messages
+             WHERE status = 2 AND dispatched_at < now() - $1 * interval '1 millisecond'"
+        );
+        retention::count(&self.inner.pool, sql, older_than).await
+    }
+
+    async fn count_inbox_purgeable(&self, older_than: Duration) -> Result<u64> {
+        let s = &self.inner.config.schema;
+        let sql = format!(
+            "SELECT count(*) FROM {s}.inbox WHERE received_at < now() - $1 * interval '1 millisecond'"
+        );
+        retention::count(&self.inner.pool, sql, older_than).await
+    }
+
     async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {
         PgStore::park_held(self, ordering).await
     }

@@ -3,6 +3,7 @@
 
 use super::{NOW_MS, SCHEMA_VERSION, SqliteStore};
 use crate::error::Result;
+use crate::store::common::retention;
 use crate::store::common::schema::{self, MigrateSql};
 use crate::store::{KeyOrdering, Maintenance, PurgeBatch};
 use async_trait::async_trait;
@@ -91,6 +92,20 @@ impl Maintenance for SqliteStore {
 
     async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> Result<u64> {
         self.purge_inbox(older_than, batch_size).await
+    }
+
+    async fn count_purgeable(&self, older_than: Duration) -> Result<u64> {
+        let p = self.inner.config.schema.as_str();
+        let sql = format!(
+            "SELECT count(*) FROM {p}_messages WHERE status = 2 AND dispatched_at < {NOW_MS} - ?1"
+        );
+        retention::count(&self.inner.pool, sql, older_than).await
+    }
+
+    async fn count_inbox_purgeable(&self, older_than: Duration) -> Result<u64> {
+        let p = self.inner.config.schema.as_str();
+        let sql = format!("SELECT count(*) FROM {p}_inbox WHERE received_at < {NOW_MS} - ?1");
+        retention::count(&self.inner.pool, sql, older_than).await
     }
 
     async fn park_held(&self, ordering: &KeyOrdering) -> Result<u64> {

@@ -97,6 +97,14 @@ impl outbox::store::Maintenance for Flaky {
         self.check()?;
         self.inner.inbox_purge(older_than, batch_size).await
     }
+    async fn count_purgeable(&self, older_than: Duration) -> outbox::Result<u64> {
+        self.check()?;
+        self.inner.count_purgeable(older_than).await
+    }
+    async fn count_inbox_purgeable(&self, older_than: Duration) -> outbox::Result<u64> {
+        self.check()?;
+        self.inner.count_inbox_purgeable(older_than).await
+    }
     async fn park_held(&self, ordering: &outbox::store::KeyOrdering) -> outbox::Result<u64> {
         self.check()?;
         self.inner.park_held(ordering).await

@@ -142,6 +142,12 @@ impl outbox::store::Maintenance for Counting {
     async fn inbox_purge(&self, older_than: Duration, batch_size: u32) -> outbox::Result<u64> {
         self.inner.inbox_purge(older_than, batch_size).await
     }
+    async fn count_purgeable(&self, older_than: Duration) -> outbox::Result<u64> {
+        self.inner.count_purgeable(older_than).await
+    }
+    async fn count_inbox_purgeable(&self, older_than: Duration) -> outbox::Result<u64> {
+        self.inner.count_inbox_purgeable(older_than).await
+    }
     async fn park_held(&self, ordering: &outbox::store::KeyOrdering) -> outbox::Result<u64> {
         self.inner.park_held(ordering).await
     }
