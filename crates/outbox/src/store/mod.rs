@@ -758,6 +758,21 @@ pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// `Debug` for a store type (a struct whose `inner.config` is its [`StoreConfig`]): its
+/// name and schema (or table prefix), never its URL, which may hold a password.
+macro_rules! debug_by_schema {
+    ($store:ident) => {
+        impl std::fmt::Debug for $store {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($store))
+                    .field("schema", &self.inner.config.schema.as_str())
+                    .finish_non_exhaustive()
+            }
+        }
+    };
+}
+pub(crate) use debug_by_schema;
+
 /// `x` rounded to the nearest integer, saturating at the ends of `i64` (NaN is 0): the
 /// conversion Rust's `as` performs for floats, named here as the one place the stores
 /// use it.

@@ -87,14 +87,7 @@ pub struct MySqlStore {
     inner: Arc<Inner>,
 }
 
-/// The store's kind and schema (or table prefix); never its URL, which may hold a password.
-impl std::fmt::Debug for MySqlStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MySqlStore")
-            .field("schema", &self.inner.config.schema.as_str())
-            .finish_non_exhaustive()
-    }
-}
+crate::store::debug_by_schema!(MySqlStore);
 
 /// How many times a statement chosen as an InnoDB deadlock victim is run again before the
 /// error is returned (the relay then retries on its own backoff).

@@ -122,14 +122,7 @@ pub struct PgStore {
     inner: Arc<Inner>,
 }
 
-/// The store's kind and schema (or table prefix); never its URL, which may hold a password.
-impl std::fmt::Debug for PgStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgStore")
-            .field("schema", &self.inner.config.schema.as_str())
-            .finish_non_exhaustive()
-    }
-}
+crate::store::debug_by_schema!(PgStore);
 
 impl PgStore {
     /// Connects a pool of its own to `url` (the relay's connections).

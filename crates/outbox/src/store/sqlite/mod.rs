@@ -150,14 +150,7 @@ pub struct SqliteStore {
     inner: Arc<Inner>,
 }
 
-/// The store's kind and schema (or table prefix); never its URL, which may hold a password.
-impl std::fmt::Debug for SqliteStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteStore")
-            .field("schema", &self.inner.config.schema.as_str())
-            .finish_non_exhaustive()
-    }
-}
+crate::store::debug_by_schema!(SqliteStore);
 
 /// Connection options every connection of the store gets: WAL, `synchronous = FULL` (a
 /// commit that returned survives a power cut), a 5 s busy timeout, foreign keys on.
