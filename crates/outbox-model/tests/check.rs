@@ -89,9 +89,9 @@ fn three_relays_two_messages() {
 }
 
 /// Two faults per run: every pair of crashes, stalls, lost confirmations, failures and
-/// shutdowns. About a minute in release mode (`.ci/run` runs it).
+/// shutdowns. About 30 s in release mode (`.ci/run` runs it).
 #[test]
-#[ignore = "about a minute in release mode; .ci/run runs it"]
+#[ignore = "about 30 s in release mode; .ci/run runs it"]
 fn two_relays_three_messages_two_faults() {
     let config = Config {
         faults: 2,
