@@ -2,7 +2,7 @@
 //! [`crate::inbox::Inbox`]) bound the same way in every store: each store supplies its
 //! statements and how it stores a message id, the headers and a time.
 
-use super::ops::Query;
+use super::Query;
 use crate::error::Result;
 use crate::message::{Enqueued, Message};
 use sqlx::{Database, SqlStr};

@@ -10,3 +10,30 @@ pub(crate) mod replay;
 pub(crate) mod retention;
 pub(crate) mod schema;
 pub(crate) mod views;
+
+/// A query of a store's database with its arguments.
+pub(crate) type Query<'q, DB> = sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>;
+
+/// The rows a statement changed, for each store's query result.
+pub(crate) trait Affected {
+    /// Rows inserted, updated or deleted.
+    fn affected(&self) -> u64;
+}
+
+impl Affected for sqlx::postgres::PgQueryResult {
+    fn affected(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+impl Affected for sqlx::mysql::MySqlQueryResult {
+    fn affected(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+impl Affected for sqlx::sqlite::SqliteQueryResult {
+    fn affected(&self) -> u64 {
+        self.rows_affected()
+    }
+}

@@ -2,16 +2,13 @@
 //! store: the audit row, the topic pause, the pause state's topics, the dead-letter
 //! selection. Each store supplies its statements and its time columns' type.
 
-use super::retention::Affected;
+use super::{Affected, Query};
 use crate::error::Result;
 use crate::store::ops::AuditEntry;
 use crate::store::{PauseState, ReplayRequest, TopicPause};
 use crate::topic::TopicPattern;
 use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, Database, SqlSafeStr, SqlStr};
-
-/// A query of a store's database with its arguments.
-pub(crate) type Query<'q, DB> = sqlx::query::Query<'q, DB, <DB as Database>::Arguments>;
 
 /// The audit row of a replay request: who, why, the action and the selection.
 pub(crate) fn replay_entry(req: &ReplayRequest) -> AuditEntry {

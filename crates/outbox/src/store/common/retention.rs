@@ -2,35 +2,11 @@
 //! bound and counted the same way in every store: each store supplies its statements and
 //! the lock that keeps one purger at a time.
 
-use super::ops::Query;
+use super::{Affected, Query};
 use crate::error::Result;
 use crate::store::{PurgeBatch, millis};
 use sqlx::{Database, SqlStr};
 use std::time::Duration;
-
-/// The rows a statement changed, for each store's query result.
-pub(crate) trait Affected {
-    /// Rows inserted, updated or deleted.
-    fn affected(&self) -> u64;
-}
-
-impl Affected for sqlx::postgres::PgQueryResult {
-    fn affected(&self) -> u64 {
-        self.rows_affected()
-    }
-}
-
-impl Affected for sqlx::mysql::MySqlQueryResult {
-    fn affected(&self) -> u64 {
-        self.rows_affected()
-    }
-}
-
-impl Affected for sqlx::sqlite::SqliteQueryResult {
-    fn affected(&self) -> u64 {
-        self.rows_affected()
-    }
-}
 
 /// A purge statement `sql` with its arguments bound in the order every store's statement
 /// takes them: the age (ms), the batch size.
