@@ -766,6 +766,7 @@ pub(crate) fn round_saturating(x: f64) -> i64 {
 
 /// A database's epoch seconds (`extract(epoch …)`, microsecond precision) as a time;
 /// `None` when out of chrono's range or not finite.
+#[cfg(feature = "postgres")]
 pub(crate) fn epoch_secs_to_time(secs: f64) -> Option<chrono::DateTime<chrono::Utc>> {
     if !secs.is_finite() {
         return None;

@@ -2,6 +2,7 @@
 //! over the database, with the statements that differ supplied by each store (a small
 //! trait, or the statements and decoded rows passed in).
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) mod decode;
 pub(crate) mod enqueue;
 pub(crate) mod ops;

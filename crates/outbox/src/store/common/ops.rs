@@ -2,13 +2,16 @@
 //! store: the audit row, the topic pause, the pause state's topics, the dead-letter
 //! selection. Each store supplies its statements and its time columns' type.
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 use super::retention::Affected;
 use crate::error::Result;
 use crate::store::ops::AuditEntry;
 use crate::store::{PauseState, ReplayRequest, TopicPause};
 use crate::topic::TopicPattern;
 use chrono::{DateTime, Utc};
-use sqlx::{AssertSqlSafe, Database, SqlSafeStr, SqlStr};
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+use sqlx::SqlStr;
+use sqlx::{AssertSqlSafe, Database, SqlSafeStr};
 
 /// A query of a store's database with its arguments.
 pub(crate) type Query<'q, DB> = sqlx::query::Query<'q, DB, <DB as Database>::Arguments>;
@@ -99,6 +102,7 @@ where
     query
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 /// Runs the pause switch's statement `sql` with its arguments bound in the order every
 /// store's statement takes them: paused (`reason` given), the reason.
 pub(crate) async fn set_pause<'c, DB, E>(e: E, sql: SqlStr, reason: Option<&str>) -> Result<()>
@@ -117,6 +121,7 @@ where
     Ok(())
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 /// Runs the statement `sql` that deletes the pause of `pattern` (bound first): whether
 /// there was one.
 pub(crate) async fn resume_topic<'c, DB, E>(e: E, sql: SqlStr, pattern: &str) -> Result<bool>

@@ -14,18 +14,21 @@ pub(crate) trait Affected {
     fn affected(&self) -> u64;
 }
 
+#[cfg(feature = "postgres")]
 impl Affected for sqlx::postgres::PgQueryResult {
     fn affected(&self) -> u64 {
         self.rows_affected()
     }
 }
 
+#[cfg(feature = "mysql")]
 impl Affected for sqlx::mysql::MySqlQueryResult {
     fn affected(&self) -> u64 {
         self.rows_affected()
     }
 }
 
+#[cfg(feature = "sqlite")]
 impl Affected for sqlx::sqlite::SqliteQueryResult {
     fn affected(&self) -> u64 {
         self.rows_affected()
@@ -54,6 +57,7 @@ pub(crate) fn purged(deleted: u64) -> PurgeBatch {
 }
 
 /// A purge batch that did not run: another purger holds the lock.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn locked_out() -> PurgeBatch {
     PurgeBatch {
         deleted: 0,
