@@ -46,6 +46,19 @@
 //!
 //! Errors never quote the payload: a missing or malformed envelope field names the field
 //! (and at most 64 characters of its value).
+//!
+
+// A link to a decoder whose feature is off in this build leads to the crate's feature table.
+#![cfg_attr(not(feature = "nats"), doc = "[`from_nats`]: crate#features")]
+#![cfg_attr(not(feature = "nats"), doc = "[`from_nats_headers`]: crate#features")]
+#![cfg_attr(not(feature = "rabbitmq"), doc = "[`from_amqp`]: crate#features")]
+#![cfg_attr(not(feature = "redis"), doc = "[`from_redis`]: crate#features")]
+#![cfg_attr(not(feature = "mqtt"), doc = "[`from_mqtt`]: crate#features")]
+#![cfg_attr(not(feature = "webhook"), doc = "[`from_webhook`]: crate#features")]
+#![cfg_attr(
+    not(feature = "webhook"),
+    doc = "[`crate::webhook::WebhookSecret::verify_headers`]: crate#features"
+)]
 
 #[cfg(any(
     feature = "nats",
@@ -456,6 +469,8 @@ pub fn from_mqtt(publish: &rumqttc::v5::mqttbytes::v5::Publish) -> Result<Envelo
 /// [`EnvelopeError`]; a value that is not ASCII, or whose percent-decoding is not UTF-8, is
 /// [`EnvelopeError::NotUtf8`]; a `webhook-id` other than the message id is
 /// [`EnvelopeError::Invalid`].
+///
+#[cfg_attr(not(feature = "http"), doc = "[`crate::sink::http`]: crate#features")]
 #[cfg(feature = "webhook")]
 pub fn from_webhook(
     headers: &http::HeaderMap,

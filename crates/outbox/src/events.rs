@@ -18,6 +18,19 @@ use uuid::Uuid;
 /// A store that can enqueue inside a transaction of its database type: the typed
 /// `enqueue` of [`crate::postgres::PgStore`], [`crate::mysql::MySqlStore`] and
 /// [`crate::sqlite::SqliteStore`], behind one trait.
+///
+#[cfg_attr(
+    not(feature = "postgres"),
+    doc = "[`crate::postgres::PgStore`]: crate#features"
+)]
+#[cfg_attr(
+    not(feature = "mysql"),
+    doc = "[`crate::mysql::MySqlStore`]: crate#features"
+)]
+#[cfg_attr(
+    not(feature = "sqlite"),
+    doc = "[`crate::sqlite::SqliteStore`]: crate#features"
+)]
 #[async_trait]
 pub trait Enqueue: Send + Sync {
     /// The `sqlx` database whose transactions this store enqueues in.

@@ -4,13 +4,11 @@
 //! The relay delivers at least once, so a consumer sees some messages twice (a lost
 //! confirmation, a redelivery after its broker's ack wait, a replay). The inbox makes the
 //! duplicate harmless: inside the transaction of its business change, the consumer first
-//! *accepts* the message id under its own name —
-//! [`PgStore::inbox_accept`](crate::postgres::PgStore::inbox_accept),
-//! [`MySqlStore::inbox_accept`](crate::mysql::MySqlStore::inbox_accept),
-//! [`SqliteStore::inbox_accept`](crate::sqlite::SqliteStore::inbox_accept) — and does the
-//! work only when that says [`Accepted::Fresh`]. The row and the business change commit
-//! together or not at all: a rolled-back transaction leaves no inbox row, so the message
-//! can be processed again.
+//! *accepts* the message id under its own name — [`PgStore::inbox_accept`],
+//! [`MySqlStore::inbox_accept`], [`SqliteStore::inbox_accept`] — and does the work only
+//! when that says [`Accepted::Fresh`]. The row and the business change commit together or
+//! not at all: a rolled-back transaction leaves no inbox row, so the message can be
+//! processed again.
 //!
 //! The accept is **insert first** under the unique key `(consumer, message_id)`, never
 //! "check, then insert": a concurrent duplicate waits on the unique index until the first
@@ -35,6 +33,33 @@
 //! [`follow_up_id`], so re-processing the same incoming message (after a rolled-back
 //! attempt, or by a second consumer group in another transaction) enqueues the same ids,
 //! and enqueue is idempotent on the message id.
+//!
+
+// Each store's accept, or the crate's feature table when that store's feature is off.
+#![cfg_attr(
+    feature = "postgres",
+    doc = "[`PgStore::inbox_accept`]: crate::postgres::PgStore::inbox_accept"
+)]
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "[`PgStore::inbox_accept`]: crate#features"
+)]
+#![cfg_attr(
+    feature = "mysql",
+    doc = "[`MySqlStore::inbox_accept`]: crate::mysql::MySqlStore::inbox_accept"
+)]
+#![cfg_attr(
+    not(feature = "mysql"),
+    doc = "[`MySqlStore::inbox_accept`]: crate#features"
+)]
+#![cfg_attr(
+    feature = "sqlite",
+    doc = "[`SqliteStore::inbox_accept`]: crate::sqlite::SqliteStore::inbox_accept"
+)]
+#![cfg_attr(
+    not(feature = "sqlite"),
+    doc = "[`SqliteStore::inbox_accept`]: crate#features"
+)]
 
 use crate::error::{Error, Result};
 use async_trait::async_trait;
@@ -47,6 +72,19 @@ pub use crate::message::{FOLLOW_UP_NAMESPACE, follow_up_id};
 /// `inbox_accept` of [`crate::postgres::PgStore`], [`crate::mysql::MySqlStore`] and
 /// [`crate::sqlite::SqliteStore`] behind one trait, for consumer code written once over
 /// any of them (with [`crate::events::Enqueue`] for its follow-ups).
+///
+#[cfg_attr(
+    not(feature = "postgres"),
+    doc = "[`crate::postgres::PgStore`]: crate#features"
+)]
+#[cfg_attr(
+    not(feature = "mysql"),
+    doc = "[`crate::mysql::MySqlStore`]: crate#features"
+)]
+#[cfg_attr(
+    not(feature = "sqlite"),
+    doc = "[`crate::sqlite::SqliteStore`]: crate#features"
+)]
 #[async_trait]
 pub trait Inbox: Send + Sync {
     /// The `sqlx` database whose transactions this store accepts in.

@@ -9,6 +9,57 @@
 //! id for consumers to deduplicate on — with the [`inbox`], after reading what arrived
 //! with [`envelope`].
 //!
+//! ## Example
+//!
+//! An order and its `orders.order-placed.v1` message committed together, and a relay in
+//! the same process that publishes it to NATS JetStream until the service stops. It needs
+//! the features `postgres` and `nats` (both default), and in the service's own
+//! `Cargo.toml` `sqlx` (0.9, `runtime-tokio` and `postgres`), `tokio` (`rt-multi-thread`,
+//! `macros`, `signal`) and `serde` (`derive`):
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use outbox::store::prelude::*; // the store traits: migrate, …
+//! use outbox::{Contract, Message, Relay, RelayConfig, StoreConfig, postgres::PgStore, sink};
+//!
+//! #[derive(serde::Serialize)]
+//! struct OrderPlacedV1 {
+//!     order_id: i64,
+//! }
+//! impl Contract for OrderPlacedV1 {
+//!     const TOPIC: &'static str = "orders.order-placed.v1";
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let store = PgStore::connect("postgres://localhost/app", StoreConfig::default()).await?;
+//!     store.migrate().await?; // creates or upgrades the outbox schema; idempotent
+//!
+//!     // The business change and its message: both commit, or neither does.
+//!     let mut tx = store.pool().begin().await?;
+//!     sqlx::query("INSERT INTO orders (id) VALUES ($1)")
+//!         .bind(42_i64)
+//!         .execute(&mut *tx)
+//!         .await?;
+//!     let placed = Message::from_contract(&OrderPlacedV1 { order_id: 42 })?.key("order-42");
+//!     store.enqueue(&mut tx, &placed).await?;
+//!     tx.commit().await?;
+//!
+//!     // The relay: claims due rows, publishes them, marks each one the broker confirmed.
+//!     let sink = sink::open("nats://127.0.0.1:4222").await?;
+//!     let relay = Relay::new(Arc::new(store), Arc::from(sink), RelayConfig::default()).spawn();
+//!     tokio::signal::ctrl_c().await?;
+//!     // Stop claiming, let the publishes in flight finish within the grace, release the rest.
+//!     let stats = relay.shutdown().await?;
+//!     println!("{} dispatched", stats.dispatched);
+//!     Ok(())
+//! }
+//! ```
+//!
+//! The relay also runs as a program of its own (`outbox relay`, the `outbox-cli` crate),
+//! for producers in any language. The user guide (`docs/guide` in the repository) covers
+//! transactions that are re-run, domain events, consumers and the inbox.
+//!
 //! ## Invariants
 //!
 //! Imports between the top-level modules point down the floors below: no module imports
@@ -53,11 +104,38 @@
 //! | `redis` | yes | `sink::redis_streams`, `envelope::from_redis` | — |
 //! | `mqtt` | yes | `sink::mqtt`, `envelope::from_mqtt` | — |
 //! | `http` | yes | `sink::http` (webhooks; implies `webhook`) | — |
+//! | `tls` | via each network sink | [`sink::tls`] (`ca=`, `cert=`, `key=`, `password_file=`) | — |
 //! | `webhook` | via `http` | `webhook` (Standard Webhooks verify), `envelope::from_webhook` | — |
 //! | `otel` | yes | `Message::with_trace_context`, the relay's producer spans | — |
 //! | `kafka` | no | `sink::kafka`, `envelope::from_kafka` | builds librdkafka from source (C, about two minutes) |
 //!
 //! The stdout/file sink, [`envelope::from_json_line`] and the relay are always there.
+//!
+
+// A link to an item whose feature is off in this build leads to the table above instead.
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "[`postgres::PgStore::enqueue`]: crate#features"
+)]
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "[`postgres::PgStore`]: crate#features"
+)]
+#![cfg_attr(
+    not(feature = "mysql"),
+    doc = "[`mysql::MySqlStore::enqueue`]: crate#features"
+)]
+#![cfg_attr(not(feature = "mysql"), doc = "[`mysql::MySqlStore`]: crate#features")]
+#![cfg_attr(
+    not(feature = "sqlite"),
+    doc = "[`sqlite::SqliteStore::enqueue`]: crate#features"
+)]
+#![cfg_attr(
+    not(feature = "sqlite"),
+    doc = "[`sqlite::SqliteStore`]: crate#features"
+)]
+#![cfg_attr(not(feature = "webhook"), doc = "[`webhook`]: crate#features")]
+#![cfg_attr(not(feature = "tls"), doc = "[`sink::tls`]: crate#features")]
 
 pub mod backoff;
 pub mod cloudevents;
@@ -80,6 +158,17 @@ pub mod transaction;
 pub mod verdict;
 #[cfg(feature = "webhook")]
 pub mod webhook;
+
+/// rustls' *ring* provider, the one crypto provider of the stores' and the sinks' TLS (see
+/// `sink::tls`). rustls 0.23.48 deprecates `crypto::ring::default_provider` ("no support
+/// for post-quantum algorithms") and has no *ring* provider that is not deprecated: its
+/// other one, aws-lc-rs, is a C and CMake build this crate does not take on. The library's
+/// one allowance is here, so that neither the locked rustls nor a newer 0.23 warns.
+#[cfg(any(feature = "tls", feature = "postgres", feature = "mysql"))]
+#[allow(deprecated)]
+pub(crate) fn ring_provider() -> rustls::crypto::CryptoProvider {
+    rustls::crypto::ring::default_provider()
+}
 
 pub use envelope::Envelope;
 pub use error::{Error, Result};

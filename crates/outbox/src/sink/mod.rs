@@ -374,6 +374,8 @@ fn refuse_envelope(sink: &str, query: &str) -> Result<(), String> {
 /// # Errors
 /// [`SinkError::InvalidUrl`] for an unknown or malformed URL, [`SinkError::Open`] when the
 /// file cannot be opened.
+///
+#[cfg_attr(not(feature = "tls"), doc = "[`tls`]: crate#features")]
 pub async fn open(url: &str) -> Result<Box<dyn Sink>, SinkError> {
     let invalid = |reason: &str| SinkError::InvalidUrl {
         url: crate::redact::redact_url(url),

@@ -92,7 +92,7 @@ pub(crate) use crate::error::{Failure, classify};
 /// provider is compiled into the application.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn install_tls_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    let _ = crate::ring_provider().install_default();
 }
 
 /// A connection idle for this long or longer is pinged before the pool hands it out.
@@ -783,6 +783,7 @@ pub(crate) fn round_saturating(x: f64) -> i64 {
 
 /// A database's epoch seconds (`extract(epoch …)`, microsecond precision) as a time;
 /// `None` when out of chrono's range or not finite.
+#[cfg(feature = "postgres")]
 pub(crate) fn epoch_secs_to_time(secs: f64) -> Option<chrono::DateTime<chrono::Utc>> {
     if !secs.is_finite() {
         return None;

@@ -339,6 +339,19 @@ impl<T: Relaying + ?Sized> SettleShortcuts for T {}
 /// traits (the integration tests wrap the stores in doubles that way) is a `Store` and
 /// runs a relay. An `S: Store` bound or a `dyn Store` reaches every method of the five
 /// traits without importing them.
+///
+#[cfg_attr(
+    not(feature = "postgres"),
+    doc = "[`super::postgres::PgStore`]: crate#features"
+)]
+#[cfg_attr(
+    not(feature = "mysql"),
+    doc = "[`super::mysql::MySqlStore`]: crate#features"
+)]
+#[cfg_attr(
+    not(feature = "sqlite"),
+    doc = "[`super::sqlite::SqliteStore`]: crate#features"
+)]
 pub trait Store: Relaying + Maintenance + Registry + Operations + Views {}
 
 impl<T: Relaying + Maintenance + Registry + Operations + Views + ?Sized> Store for T {}

@@ -2,6 +2,7 @@
 //! over the database, with the statements that differ supplied by each store (a small
 //! trait, or the statements and decoded rows passed in).
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) mod decode;
 pub(crate) mod enqueue;
 pub(crate) mod ops;
@@ -20,18 +21,21 @@ pub(crate) trait Affected {
     fn affected(&self) -> u64;
 }
 
+#[cfg(feature = "postgres")]
 impl Affected for sqlx::postgres::PgQueryResult {
     fn affected(&self) -> u64 {
         self.rows_affected()
     }
 }
 
+#[cfg(feature = "mysql")]
 impl Affected for sqlx::mysql::MySqlQueryResult {
     fn affected(&self) -> u64 {
         self.rows_affected()
     }
 }
 
+#[cfg(feature = "sqlite")]
 impl Affected for sqlx::sqlite::SqliteQueryResult {
     fn affected(&self) -> u64 {
         self.rows_affected()

@@ -2,13 +2,17 @@
 //! store: the audit row, the topic pause, the pause state's topics, the dead-letter
 //! selection. Each store supplies its statements and its time columns' type.
 
-use super::{Affected, Query};
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+use super::Affected;
+use super::Query;
 use crate::error::Result;
 use crate::store::ops::AuditEntry;
 use crate::store::{PauseState, ReplayRequest, TopicPause};
 use crate::topic::TopicPattern;
 use chrono::{DateTime, Utc};
-use sqlx::{AssertSqlSafe, Database, SqlSafeStr, SqlStr};
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+use sqlx::SqlStr;
+use sqlx::{AssertSqlSafe, Database, SqlSafeStr};
 
 /// The audit row of a replay request: who, why, the action and the selection.
 pub(crate) fn replay_entry(req: &ReplayRequest) -> AuditEntry {
@@ -96,6 +100,7 @@ where
     query
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 /// Runs the pause switch's statement `sql` with its arguments bound in the order every
 /// store's statement takes them: paused (`reason` given), the reason.
 pub(crate) async fn set_pause<'c, DB, E>(e: E, sql: SqlStr, reason: Option<&str>) -> Result<()>
@@ -114,6 +119,7 @@ where
     Ok(())
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 /// Runs the statement `sql` that deletes the pause of `pattern` (bound first): whether
 /// there was one.
 pub(crate) async fn resume_topic<'c, DB, E>(e: E, sql: SqlStr, pattern: &str) -> Result<bool>

@@ -30,6 +30,7 @@ pub(crate) fn purged(deleted: u64) -> PurgeBatch {
 }
 
 /// A purge batch that did not run: another purger holds the lock.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn locked_out() -> PurgeBatch {
     PurgeBatch {
         deleted: 0,

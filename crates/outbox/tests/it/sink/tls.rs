@@ -632,6 +632,7 @@ async fn https_endpoint(
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    #[allow(deprecated)] // ring, the workspace's provider (deprecated in rustls 0.23.48)
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_file_iter(pki.path("ca.pem")).unwrap() {
