@@ -167,9 +167,10 @@ impl TlsFiles {
                 reason: e.to_string(),
             })?;
         }
-        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(crate::ring_provider()))
-            .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots);
+        let builder =
+            rustls::ClientConfig::builder_with_provider(Arc::new(crate::crypto::ring_provider()))
+                .with_safe_default_protocol_versions()?
+                .with_root_certificates(roots);
         Ok(match (&self.cert, &self.key) {
             (None, None) => builder.with_no_client_auth(),
             (Some(cert), Some(key)) => {
@@ -314,7 +315,7 @@ pub fn read_secret(what: &'static str, path: &Path) -> Result<String, TlsError> 
 /// clients that take it from there. A provider already installed (by another sink or by
 /// the host application) is kept.
 pub fn install_provider() {
-    let _ = crate::ring_provider().install_default();
+    let _ = crate::crypto::ring_provider().install_default();
 }
 
 /// What [`check_handshake`] does before TLS starts.

@@ -92,7 +92,7 @@ pub(crate) use crate::error::{Failure, classify};
 /// provider is compiled into the application.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn install_tls_provider() {
-    let _ = crate::ring_provider().install_default();
+    let _ = crate::crypto::ring_provider().install_default();
 }
 
 /// A connection idle for this long or longer is pinged before the pool hands it out.

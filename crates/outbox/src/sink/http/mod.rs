@@ -575,7 +575,7 @@ fn encode_header_value(v: &str) -> Cow<'_, str> {
 /// `rustls-no-provider` build takes the process default, so install it before building a
 /// client. A provider already installed (by us or the host application) is kept.
 fn install_ring_provider() {
-    let _ = crate::ring_provider().install_default();
+    let _ = crate::crypto::ring_provider().install_default();
 }
 
 #[async_trait]

@@ -657,7 +657,7 @@ fn qos_number(q: QoS) -> u8 {
 /// cannot pick a process default and panics at first use). A provider already
 /// installed (by another sink or the host application) is kept.
 fn install_ring_provider() {
-    let _ = crate::ring_provider().install_default();
+    let _ = crate::crypto::ring_provider().install_default();
 }
 
 #[async_trait]
