@@ -23,7 +23,11 @@ use std::process::ExitCode;
 #[command(
     name = "outbox",
     version,
-    about = "Transactional outbox: enqueue in your transaction, relay at least once."
+    about = "Transactional outbox: enqueue in your transaction, relay at least once.",
+    after_help = "Exit codes: 0 success; 1 an error (a database or sink that cannot be reached or \
+opened, refused rows, a failed `status --check`); 2 a usage error (bad flags, a bad \
+configuration, a relay without a sink); `relay --drain`: 3 some publishes failed and were \
+rescheduled, 4 none failed but some messages were quarantined."
 )]
 struct Cli {
     #[command(flatten)]

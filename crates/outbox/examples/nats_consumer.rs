@@ -77,7 +77,11 @@ impl Config {
     /// From the environment, with the defaults of the module docs.
     pub fn from_env() -> Self {
         let var =
-            |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
+            // An empty variable (`X=$UNSET`) counts as unset.
+            |name: &str, default: &str| match std::env::var(name) {
+                Ok(v) if !v.is_empty() => v,
+                _ => default.into(),
+            };
         Config {
             database_url: var(
                 "OUTBOX_DATABASE_URL",

@@ -50,8 +50,9 @@ pub(crate) struct Args {
     /// ("no route for topic …"). In OUTBOX_ROUTE, separate routes by spaces.
     #[arg(long = "route", env = "OUTBOX_ROUTE", value_delimiter = ' ', value_parser = RouteParser)]
     routes: Vec<(String, String)>,
-    /// Exit once nothing is due: 0 when every publish succeeded or was quarantined, 3
-    /// when some failed and were rescheduled (they are still pending).
+    /// Exit once nothing is due: 0 when every publish succeeded, 3 when some failed and
+    /// were rescheduled (they are still pending), 4 when none failed but some messages
+    /// were quarantined as dead letters during the drain.
     #[arg(long, env = "OUTBOX_DRAIN")]
     drain: bool,
     /// Drain, and when other relays still hold claims at the end (a relay killed a
