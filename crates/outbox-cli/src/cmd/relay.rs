@@ -201,7 +201,7 @@ pub(crate) async fn run(global: &GlobalArgs, args: &Args) -> anyhow::Result<Exit
         (sink, _) => sink.clone(),
     };
     let open = || open_sink(sink.as_deref(), routes);
-    check_streams(routes, *create_missing).await?;
+    check_streams(routes, *create_missing).await;
     let mut config = RelayConfig {
         batch_size: *batch_size,
         min_batch_size,
@@ -477,16 +477,15 @@ fn parse_relay_id(s: &str) -> Result<String, String> {
 /// a server that cannot be asked within 10 s is said too and does not stop the relay
 /// (it delivers once the server is back). A URL that cannot be read is the relay's
 /// own error, given when it opens the routes.
-async fn check_streams(routes: &[(String, String)], create: bool) -> anyhow::Result<()> {
+async fn check_streams(routes: &[(String, String)], create: bool) {
     use outbox::sink::nats::{NatsSink, StreamCheck};
     for (pattern, url) in routes {
-        let is_nats = url.starts_with("nats://") || url.starts_with("tls://");
+        if !(url.starts_with("nats://") || url.starts_with("tls://")) {
+            continue;
+        }
         let Ok(topics) = outbox::sink::router::TopicPattern::parse(pattern) else {
             continue;
         };
-        if !is_nats {
-            continue;
-        }
         let Ok(sink) = NatsSink::connect(url, Default::default()).await else {
             continue;
         };
@@ -517,7 +516,6 @@ async fn check_streams(routes: &[(String, String)], create: bool) -> anyhow::Res
         }
         outbox::Sink::close(&sink).await;
     }
-    Ok(())
 }
 
 async fn open_sink(

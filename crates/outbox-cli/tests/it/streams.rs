@@ -28,13 +28,22 @@ async fn relay_checks_and_creates_missing_jetstream_streams() {
         ]));
     };
 
+    // `relay --route ROUTE --drain` with `extra` flags: its exit code and stderr.
+    let drain = |extra: &[&str]| {
+        let out = outbox()
+            .args(["--database-url", &db, "relay", "--route", &route, "--drain"])
+            .args(extra)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
     enqueue();
-    let out = outbox()
-        .args(["--database-url", &db, "relay", "--route", &route, "--drain"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    let (code, stderr) = drain(&[]);
+    assert_eq!(code, Some(4), "{stderr}");
     assert!(
         stderr.contains(&format!(
             "no JetStream stream on nats://127.0.0.1:4222 covers route \"{prefix}.>\""
@@ -43,20 +52,8 @@ async fn relay_checks_and_creates_missing_jetstream_streams() {
     );
 
     enqueue();
-    let out = outbox()
-        .args([
-            "--database-url",
-            &db,
-            "relay",
-            "--route",
-            &route,
-            "--create-missing",
-            "--drain",
-        ])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let (code, stderr) = drain(&["--create-missing"]);
+    assert_eq!(code, Some(0), "{stderr}");
     assert!(
         stderr.contains(&format!(
             "created JetStream stream {stream} (subjects \"{prefix}.>\""
@@ -73,20 +70,8 @@ async fn relay_checks_and_creates_missing_jetstream_streams() {
     );
 
     // Covered now: nothing to say, nothing created again.
-    let out = outbox()
-        .args([
-            "--database-url",
-            &db,
-            "relay",
-            "--route",
-            &route,
-            "--create-missing",
-            "--drain",
-        ])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let (code, stderr) = drain(&["--create-missing"]);
+    assert_eq!(code, Some(0), "{stderr}");
     assert!(!stderr.contains("JetStream stream"), "{stderr}");
     js.delete_stream(&stream).await.unwrap();
 }
