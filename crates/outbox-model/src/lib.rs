@@ -334,14 +334,14 @@ const CLAIM_CODE: &[Code] = &[
     ),
     Code::Text(
         "crates/outbox/src/store/postgres/claim.rs",
-        "m.status <= 1 AND m.available_at <= now()",
+        "m.status <= 1 AND m.available_at <= now(){lease}{extra}{pauses}",
     ),
 ];
 const SETTLE_CODE: &[Code] = &[
     Code::Fn("crates/outbox/src/store/postgres/settle.rs", "settle"),
     Code::Text(
         "crates/outbox/src/store/postgres/sql/settle.sql",
-        "claim_token = $9 AND status = 1",
+        "claim_token = $9 AND status <= 1",
     ),
     Code::Fn("crates/outbox/src/store/mysql/settle.rs", "settle_once"),
     Code::Text(
@@ -351,7 +351,7 @@ const SETTLE_CODE: &[Code] = &[
     Code::Fn("crates/outbox/src/store/sqlite/settle.rs", "settle"),
     Code::Text(
         "crates/outbox/src/store/sqlite/mod.rs",
-        "m.claim_token = ?2 AND m.status = 1",
+        "m.claim_token = ?2 AND m.status <= 1",
     ),
     Code::Fn("crates/outbox/src/relay/decide.rs", "decide"),
 ];
@@ -393,7 +393,7 @@ pub const TRANSITIONS: &[Transition] = &[
             Code::Fn("crates/outbox/src/store/postgres/settle.rs", "renew"),
             Code::Text(
                 "crates/outbox/src/store/postgres/sql/renew.sql",
-                "claim_token = $1 AND status = 1",
+                "claim_token = $1 AND status <= 1",
             ),
             Code::Fn("crates/outbox/src/relay/process.rs", "keep_lease"),
         ],
@@ -402,7 +402,7 @@ pub const TRANSITIONS: &[Transition] = &[
         name: "settle: dispatched",
         from: "claimed",
         to: "dispatched",
-        doc: "`Settlement::dispatched`), guarded by `claim_token` and `status = 1`",
+        doc: "`Settlement::dispatched`), guarded by `claim_token` on a live row",
         code: SETTLE_CODE,
     },
     Transition {
@@ -418,7 +418,7 @@ pub const TRANSITIONS: &[Transition] = &[
             ),
             Code::Text(
                 "crates/outbox/src/store/postgres/sql/delete_claimed.sql",
-                "claim_token = $2 AND status = 1",
+                "claim_token = $2 AND status <= 1",
             ),
             Code::Fn(
                 "crates/outbox/src/store/mysql/settle.rs",

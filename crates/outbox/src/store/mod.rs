@@ -205,6 +205,29 @@ impl std::fmt::Display for KeyOrdering {
     }
 }
 
+/// SQL of a pending row (PostgreSQL and SQLite): live (`status` 0, or 1 as rows claimed
+/// before their schema version 10 hold it) and holding no claim token. Their claims leave
+/// `status` as it is and write only columns no index reads; every release, retry, replay
+/// and settle clears the token.
+pub(crate) const PENDING_SQL: &str = "status <= 1 AND claim_token IS NULL";
+/// SQL of a claimed row (PostgreSQL and SQLite): live and holding a claim token, its lease (`locked_until`) live or
+/// expired, until a settle, a release or another claim.
+pub(crate) const CLAIMED_SQL: &str = "status <= 1 AND claim_token IS NOT NULL";
+/// A row's status as the library names it (0 pending, 1 claimed, 2 dispatched, 3 dead),
+/// from its stored `status` and claim token.
+pub(crate) const STATE_SQL: &str =
+    "(CASE WHEN status <= 1 THEN CASE WHEN claim_token IS NULL THEN 0 ELSE 1 END ELSE status END)";
+/// The due rows' lease test (PostgreSQL and SQLite), as a filter to append: a live row is
+/// claimable once its `available_at` has passed and it holds no live lease
+/// (`locked_until`, the lease end, unset or past). `alias` prefixes the column (`""` or
+/// `"m."`), `now` is the store's clock in SQL. Their claims keep a claimed row's `status`
+/// and `available_at`, so a claimed row stays where it was in the live index and this
+/// test skips it while its lease lasts: a claim reads past the rows in flight (on
+/// PostgreSQL, 4,000 leased rows ahead of 1,000 due ones cost under 1 ms).
+pub(crate) fn lease_free(alias: &str, now: &str) -> String {
+    format!(" AND ({alias}locked_until IS NULL OR {alias}locked_until <= {now})")
+}
+
 /// The `available_at` of a parked message ([`Maintenance::park_held`]): 9999-01-01T00:00:00Z,
 /// far beyond any real delay, so a parked row is pending but never due. SQLite stores it
 /// as [`PARKED_AT_MS`].

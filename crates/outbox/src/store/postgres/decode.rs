@@ -145,7 +145,7 @@ impl PgStore {
             "SELECT id, message_id, convert_to(topic, {UTF8_BYTES}), convert_to(key, {UTF8_BYTES}),
                     payload, convert_to(headers::text, {UTF8_BYTES}),
                     extract(epoch FROM occurred_at)::float8, attempts
-             FROM {s}.messages WHERE id = ANY($1) AND claim_token = $2 AND status = 1"
+             FROM {s}.messages WHERE id = ANY($1) AND claim_token = $2 AND status <= 1"
         );
         let read = async |ids: &[i64]| {
             sqlx::query(AssertSqlSafe(sql.clone()))

@@ -4,7 +4,7 @@
 //! Supported: PostgreSQL 13 and later (`gen_random_uuid()` in core).
 
 use self::claim::{SKIP_TOPICS_5, claim_ordered_sql, claim_sql, claim_update};
-use super::StoreConfig;
+use super::{CLAIMED_SQL, PENDING_SQL, StoreConfig};
 use crate::error::Result;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
@@ -26,8 +26,9 @@ mod views;
 /// Schema version this build creates and expects (4: the consumer inbox; 5: `enqueue(...)`
 /// skips its header checks for a message without headers; 6: topic pauses carry their
 /// regex, so the claim itself honours them; 7: the `messages_key` index of per-key
-/// ordering).
-pub const SCHEMA_VERSION: i64 = 9;
+/// ordering; 8 and 9: the registry's destinations and instances; 10: the claim writes no
+/// indexed column, and the table's pages keep room for it).
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// SQL text built once per store from the validated schema name.
 struct Sql {
@@ -76,16 +77,15 @@ impl Sql {
             pause_state: q(schema_sql(include_str!("sql/pause_state.sql"), s)),
             set_pause: q(schema_sql(include_str!("sql/set_pause.sql"), s)),
             counts: q(format!(
-                "SELECT count(*) FILTER (WHERE status = 0),
-                        count(*) FILTER (WHERE status = 1),
+                "SELECT count(*) FILTER (WHERE {PENDING_SQL}),
+                        count(*) FILTER (WHERE {CLAIMED_SQL}),
                         count(*) FILTER (WHERE status = 2),
                         count(*) FILTER (WHERE status = 3),
-                        floor(extract(epoch FROM now() - min({OCCURRED_AT}) FILTER (WHERE status = 0)))::bigint
+                        floor(extract(epoch FROM now() - min({OCCURRED_AT}) FILTER (WHERE {PENDING_SQL})))::bigint
                  FROM {s}.messages"
             )),
             version: q(schema_sql(include_str!("sql/schema_version.sql"), s)),
             purge: q(schema_sql(include_str!("sql/purge.sql"), s)),
-            // On a claimed row available_at is the lease end (the live index serves it).
             leases: q(schema_sql(include_str!("sql/leases.sql"), s)),
             // Insert first: a duplicate waits for a concurrent accept to end and then does
             // nothing (no unique-violation exception, so the caller's transaction lives).
@@ -210,6 +210,11 @@ macro_rules! shown_time {
 }
 const OCCURRED_AT: &str = shown_time!("occurred_at");
 const AVAILABLE_AT: &str = shown_time!("available_at");
+/// `available_at` as the views show it: on a claimed row, when its lease ends (the claim
+/// keeps the row's own `available_at`; see [`CLAIMED_SQL`](crate::store::CLAIMED_SQL)).
+const SHOWN_AVAILABLE_AT: &str = shown_time!(
+    "(CASE WHEN status <= 1 AND claim_token IS NOT NULL THEN greatest(available_at, locked_until) ELSE available_at END)"
+);
 const LOCKED_UNTIL: &str = shown_time!("locked_until");
 const DISPATCHED_AT: &str = shown_time!("dispatched_at");
 

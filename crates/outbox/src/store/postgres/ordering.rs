@@ -98,8 +98,8 @@ impl PgStore {
              UPDATE {s}.messages m SET available_at = '{PARKED_AT}'
              FROM blocked b
              WHERE m.topic = b.topic AND md5(m.key) = md5(b.key) AND m.key = b.key
-               AND m.id > b.id AND m.key IS NOT NULL AND m.status = 0
-               AND m.available_at <= now()"
+               AND m.id > b.id AND m.key IS NOT NULL AND m.status <= 1
+               AND m.claim_token IS NULL AND m.available_at <= now()"
         )))
         .bind(ordering.regexes())
         .execute(&mut *tx)
@@ -183,16 +183,19 @@ impl PgStore {
                     floor(extract(epoch FROM now() - min({AVAILABLE_AT}) FILTER (WHERE NOT held)))::bigint
              FROM (
                SELECT m.available_at,
-                      coalesce(head.id <> m.id AND (head.status = 3 OR head.available_at > now()),
+                      coalesce(head.id <> m.id
+                               AND (head.status = 3 OR head.available_at > now()
+                                    OR head.locked_until > now()),
                                false) AS held
                FROM {s}.messages m
                LEFT JOIN LATERAL (
-                 SELECT h.id, h.status, h.available_at FROM {s}.messages h
+                 SELECT h.id, h.status, h.available_at, h.locked_until FROM {s}.messages h
                  WHERE m.key IS NOT NULL AND m.topic ~ ANY($1::text[])
                    AND h.topic = m.topic AND md5(h.key) = md5(m.key)
                    AND h.key IS NOT NULL AND h.status <> 2{not_dead}
                  ORDER BY h.topic, md5(h.key), h.id LIMIT 1) head ON true
-               WHERE m.status <= 1 AND m.available_at <= now()) d"
+               WHERE m.status <= 1 AND m.available_at <= now(){lease}) d",
+            lease = crate::store::lease_free("m.", "now()")
         )))
         .bind(ordering.regexes())
         .fetch_one(&self.inner.pool)

@@ -40,6 +40,10 @@ pub(super) fn migrations(s: &str) -> Vec<String> {
         // v9: a registry row per relay instance (two relays under one id each keep
         // theirs), with the instance's lease (which claims are whose).
         schema_sql(include_str!("sql/migrations/09_relay_instances.sql"), s),
+        // v10: the claim keeps a row's status and available_at (a claimed row is one
+        // holding a token), and the table keeps room on each page for the claim's new
+        // version, so a claim writes no index entry (see `claim::claim_set`).
+        schema_sql(include_str!("sql/migrations/10_hot_claim.sql"), s),
     ]
 }
 

@@ -2,12 +2,13 @@
 //! throughput.
 
 use super::{
-    AVAILABLE_AT, DISPATCHED_AT, LOCKED_UNTIL, OCCURRED_AT, PgStore, UTF8_BYTES, schema_sql,
+    DISPATCHED_AT, LOCKED_UNTIL, OCCURRED_AT, PgStore, SHOWN_AVAILABLE_AT, UTF8_BYTES, schema_sql,
 };
 use crate::error::Result;
 use crate::store::Views;
 use crate::store::common::views::{self, FindSql, LocationText, OverviewSql};
 use crate::store::lossy;
+use crate::store::{CLAIMED_SQL, STATE_SQL};
 use crate::store::{Counts, Leases, Overview, PARKED_AT};
 use crate::store::{DueHeld, HeldKeys, KeyOrdering};
 use async_trait::async_trait;
@@ -28,12 +29,14 @@ impl Views for PgStore {
         let counts = self.counts().await?;
         let sql = |t: String| AssertSqlSafe(t).into_sql_str();
         // Each claim goes to the latest-started live instance of its relay id whose start
-        // plus lease is not after the claim's lease end (none: an earlier process's).
+        // plus lease is not after the claim's lease end, `locked_until` (none: an earlier
+        // process's).
         let statements = OverviewSql {
             due: sql(format!(
-                "SELECT count(*), floor(extract(epoch FROM now() - min({AVAILABLE_AT})))::bigint,
-                        count(*) FILTER (WHERE status = 1)
-                 FROM {s}.messages WHERE status <= 1 AND available_at <= now()"
+                "SELECT count(*), floor(extract(epoch FROM now() - min({SHOWN_AVAILABLE_AT})))::bigint,
+                        count(*) FILTER (WHERE {CLAIMED_SQL})
+                 FROM {s}.messages WHERE status <= 1 AND available_at <= now(){lease}",
+                lease = crate::store::lease_free("", "now()")
             )),
             parked: sql(format!(
                 "SELECT count(*) FROM {s}.messages
@@ -44,15 +47,15 @@ impl Views for PgStore {
                         (SELECT r.instance FROM {s}.relays r
                          WHERE r.relay_id = m.claimed_by
                            AND r.last_seen >= now() - {expiry} * interval '1 millisecond'
-                           AND r.started_at + r.lease_ms * interval '1 millisecond' <= m.available_at
+                           AND r.started_at + r.lease_ms * interval '1 millisecond' <= m.locked_until
                          ORDER BY r.started_at DESC, r.instance LIMIT 1) AS instance,
-                        count(*), count(*) FILTER (WHERE m.available_at <= now())
-                 FROM {s}.messages m WHERE m.status = 1 GROUP BY 1, 2 ORDER BY 1, 2",
+                        count(*), count(*) FILTER (WHERE m.locked_until <= now())
+                 FROM {s}.messages m WHERE {CLAIMED_SQL} GROUP BY 1, 2 ORDER BY 1, 2",
                 expiry = crate::store::RELAY_EXPIRY.as_millis()
             )),
             by_topic: sql(format!(
                 "SELECT convert_to(topic, {UTF8_BYTES}), count(*) FROM {s}.messages
-                 WHERE status = $1 GROUP BY topic ORDER BY count(*) DESC, topic LIMIT $2"
+                 WHERE {STATE_SQL} = $1 GROUP BY topic ORDER BY count(*) DESC, topic LIMIT $2"
             )),
         };
         views::overview(&self.inner.pool, counts, statements, top_n, |s| s, lossy).await
@@ -107,8 +110,8 @@ impl Views for PgStore {
         // Text as bytes, shown with U+FFFD for what is not UTF-8 (see `dead_letters`).
         let cols = format!(
             "id, message_id, convert_to(topic, {UTF8_BYTES}) AS topic,
-             convert_to(key, {UTF8_BYTES}) AS key, status, attempts, {OCCURRED_AT} AS occurred_at,
-             {AVAILABLE_AT} AS available_at, claimed_by, {LOCKED_UNTIL} AS locked_until,
+             convert_to(key, {UTF8_BYTES}) AS key, {STATE_SQL}::smallint AS status, attempts, {OCCURRED_AT} AS occurred_at,
+             {SHOWN_AVAILABLE_AT} AS available_at, claimed_by, {LOCKED_UNTIL} AS locked_until,
              {DISPATCHED_AT} AS dispatched_at, last_error,
              octet_length(payload)::bigint AS payload_bytes, replay_id"
         );

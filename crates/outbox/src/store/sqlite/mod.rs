@@ -25,7 +25,7 @@ mod topics;
 mod views;
 mod wakeup;
 
-use super::StoreConfig;
+use super::{CLAIMED_SQL, PENDING_SQL, StoreConfig};
 use crate::error::Result;
 use claim::claim_sql;
 use sqlx::sqlite::{
@@ -37,8 +37,9 @@ use std::sync::Arc;
 
 /// Schema version this build creates and expects (4: the consumer inbox; 5: topic pauses
 /// carry their regex, so the claim itself honours them; 6: the `messages_key` index of
-/// per-key ordering).
-pub const SCHEMA_VERSION: i64 = 8;
+/// per-key ordering; 7 and 8: the registry's destinations and instances; 9: a claim
+/// writes no column an index reads).
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// The database clock in integer milliseconds (UTC); constant within one statement.
 const NOW_MS: &str = super::SQLITE_NOW_MS;
@@ -86,12 +87,12 @@ impl Sql {
                               json_extract(value, '$[2]') AS delay_ms, json_extract(value, '$[3]') AS err,
                               json_extract(value, '$[4]') AS refund
                        FROM json_each(?1)) AS x
-                 WHERE m.id = x.id AND m.claim_token = ?2 AND m.status = 1
+                 WHERE m.id = x.id AND m.claim_token = ?2 AND m.status <= 1
                  RETURNING id"
             )),
             renew: q(format!(
-                "UPDATE {p}_messages SET locked_until = {n} + ?2, available_at = {n} + ?2
-                 WHERE id IN (SELECT value FROM json_each(?3)) AND claim_token = ?1 AND status = 1
+                "UPDATE {p}_messages SET locked_until = {n} + ?2
+                 WHERE id IN (SELECT value FROM json_each(?3)) AND claim_token = ?1 AND status <= 1
                  RETURNING id"
             )),
             pause_state: q(format!(
@@ -105,9 +106,9 @@ impl Sql {
                 "UPDATE {p}_control SET paused = ?1, reason = ?2, changed_at = {n} WHERE id = 1"
             )),
             counts: q(format!(
-                "SELECT coalesce(sum(status = 0), 0), coalesce(sum(status = 1), 0),
+                "SELECT coalesce(sum({PENDING_SQL}), 0), coalesce(sum({CLAIMED_SQL}), 0),
                         coalesce(sum(status = 2), 0), coalesce(sum(status = 3), 0),
-                        CAST(({n} - min(CASE WHEN status = 0 THEN occurred_at END)) / 1000 AS INTEGER)
+                        CAST(({n} - min(CASE WHEN {PENDING_SQL} THEN occurred_at END)) / 1000 AS INTEGER)
                  FROM {p}_messages"
             )),
             purge: q(format!(
@@ -116,10 +117,10 @@ impl Sql {
                    WHERE status = 2 AND dispatched_at < {n} - ?1
                    ORDER BY id LIMIT ?2)"
             )),
-            // On a claimed row available_at is the lease end; NOW_MS is one value per statement.
+            // NOW_MS is one value per statement.
             leases: q(format!(
-                "SELECT count(*), max(available_at), max(available_at) - {n}
-                 FROM {p}_messages WHERE status = 1 AND available_at > {n}"
+                "SELECT count(*), max(locked_until), max(locked_until) - {n}
+                 FROM {p}_messages WHERE {CLAIMED_SQL} AND locked_until > {n}"
             )),
             // Insert first; the write lock serialises concurrent accepts, and a duplicate
             // changes no row (no error, the transaction goes on).

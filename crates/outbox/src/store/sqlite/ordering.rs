@@ -26,7 +26,7 @@ impl SqliteStore {
              WHERE id IN (SELECT m.id FROM blocked b JOIN {p}_messages m
                           ON m.topic = b.topic AND m.key = b.key AND m.key IS NOT NULL
                          AND m.status <> 2 AND m.id > b.id
-                          WHERE m.status = 0 AND m.available_at <= {n})"
+                          WHERE m.status <= 1 AND m.claim_token IS NULL AND m.available_at <= {n})"
         )));
         let parked = query.bind(topics).execute(&mut *tx).await?.rows_affected();
         tx.commit().await?;
@@ -121,12 +121,15 @@ impl SqliteStore {
              FROM (
                SELECT m.available_at,
                       CASE WHEN m.key IS NOT NULL AND {ordered} THEN coalesce(
-                        (SELECT h.id <> m.id AND (h.status = 3 OR h.available_at > {n})
+                        (SELECT h.id <> m.id
+                                AND (h.status = 3 OR h.available_at > {n}
+                                     OR coalesce(h.locked_until > {n}, 0))
                          FROM {p}_messages h
                          WHERE h.topic = m.topic AND h.key = m.key AND h.status <> 2{dead_h}
                          ORDER BY h.id LIMIT 1), 0)
                       ELSE 0 END AS held
-               FROM {p}_messages m WHERE m.status <= 1 AND m.available_at <= {n})"
+               FROM {p}_messages m WHERE m.status <= 1 AND m.available_at <= {n}{lease})",
+            lease = super::claim::lease_free("m.")
         )))
         .bind(topics)
         .fetch_one(&mut *tx)

@@ -14,7 +14,7 @@ use std::time::Duration;
 /// is, with `{p}` the table prefix and `{n}` [`NOW_MS`] (whitespace included: SQLite keeps
 /// the text of a `CREATE` in `sqlite_master`). Each is applied once, all in `migrate`'s
 /// one transaction.
-const MIGRATIONS: [&str; 8] = [
+const MIGRATIONS: [&str; 9] = [
     include_str!("sql/migration_1.sql"),
     include_str!("sql/migration_2.sql"),
     include_str!("sql/migration_3.sql"),
@@ -30,6 +30,9 @@ const MIGRATIONS: [&str; 8] = [
     // theirs), with the instance's lease (which claims are whose). SQLite cannot
     // change a primary key: the table is rebuilt.
     include_str!("sql/migration_8.sql"),
+    // v9: a claim writes no column an index reads (see `claim::claim_sql`); earlier
+    // builds refuse the file.
+    include_str!("sql/migration_9.sql"),
 ];
 
 const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);

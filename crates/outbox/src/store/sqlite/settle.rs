@@ -51,7 +51,7 @@ impl Relaying for SqliteStore {
         let p = &self.inner.config.schema;
         Ok(sqlx::query_scalar(AssertSqlSafe(format!(
             "DELETE FROM {p}_messages
-             WHERE id IN (SELECT value FROM json_each(?2)) AND claim_token = ?1 AND status = 1
+             WHERE id IN (SELECT value FROM json_each(?2)) AND claim_token = ?1 AND status <= 1
              RETURNING id"
         )))
         .bind(token.hyphenated().to_string())

@@ -6,10 +6,16 @@ use super::{NOW_MS, SqliteStore};
 use crate::error::Result;
 use crate::store::common::views::{self, FindSql, LocationText, OverviewSql};
 use crate::store::lossy;
+use crate::store::{CLAIMED_SQL, STATE_SQL};
 use crate::store::{Counts, DueHeld, HeldKeys, KeyOrdering, Leases, Overview, PARKED_AT_MS, Views};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr};
+
+/// `available_at` as the views show it: on a claimed row, when its lease ends (the claim
+/// keeps the row's own `available_at`; see [`CLAIMED_SQL`]).
+const SHOWN_AVAILABLE_AT: &str = "(CASE WHEN status <= 1 AND claim_token IS NOT NULL
+      THEN max(available_at, coalesce(locked_until, available_at)) ELSE available_at END)";
 
 #[async_trait]
 impl Views for SqliteStore {
@@ -35,11 +41,14 @@ impl Views for SqliteStore {
         let counts = self.counts().await?;
         let sql = |t: String| AssertSqlSafe(t).into_sql_str();
         // Each claim goes to the latest-started live instance of its relay id whose start
-        // plus lease is not after the claim's lease end (none: an earlier process's).
+        // plus lease is not after the claim's lease end, `locked_until` (none: an earlier
+        // process's).
         let statements = OverviewSql {
             due: sql(format!(
-                "SELECT count(*), CAST({n} - min(available_at) AS INTEGER), coalesce(sum(status = 1), 0)
-                 FROM {p}_messages WHERE status <= 1 AND available_at <= {n}"
+                "SELECT count(*), CAST({n} - min({SHOWN_AVAILABLE_AT}) AS INTEGER),
+                        coalesce(sum({CLAIMED_SQL}), 0)
+                 FROM {p}_messages WHERE status <= 1 AND available_at <= {n}{lease}",
+                lease = super::claim::lease_free("")
             )),
             parked: sql(format!(
                 "SELECT count(*) FROM {p}_messages
@@ -49,14 +58,14 @@ impl Views for SqliteStore {
                 "SELECT m.claimed_by,
                         (SELECT r.instance FROM {p}_relays r
                          WHERE r.relay_id = m.claimed_by AND r.last_seen >= {n} - {expiry}
-                           AND r.started_at + r.lease_ms <= m.available_at
+                           AND r.started_at + r.lease_ms <= m.locked_until
                          ORDER BY r.started_at DESC, r.instance LIMIT 1) AS instance,
-                        count(*), coalesce(sum(m.available_at <= {n}), 0)
-                 FROM {p}_messages m WHERE m.status = 1 GROUP BY 1, 2 ORDER BY 1, 2",
+                        count(*), coalesce(sum(m.locked_until <= {n}), 0)
+                 FROM {p}_messages m WHERE {CLAIMED_SQL} GROUP BY 1, 2 ORDER BY 1, 2",
                 expiry = crate::store::RELAY_EXPIRY.as_millis()
             )),
             by_topic: sql(format!(
-                "SELECT CAST(topic AS BLOB), count(*) FROM {p}_messages WHERE status = ?1
+                "SELECT CAST(topic AS BLOB), count(*) FROM {p}_messages WHERE {STATE_SQL} = ?1
                  GROUP BY topic ORDER BY count(*) DESC, topic LIMIT ?2"
             )),
         };
@@ -71,11 +80,16 @@ impl Views for SqliteStore {
     ) -> Result<Vec<crate::store::lookup::MessageLocation>> {
         let p = self.p();
         // Text as bytes, shown with U+FFFD for what is not UTF-8 (see `dead_letters`).
-        let cols = "id, message_id, CAST(topic AS BLOB) AS topic, CAST(key AS BLOB) AS key,
-                    status, attempts, occurred_at, available_at, claimed_by, locked_until,
-                    dispatched_at, last_error, length(payload) AS payload_bytes, replay_id";
+        let cols = format!(
+            "id, message_id, CAST(topic AS BLOB) AS topic, CAST(key AS BLOB) AS key,
+             {STATE_SQL} AS status, attempts, occurred_at, {SHOWN_AVAILABLE_AT} AS available_at,
+             claimed_by, locked_until, dispatched_at, last_error,
+             length(payload) AS payload_bytes, replay_id"
+        );
         let table = format!("{p}_messages");
-        let sql = FindSql::select(cols, &table, "topic = ?1 AND key = ?2", |n| format!("?{n}"));
+        let sql = FindSql::select(&cols, &table, "topic = ?1 AND key = ?2", |n| {
+            format!("?{n}")
+        });
         let id = |id: &uuid::Uuid| id.hyphenated().to_string();
         let rows = views::find(&self.inner.pool, query, limit, sql, id).await?;
         rows.iter()

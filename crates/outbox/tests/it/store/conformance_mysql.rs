@@ -371,10 +371,15 @@ impl Backend for MySqlBackend {
     }
 
     async fn hold_write_lock(&self) -> sqlx::Transaction<'static, Self::Database> {
-        // A row lock on the first dispatched row: a purge, deleting by id order, waits on it.
+        // A row lock on the first row by id that a purge of rows dispatched over an hour ago
+        // deletes (it deletes in id order), so the purge waits on it whichever index its
+        // plan reads. (A lock on the first dispatched row of any age held up only a purge
+        // that walked the primary key: with the dispatched index's range it never waited.)
         let mut tx = self.app.begin().await.unwrap();
         sqlx::query(AssertSqlSafe(format!(
-            "SELECT id FROM {}_messages WHERE status = 2 ORDER BY id LIMIT 1 FOR UPDATE",
+            "SELECT id FROM {}_messages
+             WHERE status = 2 AND dispatched_at < TIMESTAMPADD(HOUR, -1, UTC_TIMESTAMP(6))
+             ORDER BY id LIMIT 1 FOR UPDATE",
             self.p()
         )))
         .fetch_all(&mut *tx)

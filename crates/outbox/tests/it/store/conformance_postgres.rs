@@ -156,12 +156,12 @@ impl Backend for PgBackend {
         let sql = format!(
             "SELECT id, message_id, topic, key, payload, headers, status, attempts, claimed_by,
                     claim_token, {}, {}, {}, {}, last_error
-             FROM {}.messages WHERE {filter} ORDER BY id",
+             FROM {} WHERE {filter} ORDER BY id",
             us("occurred_at"),
             us("available_at"),
             us("locked_until"),
             us("dispatched_at"),
-            self.s()
+            self.messages()
         );
         sqlx::query(AssertSqlSafe(sql))
             .fetch_all(&self.app)
@@ -178,6 +178,11 @@ impl Backend for PgBackend {
 
     fn table(&self, name: &str) -> String {
         format!("{}.{name}", self.s())
+    }
+
+    /// A claimed row keeps `status` 0 and holds a token (schema version 10).
+    fn messages(&self) -> String {
+        crate::store::conformance::status_by_token(&self.table("messages"), "smallint")
     }
 
     async fn scalar(&self, sql: &str) -> i64 {
@@ -349,11 +354,7 @@ crate::store::conformance::conformance_cases!(PgBackend);
 #[tokio::test]
 async fn postgres_claim_leaves_the_connections_commit_setting_alone() {
     let db = PgBackend::create("asyncclaim", crate::store::conformance::DEFAULT_MAX).await;
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&pg_url())
-        .await
-        .unwrap();
+    let (pool, store) = one_connection_store(&db).await;
     let setting = |pool: PgPool| async move {
         sqlx::query_scalar::<_, String>("SHOW synchronous_commit")
             .fetch_one(&pool)
@@ -362,7 +363,6 @@ async fn postgres_claim_leaves_the_connections_commit_setting_alone() {
     };
     let before = setting(pool.clone()).await;
     assert_ne!(before, "off", "the server's own setting is not off");
-    let store = PgStore::from_pool(pool.clone(), db.store.config().clone());
     let ids: Vec<i64> = db
         .enqueue_all(&[
             Message::new("a.t", b"1".to_vec()),
@@ -383,8 +383,8 @@ async fn postgres_claim_leaves_the_connections_commit_setting_alone() {
     assert_eq!(claim.messages[0].id, ids[0]);
     assert_eq!(setting(pool.clone()).await, before, "after the claim");
     let status: i16 = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT status FROM {}.messages WHERE id = $1",
-        db.s()
+        "SELECT status FROM {} WHERE id = $1",
+        db.messages()
     )))
     .bind(ids[0])
     .fetch_one(&db.app)
@@ -399,5 +399,89 @@ async fn postgres_claim_leaves_the_connections_commit_setting_alone() {
         setting(pool.clone()).await,
         before,
         "after the ordered claim"
+    );
+}
+
+/// A store of `db`'s outbox on a pool of one connection of its own (what one session sees
+/// and keeps), and that pool.
+async fn one_connection_store(db: &PgBackend) -> (PgPool, PgStore) {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&pg_url())
+        .await
+        .unwrap();
+    let store = PgStore::from_pool(pool.clone(), db.store.config().clone());
+    (pool, store)
+}
+
+/// A claim writes no indexed column (schema version 10), so PostgreSQL updates every
+/// claimed row in place, as a heap-only tuple with no index entry; a lease renewal too.
+/// The table's statistics count each such update as HOT.
+#[tokio::test]
+async fn postgres_claim_and_renew_update_rows_in_place() {
+    const N: usize = 200;
+    let db = PgBackend::create("hotclaim", crate::store::conformance::DEFAULT_MAX).await;
+    // One connection, so the statistics it keeps can be flushed on demand.
+    let (pool, store) = one_connection_store(&db).await;
+    let msgs: Vec<Message> = (0..N)
+        .map(|i| Message::new("hot.t", vec![b'x'; 300]).key(format!("k{i}")))
+        .collect();
+    db.enqueue_all(&msgs).await;
+    let stats_sql = format!(
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+         WHERE schemaname = '{}' AND relname = 'messages'",
+        db.s()
+    );
+    let stats = || async {
+        sqlx::query_as::<_, (i64, i64)>(AssertSqlSafe(stats_sql.clone()))
+            .fetch_one(&db.app)
+            .await
+            .unwrap()
+    };
+    let flush = || async {
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query("SELECT 1").execute(&pool).await.unwrap();
+    };
+    let (upd0, hot0) = stats().await;
+    let claim = store
+        .claim(&ClaimRequest {
+            relay_id: "hot".into(),
+            batch_size: N as u32,
+            lease: Duration::from_secs(30),
+            skip_topics: Vec::new(),
+            ordering: crate::relay::ordering::ordered("other.>"),
+        })
+        .await
+        .unwrap();
+    assert_eq!(claim.messages.len(), N);
+    let ids: Vec<i64> = claim.messages.iter().map(|m| m.id).collect();
+    let renewed = store
+        .renew(claim.token, &ids, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(renewed.len(), N);
+    flush().await;
+    let want = 2 * N as i64;
+    crate::common::wait_until(
+        "the claim's and the renewal's updates in the statistics",
+        Duration::from_secs(20),
+        || async {
+            let (upd, _) = stats().await;
+            if upd - upd0 >= want {
+                Ok(())
+            } else {
+                Err(format!("{} updates so far", upd - upd0))
+            }
+        },
+    )
+    .await;
+    let (upd, hot) = stats().await;
+    assert_eq!(
+        (upd - upd0, hot - hot0),
+        (want, want),
+        "(updates, of which HOT): every claimed and renewed row is updated in place"
     );
 }

@@ -153,7 +153,8 @@ impl Backend for SqliteBackend {
             "SELECT id, message_id, topic, key, payload, headers, status, attempts, claimed_by,
                     claim_token, occurred_at, available_at, locked_until, dispatched_at,
                     last_error
-             FROM {P}_messages WHERE {filter} ORDER BY id"
+             FROM {} WHERE {filter} ORDER BY id",
+            self.messages()
         );
         sqlx::query(AssertSqlSafe(sql))
             .fetch_all(&self.app)
@@ -170,6 +171,11 @@ impl Backend for SqliteBackend {
 
     fn table(&self, name: &str) -> String {
         format!("{P}_{name}")
+    }
+
+    /// A claimed row keeps `status` 0 and holds a token (schema version 9).
+    fn messages(&self) -> String {
+        crate::store::conformance::status_by_token(&self.table("messages"), "INTEGER")
     }
 
     async fn scalar(&self, sql: &str) -> i64 {
@@ -257,7 +263,7 @@ impl Backend for SqliteBackend {
     async fn assert_claim_uses_live_index(&self) {
         // The claim's subquery, as the store has it ({n} is the store's NOW_MS).
         let template = "SELECT id FROM {p}_messages
-                      WHERE status <= 1 AND available_at <= {n}{skip}
+                      WHERE status <= 1 AND available_at <= {n}{lease}{skip}
                         AND NOT EXISTS (SELECT 1 FROM {p}_control c WHERE c.id = 1 AND c.paused)
                       ORDER BY available_at, id LIMIT ?4";
         assert_in_source(STORE_SOURCE, template, "src/store/sqlite/claim.rs");
@@ -269,6 +275,10 @@ impl Backend for SqliteBackend {
         let query = template
             .replace("{p}", P)
             .replace("{n}", NOW_MS)
+            .replace(
+                "{lease}",
+                &format!(" AND (locked_until IS NULL OR locked_until <= {NOW_MS})"),
+            )
             .replace("{skip}", "")
             .replace("?4", "100");
         let plan: Vec<String> = sqlx::query(AssertSqlSafe(format!("EXPLAIN QUERY PLAN {query}")))

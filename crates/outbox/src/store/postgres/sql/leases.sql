@@ -1,3 +1,3 @@
-SELECT count(*), max(available_at),
-       ceil(extract(epoch FROM max(available_at) - now()) * 1000)::bigint
-FROM {s}.messages WHERE status = 1 AND available_at > now()
+SELECT count(*), max(locked_until),
+       ceil(extract(epoch FROM max(locked_until) - now()) * 1000)::bigint
+FROM {s}.messages WHERE status <= 1 AND claim_token IS NOT NULL AND locked_until > now()

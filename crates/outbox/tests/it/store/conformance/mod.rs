@@ -237,7 +237,8 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
     /// query is checked against the store's source so the two stay in sync.
     async fn assert_claim_uses_live_index(&self);
 
-    /// Holds, from another connection, a lock that makes a purge's delete wait.
+    /// Holds, from another connection, a lock that makes a purge of rows dispatched over an
+    /// hour ago wait.
     async fn hold_write_lock(&self) -> sqlx::Transaction<'static, Self::Database>;
 
     /// Calls the store's SQL entry point once per call, all in one transaction, and
@@ -290,11 +291,19 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
         self.app()
     }
 
-    /// Rows of the messages table matching `filter`.
+    /// The messages table as the cases read it: each row with the status the library
+    /// names (0 pending, 1 claimed, 2 dispatched, 3 dead) in `status`. A store that stores
+    /// a claim otherwise (PostgreSQL and SQLite keep `status` 0 and mark a claim by its
+    /// token) derives it here ([`status_by_token`]); by default the table itself.
+    fn messages(&self) -> String {
+        self.table("messages")
+    }
+
+    /// Rows of the messages table matching `filter` (on [`Backend::messages`]).
     async fn count(&self, filter: &str) -> i64 {
         self.scalar(&format!(
             "SELECT count(*) FROM {} WHERE {filter}",
-            self.table("messages")
+            self.messages()
         ))
         .await
     }
@@ -385,6 +394,20 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
             .pop()
             .unwrap_or_else(|| panic!("no row {id}"))
     }
+}
+
+/// `table` (the messages table) as a subquery whose `status` is the library's, derived
+/// from the stored status and the claim token (a live row holding a token is claimed), of
+/// SQL type `status_type`.
+pub(crate) fn status_by_token(table: &str, status_type: &str) -> String {
+    format!(
+        "(SELECT id, message_id, topic, key, payload, headers, occurred_at, available_at,
+                 CAST(CASE WHEN status <= 1 THEN CASE WHEN claim_token IS NULL THEN 0 ELSE 1 END
+                           ELSE status END AS {status_type}) AS status,
+                 attempts, claimed_by, claim_token, locked_until, dispatched_at, last_error,
+                 replay_id
+          FROM {table}) AS messages"
+    )
 }
 
 /// `id IN (…)`.
