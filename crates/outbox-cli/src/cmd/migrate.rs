@@ -26,6 +26,10 @@ pub(crate) async fn run(global: &GlobalArgs, args: &Args) -> anyhow::Result<Exit
             _ => anyhow::bail!("--notify applies to PostgreSQL only"),
         }
     }
-    eprintln!("outbox schema {:?} is migrated", global.schema);
+    let what = match &store {
+        AnyStore::Sqlite(_) | AnyStore::MySql(_) => "table prefix",
+        _ => "schema",
+    };
+    eprintln!("outbox {what} {:?} is migrated", global.schema);
     Ok(ExitCode::SUCCESS)
 }

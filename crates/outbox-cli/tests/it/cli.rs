@@ -739,6 +739,9 @@ async fn drain_reports_and_can_wait_for_leases_held_by_others() {
         .await
         .unwrap();
     let lease = Duration::from_secs(3);
+    // Taken before the claim: the lease ends at the claim's database time plus the lease,
+    // which is no earlier than this.
+    let claimed_at = Instant::now();
     let killed = store
         .claim(&outbox::store::ClaimRequest {
             relay_id: "killed".into(),
@@ -749,7 +752,6 @@ async fn drain_reports_and_can_wait_for_leases_held_by_others() {
         })
         .await
         .unwrap();
-    let claimed_at = Instant::now();
     assert_eq!(killed.messages.len(), 2);
     let file = dir.path().join("out.jsonl");
     let sink = format!("file:{}", file.display());
@@ -952,7 +954,7 @@ async fn sigkilled_ordered_relays_keep_every_keys_order() {
     // (dispatched rows, rows the relay `id` holds claimed)
     let progress = |id: &str| -> (i64, i64) {
         let out = psql(&format!(
-            "SELECT count(*) FILTER (WHERE status = 2), count(*) FILTER (WHERE status = 1 AND claimed_by = '{id}') FROM {schema}.messages"
+            "SELECT count(*) FILTER (WHERE status = 2), count(*) FILTER (WHERE status <= 1 AND claim_token IS NOT NULL AND claimed_by = '{id}') FROM {schema}.messages"
         ));
         let (d, c) = out.trim().split_once('|').unwrap();
         (d.parse().unwrap(), c.parse().unwrap())

@@ -454,3 +454,40 @@ fn the_api_shows_no_lease_end_on_a_dispatched_row() {
         }
     }
 }
+
+/// A sink URL or route the relay cannot read as written (an unknown scheme, a malformed
+/// pattern) is a configuration error: exit 2, as a bad flag, before anything is claimed.
+/// `migrate` names a SQLite outbox's table prefix, not a schema.
+#[test]
+fn a_sink_url_the_relay_cannot_read_is_a_usage_error() {
+    let db = Sqlite::new();
+    for args in [
+        &["relay", "--sink", "bogus://x", "--drain"][..],
+        &["relay", "--route", "a.>=bogus://x", "--drain"],
+        &["relay", "--route", "a.>.b=stdout", "--drain"],
+    ] {
+        let out = run(db.cmd().args(args));
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("error:"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    // A sink that cannot be opened (a file in a directory that does not exist) is not a
+    // usage error: exit 1.
+    let out = run(db.cmd().args([
+        "relay",
+        "--sink",
+        "file:/nonexistent/dir/out.jsonl",
+        "--drain",
+    ]));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+
+    let out = run(db.cmd().arg("migrate"));
+    assert!(
+        stderr(&out).contains("table prefix \"outbox\""),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -281,6 +281,14 @@ impl Relay {
 
     /// Runs until `cancel` fires (or, with `drain`, until nothing is due).
     ///
+    /// Run it in a task of a multi-threaded runtime ([`Relay::spawn`], or
+    /// `tokio::spawn(relay.run(cancel))`) rather than awaiting it in `main` under
+    /// `#[tokio::main]`: `main`'s future is polled on the thread that blocks on the runtime,
+    /// not on a worker, so every wake-up from the sockets the workers drive crosses
+    /// threads. Measured with the CLI, draining 50,000 rows to JetStream: 4,157 futex calls
+    /// and 7,500–8,900 voluntary context switches polled on the main thread, 1,623 and
+    /// 1,500–1,800 in a task, about a fifth less CPU.
+    ///
     /// # Errors
     /// [`RelayError::Store`] when the store is not migrated or unreachable at start;
     /// [`RelayError::Paused`] in drain mode on a paused outbox; [`RelayError::Config`] for
