@@ -7,11 +7,13 @@
 //!
 //! ```text
 //! scripts/soak [--seed N] [--messages N] [--faults N] [--rate N] [--relays N]
-//!              [--store postgres|mysql|sqlite] [--sink nats]
+//!              [--producers N] [--store postgres|mysql|sqlite] [--sink nats|rabbitmq]
+//! scripts/soak --check-the-checker
 //! ```
 //!
 //! Everything runs on private servers in a temporary directory: a NATS server with
-//! JetStream, a PostgreSQL cluster or a MariaDB server (SQLite is a file). The last line is
+//! JetStream or a RabbitMQ node, a PostgreSQL cluster or a MariaDB server (SQLite is a
+//! file). docs/soak.md is the reader's page. The last line is
 //! the verdict, `lost N, rolled-back delivered N, order violations N, outage attempts N,
 //! duplicates N (…)`; the exit status is 1 unless the first four are 0 and every poison
 //! message was quarantined. The same seed draws the same producers' choices and the same
@@ -37,6 +39,7 @@ use std::fmt::Write as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,7 +56,6 @@ const PUBLISH_TIMEOUT_MS: u64 = 2_000;
 const WINDOW_S: f64 = 5.0;
 /// Keys of the ordered topic, per producer.
 const KEYS_PER_PRODUCER: u64 = 20;
-const PRODUCERS: u64 = 2;
 
 // ---------------------------------------------------------------------------------------
 // Arguments and the seeded generator
@@ -73,6 +75,7 @@ struct Args {
     faults: u32,
     rate: u64,
     relays: usize,
+    producers: u64,
     store: StoreKind,
     sink: SinkKind,
 }
@@ -86,7 +89,7 @@ enum SinkKind {
 fn usage(why: &str) -> ! {
     eprintln!(
         "soak: {why}\nusage: scripts/soak [--seed N] [--messages N] [--faults N] [--rate N] \
-         [--relays N] [--store postgres|mysql|sqlite] [--sink nats|rabbitmq]"
+         [--relays N] [--producers N] [--store postgres|mysql|sqlite] [--sink nats|rabbitmq]"
     );
     std::process::exit(2)
 }
@@ -98,6 +101,7 @@ fn parse_args() -> Args {
         faults: 12,
         rate: 1_000,
         relays: 3,
+        producers: 4,
         store: StoreKind::Postgres,
         sink: SinkKind::Nats,
     };
@@ -119,6 +123,7 @@ fn parse_args() -> Args {
             "--messages" => args.messages = num(&value).max(1),
             "--faults" => args.faults = u32::try_from(num(&value)).unwrap_or(u32::MAX),
             "--rate" => args.rate = num(&value).max(1),
+            "--producers" => args.producers = num(&value).clamp(1, 64),
             "--relays" => args.relays = usize::try_from(num(&value)).unwrap_or(3).max(1),
             "--store" => {
                 args.store = match value.as_str() {
@@ -175,7 +180,49 @@ struct Proc {
     log: PathBuf,
     /// The log's length when the current process started: what it wrote comes after.
     log_from: u64,
+    /// The signal that stops it when the soak is interrupted.
+    quit: i32,
     child: Option<Child>,
+}
+
+/// Every child running now, with its `quit` signal: stopped by [`stop_everything`] when
+/// the soak is interrupted (SIGINT, SIGTERM), since no destructor runs then.
+static LIVE: Mutex<Vec<(i32, i32)>> = Mutex::new(Vec::new());
+/// The soak's directory, removed by [`stop_everything`] unless SOAK_KEEP is set.
+static DIR: Mutex<Option<PathBuf>> = Mutex::new(None);
+/// Set once the soak is stopping on a signal: nothing is started any more.
+static STOPPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn forget(pid: u32) {
+    let pid = i32::try_from(pid).unwrap_or(0);
+    LIVE.lock().expect("lock").retain(|(p, _)| *p != pid);
+}
+
+/// Stops every child the soak started (each with its quit signal, then SIGKILL after
+/// 20 s) and removes the soak's directory: the interrupted soak leaves nothing running.
+fn stop_everything() {
+    STOPPING.store(true, Ordering::SeqCst);
+    let live = std::mem::take(&mut *LIVE.lock().expect("lock"));
+    for (pid, signal) in &live {
+        // SAFETY: kill(2) with the pid of a child of ours.
+        unsafe { libc::kill(*pid, *signal) };
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for (pid, _) in &live {
+        // SAFETY: waitpid(2) on a child of ours; WNOHANG never blocks.
+        while unsafe { libc::waitpid(*pid, std::ptr::null_mut(), libc::WNOHANG) } == 0 {
+            if Instant::now() > deadline {
+                // SAFETY: as above.
+                unsafe { libc::kill(*pid, libc::SIGKILL) };
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    if let Some(dir) = DIR.lock().expect("lock").take()
+        && std::env::var_os("SOAK_KEEP").is_none()
+    {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 impl Proc {
@@ -189,11 +236,21 @@ impl Proc {
             make: Box::new(make),
             log,
             log_from: 0,
+            quit: libc::SIGKILL,
             child: None,
         }
     }
 
+    /// Stops it with `signal` when the soak is interrupted (default SIGKILL).
+    fn quit_with(mut self, signal: i32) -> Self {
+        self.quit = signal;
+        self
+    }
+
     fn start(&mut self) {
+        if STOPPING.load(Ordering::SeqCst) {
+            return;
+        }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -207,6 +264,9 @@ impl Proc {
             .stderr(err)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.name));
+        LIVE.lock()
+            .expect("lock")
+            .push((i32::try_from(child.id()).expect("pid"), self.quit));
         self.child = Some(child);
     }
 
@@ -215,6 +275,7 @@ impl Proc {
         let Some(mut child) = self.child.take() else {
             return;
         };
+        forget(child.id());
         let pid = i32::try_from(child.id()).expect("pid");
         // SAFETY: kill(2) with a pid of our own child.
         unsafe { libc::kill(pid, signal) };
@@ -242,7 +303,9 @@ impl Proc {
     /// The exit status when the process has exited on its own.
     fn exited(&mut self) -> Option<std::process::ExitStatus> {
         let status = self.child.as_mut()?.try_wait().ok()??;
-        self.child = None;
+        if let Some(child) = self.child.take() {
+            forget(child.id());
+        }
         Some(status)
     }
 }
@@ -350,7 +413,8 @@ impl Database {
                 .args(["-c", "max_connections=200"])
                 .args(["-c", "logging_collector=off"]);
             cmd
-        });
+        })
+        .quit_with(libc::SIGINT);
         server.start();
         let db = Database {
             url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
@@ -391,7 +455,8 @@ impl Database {
                 .args(["--skip-networking=0", "--bind-address=127.0.0.1"])
                 .args(["--innodb-buffer-pool-size=64M", "--max-connections=300"]);
             cmd
-        });
+        })
+        .quit_with(libc::SIGTERM);
         server.start();
         wait_port("mariadbd", port, Duration::from_secs(60)).await;
         let socket = d.join("mysqld.sock");
@@ -507,7 +572,8 @@ impl Broker {
                     cmd.args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
                         .arg(&store);
                     cmd
-                });
+                })
+                .quit_with(libc::SIGTERM);
                 Broker {
                     kind,
                     proc,
@@ -545,7 +611,8 @@ impl Broker {
                     let mut cmd = Command::new("rabbitmq-server");
                     cmd.envs(env2.iter().map(|(k, v)| (k, v)));
                     cmd
-                });
+                })
+                .quit_with(libc::SIGTERM);
                 Broker {
                     kind,
                     proc,
@@ -746,14 +813,23 @@ fn unix_now() -> f64 {
 /// One producer: transactions of 1 to 20 messages (one in two holds one), one in ten
 /// rolled back; messages plain, keyed on the ordered topic (keys this producer alone
 /// writes), delayed 1–4 s, or poison (a topic no route takes). Paced at `rate` messages/s.
+/// The producers' counts, shared with the fault runner and the summary.
+#[derive(Default)]
+struct Tally {
+    /// Messages written (committed, rolled back or unknown).
+    written: AtomicU64,
+    /// Transactions that failed and were tried again, or whose commit failed.
+    errors: AtomicU64,
+}
+
 async fn produce(
     store: AnyStore,
-    p: u64,
+    (p, producers): (u64, u64),
     count: u64,
     rate: u64,
     mut rng: Rng,
     ledger: Ledger,
-    errors: Arc<Mutex<u64>>,
+    tally: Arc<Tally>,
 ) {
     let started = Instant::now();
     let mut positions: HashMap<u64, u64> = HashMap::new();
@@ -771,7 +847,7 @@ async fn produce(
                     (true, None, 0.0),
                 )
             } else if roll < 405 {
-                let k = p + PRODUCERS * rng.range(0, KEYS_PER_PRODUCER - 1);
+                let k = p + producers * rng.range(0, KEYS_PER_PRODUCER - 1);
                 let key = format!("k{k}");
                 (
                     Message::new("soak.ordered", id.to_string()).key(key.clone()),
@@ -810,16 +886,17 @@ async fn produce(
                 }
                 Err(WriteError::AtCommit) => {
                     record(&ledger, &mut positions, &batch, Fate::Uncertain);
-                    *errors.lock().expect("lock") += 1;
+                    tally.errors.fetch_add(1, Ordering::Relaxed);
                     break;
                 }
                 Err(WriteError::Before) => {
-                    *errors.lock().expect("lock") += 1;
+                    tally.errors.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
             }
         }
         written += n;
+        tally.written.fetch_add(n, Ordering::Relaxed);
         let due = Duration::from_secs_f64(written as f64 / rate as f64);
         if let Some(wait) = due.checked_sub(started.elapsed()) {
             tokio::time::sleep(wait).await;
@@ -904,10 +981,12 @@ enum Fault {
 }
 
 fn schedule(args: &Args, rng: &mut Rng, restartable_db: bool) -> Vec<(u64, Fault)> {
-    let span_ms = args.messages * 1000 / args.rate;
+    // Faults fire by the producers' progress (messages written), so they spread over the
+    // production however fast it goes.
+    let last = args.messages.saturating_sub(1).max(1);
     let mut faults: Vec<(u64, Fault)> = (0..args.faults)
         .map(|_| {
-            let at = rng.range(span_ms / 20, span_ms.max(1));
+            let at = rng.range(args.messages / 20, last);
             let fault = match rng.range(0, 99) {
                 0..=34 => Fault::KillRelay {
                     relay: usize::try_from(
@@ -982,7 +1061,9 @@ fn relay_command(db_url: &str, route: &str, name: &str, drain: bool) -> Command 
 /// it), not fatal. `Err` holds its stderr.
 async fn admin(world: &World, db_url: &str, args: &[&str]) -> Result<(), String> {
     let mut cmd = tokio::process::Command::new(OUTBOX);
-    cmd.args(args).args(["--database-url", db_url]);
+    cmd.args(args)
+        .args(["--database-url", db_url])
+        .kill_on_drop(true);
     let out = cmd
         .output()
         .await
@@ -1184,26 +1265,148 @@ async fn read_rows(db: &Database) -> HashMap<String, (i64, i64)> {
 // The run
 // ---------------------------------------------------------------------------------------
 
+/// `[  12.3s]`: the time since `started`, for the soak's lines.
+fn stamp_at(started: Instant) -> String {
+    format!("[{:>6.1}s]", started.elapsed().as_secs_f64())
+}
+
+/// `--check-the-checker`: runs [`check`] on a made-up history holding one of each defect
+/// and fails unless each is reported, so the verdict of a real run is known to be able to
+/// say no.
+fn check_the_checker() -> i32 {
+    let id = |n: u128| Uuid::from_u128(n);
+    let written = |fate, poison, ordered: Option<(&str, u64)>| Written {
+        fate,
+        poison,
+        ordered: ordered.map(|(k, p)| (k.to_owned(), p)),
+        due_at: 0.0,
+    };
+    let ledger: HashMap<Uuid, Written> = [
+        (id(1), written(Fate::Committed, false, None)), // delivered once
+        (id(2), written(Fate::Committed, false, None)), // lost: nowhere
+        (id(3), written(Fate::Committed, false, None)), // lost: marked, not on the broker
+        (id(4), written(Fate::RolledBack, false, None)), // rolled back, delivered
+        (id(5), written(Fate::Committed, false, Some(("k", 1)))), // delivered after #2
+        (id(6), written(Fate::Committed, false, Some(("k", 2)))),
+        (id(7), written(Fate::Committed, false, None)), // quarantined, not poison
+        (id(8), written(Fate::Committed, false, None)), // delivered twice
+        (id(9), written(Fate::Committed, true, None)),  // poison, quarantined
+        (id(10), written(Fate::Committed, true, None)), // poison, left pending
+        (id(11), written(Fate::Uncertain, false, None)), // never committed: not lost
+        (id(12), written(Fate::Committed, false, None)), // dispatched with 5 attempts
+    ]
+    .into_iter()
+    .collect();
+    let delivery = |n: u128, at: f64| Delivery {
+        id: id(n).to_string(),
+        body_id: id(n).to_string(),
+        at: Some(at),
+    };
+    let deliveries = vec![
+        delivery(1, 10.0),
+        delivery(4, 11.0),
+        delivery(6, 12.0),
+        delivery(5, 13.0),
+        delivery(8, 14.0),
+        delivery(8, 40.0),
+        delivery(12, 15.0),
+    ];
+    let rows: HashMap<String, (i64, i64)> = [
+        (id(3).to_string(), (2, 1)),
+        (id(7).to_string(), (3, 100)),
+        (id(9).to_string(), (3, 1)),
+        (id(10).to_string(), (0, 1)),
+        (id(12).to_string(), (2, 5)),
+    ]
+    .into_iter()
+    .collect();
+    let happened = Happened {
+        windows: vec![(12.0, 13.0)],
+        kills: 2,
+        ..Happened::default()
+    };
+    let f = check(&ledger, &deliveries, &rows, &happened);
+    let mut lost = f.lost.clone();
+    lost.sort();
+    let expect = [
+        (
+            "lost",
+            format!("{lost:?}"),
+            format!("{:?}", [id(2).to_string(), id(3).to_string()]),
+        ),
+        (
+            "rolled-back delivered",
+            f.rolled_back_delivered.len().to_string(),
+            "1".into(),
+        ),
+        (
+            "order violations",
+            f.order_violations.to_string(),
+            "1".into(),
+        ),
+        // #7 quarantined, and #12's 5 attempts against 1 + 2 kills explained.
+        ("outage attempts", f.outage_attempts.to_string(), "3".into()),
+        ("duplicates", f.duplicates.to_string(), "1".into()),
+        // #8's first copy (14.0) is more than 0 s but within 5 s of the window (12–13).
+        (
+            "duplicates near a fault",
+            f.near_fault.to_string(),
+            "1".into(),
+        ),
+        (
+            "poison quarantined",
+            format!("{} of {}", f.poison_dead, f.poison_committed),
+            "1 of 2".into(),
+        ),
+    ];
+    let mut failed = 0;
+    for (what, got, want) in expect {
+        let ok = got == want;
+        failed += u32::from(!ok);
+        println!(
+            "{} {what}: {got} (expected {want})",
+            if ok { "ok  " } else { "FAIL" }
+        );
+    }
+    i32::from(failed > 0)
+}
+
 fn main() {
+    if std::env::args().any(|a| a == "--check-the-checker") {
+        std::process::exit(check_the_checker());
+    }
     let args = parse_args();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let code = runtime.block_on(run(args));
+    let code = runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            code = run(args) => code,
+            _ = tokio::signal::ctrl_c() => 130,
+            _ = term.recv() => 143,
+        }
+    });
+    if code >= 128 {
+        eprintln!("soak: interrupted; stopping its servers and relays");
+    }
+    stop_everything();
     std::process::exit(code);
 }
 
 #[allow(clippy::too_many_lines)]
 async fn run(args: Args) -> i32 {
     let started = Instant::now();
-    let stamp = || format!("[{:>6.1}s]", started.elapsed().as_secs_f64());
+    let stamp = || stamp_at(started);
     let keep = std::env::var_os("SOAK_KEEP").is_some();
     let tmp = tempfile::Builder::new()
         .prefix("outbox-soak-")
         .tempdir()
         .expect("temp dir");
     let dir = tmp.path().to_owned();
+    *DIR.lock().expect("lock") = Some(dir.clone());
     // The private PostgreSQL runs as `postgres` and must reach its directory.
     std::fs::set_permissions(
         &dir,
@@ -1211,13 +1414,14 @@ async fn run(args: Args) -> i32 {
     )
     .expect("chmod");
     eprintln!(
-        "{} soak: seed {}, {} messages at {}/s, {} faults, {} relays, store {:?}, sink {:?}; files in {}",
+        "{} soak: seed {}, {} messages at {}/s, {} faults, {} relays, {} producers, store {:?}, sink {:?}; files in {}",
         stamp(),
         args.seed,
         args.messages,
         args.rate,
         args.faults,
         args.relays,
+        args.producers,
         args.store,
         args.sink,
         dir.display()
@@ -1244,7 +1448,7 @@ async fn run(args: Args) -> i32 {
     let faults = schedule(&args, &mut rng, db.restartable());
     let mut plan = String::new();
     for (at, f) in &faults {
-        let _ = writeln!(plan, "  at {:>7.1}s {f:?}", *at as f64 / 1000.0);
+        let _ = writeln!(plan, "  after {at:>9} messages: {f:?}");
     }
     eprintln!("{} fault schedule (seed {}):\n{plan}", stamp(), args.seed);
 
@@ -1274,7 +1478,7 @@ async fn run(args: Args) -> i32 {
     let watcher = {
         let (world, watching) = (world.clone(), watching.clone());
         tokio::spawn(async move {
-            while watching.load(std::sync::atomic::Ordering::Relaxed) {
+            while watching.load(Ordering::Relaxed) {
                 for r in &world.relays {
                     if let Ok(mut r) = r.try_lock()
                         && let Some(status) = r.exited()
@@ -1309,31 +1513,31 @@ async fn run(args: Args) -> i32 {
 
     // Producers and faults.
     let ledger: Ledger = Arc::new(Mutex::new(HashMap::new()));
-    let producer_errors = Arc::new(Mutex::new(0u64));
+    let tally = Arc::new(Tally::default());
     let store = AnyStore::connect(&db_url, StoreConfig::default())
         .await
         .expect("store");
     let mut producers = Vec::new();
-    for p in 0..PRODUCERS {
-        let share = args.messages / PRODUCERS + u64::from(p < args.messages % PRODUCERS);
+    let producers_n = args.producers;
+    for p in 0..producers_n {
+        let share = args.messages / producers_n + u64::from(p < args.messages % producers_n);
         producers.push(tokio::spawn(produce(
             store.clone(),
-            p,
+            (p, producers_n),
             share,
-            args.rate / PRODUCERS,
+            (args.rate / producers_n).max(1),
             Rng(args.seed ^ (0xABCD_0000 + p)),
             ledger.clone(),
-            producer_errors.clone(),
+            tally.clone(),
         )));
     }
     let mut injected = Vec::new();
-    let t0 = Instant::now();
     let fault_runner = {
-        let (world, db_url) = (world.clone(), db_url.clone());
+        let (world, db_url, tally) = (world.clone(), db_url.clone(), tally.clone());
         tokio::spawn(async move {
             for (at, fault) in faults {
-                if let Some(wait) = Duration::from_millis(at).checked_sub(t0.elapsed()) {
-                    tokio::time::sleep(wait).await;
+                while tally.written.load(Ordering::Relaxed) < at {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 injected.push(tokio::spawn(inject(world.clone(), db_url.clone(), fault)));
             }
@@ -1342,13 +1546,28 @@ async fn run(args: Args) -> i32 {
             }
         })
     };
+    // A line every 30 s while the producers write.
+    let reporter = {
+        let tally = tally.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                eprintln!(
+                    "{} {} messages written",
+                    stamp_at(started),
+                    tally.written.load(Ordering::Relaxed)
+                );
+            }
+        })
+    };
     for p in producers {
         p.await.expect("producer");
     }
+    reporter.abort();
     eprintln!("{} producers done", stamp());
     fault_runner.await.expect("faults");
     eprintln!("{} faults done", stamp());
-    watching.store(false, std::sync::atomic::Ordering::Relaxed);
+    watching.store(false, Ordering::Relaxed);
     watcher.await.expect("watcher");
 
     // Drain: wait for the delayed messages to be due, stop the relays gracefully, then
@@ -1423,7 +1642,7 @@ async fn run(args: Args) -> i32 {
         f.committed,
         f.rolled_back,
         f.uncertain,
-        *producer_errors.lock().expect("lock"),
+        tally.errors.load(Ordering::Relaxed),
     );
     eprintln!(
         "faults: {} relay kills, {} database restarts, {} broker stops, {} topic pauses, {} purges, \
@@ -1581,7 +1800,9 @@ fn check(
         if let (Some((key, pos)), Some(&i)) = (&w.ordered, first_seen.get(ids.as_str())) {
             by_key.entry(key.as_str()).or_default().push((i, *pos));
         }
-        if let Some(&(_, attempts)) = row
+        // Attempts of live and dispatched rows (a dead one is counted whole below).
+        if let Some(&(state, attempts)) = row
+            && state != 3
             && !w.poison
         {
             extra_attempts += (attempts - attempts_explained).max(0);
