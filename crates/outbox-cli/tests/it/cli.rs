@@ -2,7 +2,7 @@
 //! machine (see the README for how to start them).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common::{NATS, PG, outbox, run_ok, unique, wait_for};
+use crate::common::{Killed, NATS, PG, outbox, run_ok, unique, wait_for};
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -1018,14 +1018,4 @@ async fn sigkilled_ordered_relays_keep_every_keys_order() {
     );
     js.delete_stream(&stream_name).await.unwrap();
     psql(&format!("DROP SCHEMA {schema} CASCADE"));
-}
-
-/// A child process killed when dropped, so a failed assertion leaves no relay behind.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

@@ -89,3 +89,26 @@ pub(crate) fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> 
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A child process killed when dropped, so a failed assertion leaves no relay behind.
+pub(crate) struct Killed(pub(crate) std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl std::ops::Deref for Killed {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Killed {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}

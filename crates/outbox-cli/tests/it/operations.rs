@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::common::{
-    MYSQL, PG, free_port, outbox, run, run_ok, run_quarantining, unique, wait_for,
+    Killed, MYSQL, PG, free_port, outbox, run, run_ok, run_quarantining, unique, wait_for,
 };
 use std::collections::BTreeSet;
 use std::io::{BufRead, Read, Write};
@@ -468,20 +468,22 @@ fn metrics_scrape_matches_what_happened() {
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let route = format!("m.orders.>=file:{}", out.display());
-    let mut relay = db
-        .cmd()
-        .args([
-            "relay",
-            "--route",
-            &route,
-            "--metrics-addr",
-            &addr,
-            "--sample-interval-s",
-            "1",
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    // Killed when dropped: a failed assertion leaves no relay behind.
+    let mut relay = Killed(
+        db.cmd()
+            .args([
+                "relay",
+                "--route",
+                &route,
+                "--metrics-addr",
+                &addr,
+                "--sample-interval-s",
+                "1",
+            ])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     wait_for("1,000 delivered", Duration::from_secs(60), || {
         (file_ids(&out).len() == 1_000).then_some(())
     });
