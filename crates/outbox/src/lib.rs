@@ -101,7 +101,7 @@
 //! | `sqlite` | yes | [`sqlite::SqliteStore`] (bundled SQLite) | a C compiler (SQLite is compiled in) |
 //! | `nats` | yes | `sink::nats`, `envelope::from_nats` | — |
 //! | `rabbitmq` | yes | `sink::rabbitmq`, `envelope::from_amqp` | — |
-//! | `redis` | yes | `sink::redis_streams`, `envelope::from_redis` | — |
+//! | `redis` | yes | `sink::redis_streams`, `sink::sidekiq`, `envelope::from_redis` | — |
 //! | `mqtt` | yes | `sink::mqtt`, `envelope::from_mqtt` | — |
 //! | `http` | yes | `sink::http` (webhooks; implies `webhook`) | — |
 //! | `tls` | via each network sink | [`sink::tls`] (`ca=`, `cert=`, `key=`, `password_file=`) | — |

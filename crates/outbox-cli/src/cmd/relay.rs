@@ -29,8 +29,8 @@ prints each message as a JSON line.";
 /// `outbox relay`'s options.
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
-    /// Sink URL: stdout, file:PATH, nats://HOST:PORT, amqp://…, redis://…, mqtt://…,
-    /// http(s)://…; with routes, the catch-all. Required unless --route is given: the
+    /// Sink URL: stdout, file:PATH, nats://HOST:PORT, amqp://…, redis://…,
+    /// sidekiq://…?class=JobClass, mqtt://…, http(s)://…; with routes, the catch-all. Required unless --route is given: the
     /// relay refuses to start without a destination (`stdout` prints JSON lines, for
     /// trying it out). NATS, Kafka, RabbitMQ, MQTT and webhook URLs take
     /// `envelope=cloudevents` (webhooks: `outbox_envelope=`) for CloudEvents 1.0.

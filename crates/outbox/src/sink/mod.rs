@@ -24,8 +24,12 @@ pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 #[cfg(feature = "redis")]
+mod redis_client;
+#[cfg(feature = "redis")]
 pub mod redis_streams;
 pub mod router;
+#[cfg(feature = "redis")]
+pub mod sidekiq;
 #[cfg(feature = "tls")]
 pub mod tls;
 
@@ -39,7 +43,7 @@ pub use crate::error::{
 pub enum SinkError {
     /// The URL's form is not one this build knows.
     #[error(
-        "invalid sink URL {:?}: {reason} (expected stdout, file:PATH, nats://, kafka://, amqp://, redis://, mqtt:// or http(s)://)",
+        "invalid sink URL {:?}: {reason} (expected stdout, file:PATH, nats://, kafka://, amqp://, redis://, sidekiq://, mqtt:// or http(s)://)",
         crate::redact::redact_url_without_query(url)
     )]
     InvalidUrl {
@@ -355,14 +359,17 @@ fn refuse_envelope(sink: &str, query: &str) -> Result<(), String> {
 ///   `rabbitmq`);
 /// - `redis://…` or `rediss://…`: Redis Streams, confirmed by the `XADD` reply (feature
 ///   `redis`);
+/// - `sidekiq://…?class=JobClass` or `sidekiqs://…`: a Sidekiq job per message on a
+///   Sidekiq queue in Redis, confirmed by the `EXEC` reply (feature `redis`; module
+///   `sidekiq`);
 /// - `mqtt://…` or `mqtts://…`: MQTT 5, confirmed by PUBACK / PUBCOMP (feature `mqtt`);
 /// - `http(s)://…`: a webhook, confirmed by a 2xx (feature `http`).
 ///
 /// The network sinks take the same TLS and secret parameters (`ca=`, `cert=`, `key=`,
 /// `password_file=`; [`tls`]) besides their own. NATS, Kafka, RabbitMQ, MQTT and webhooks
 /// also take `envelope=cloudevents` (webhooks: `outbox_envelope=`) for a CloudEvents 1.0
-/// envelope ([`crate::cloudevents`]); Redis Streams, stdout and `file:` refuse it (no
-/// CloudEvents protocol binding).
+/// envelope ([`crate::cloudevents`]); Redis Streams, Sidekiq, stdout and `file:` refuse it
+/// (no CloudEvents protocol binding).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -438,6 +445,12 @@ pub async fn open(url: &str) -> Result<Box<dyn Sink>, SinkError> {
         return Ok(Box::new(
             redis_streams::RedisStreamsSink::connect(url).await?,
         ));
+        #[cfg(not(feature = "redis"))]
+        return Err(invalid("this build has no redis feature"));
+    }
+    if url.starts_with("sidekiq://") || url.starts_with("sidekiqs://") {
+        #[cfg(feature = "redis")]
+        return Ok(Box::new(sidekiq::SidekiqSink::connect(url).await?));
         #[cfg(not(feature = "redis"))]
         return Err(invalid("this build has no redis feature"));
     }

@@ -50,15 +50,13 @@
 //!
 //! Payloads never appear in logs; [`Sink::describe`] omits the credentials.
 
+use super::redis_client::{RedisServer, classify_reply, split_url};
 use super::{Confirmations, PublishCode, PublishError, Sink, SinkError};
 use crate::message::{OutgoingMessage, header};
 use crate::redact::redact_url as redact;
 use async_trait::async_trait;
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, RedisError, RedisResult, Value};
-use std::sync::Arc;
+use redis::{RedisResult, Value};
 use std::time::Duration;
-use tokio::sync::Mutex;
 
 /// Redis's default `proto-max-bulk-len`, the largest single argument it accepts, in bytes
 /// (512 MiB).
@@ -94,9 +92,8 @@ impl Default for RedisStreamsOptions {
 
 /// Appends each message to the Redis stream named like its topic.
 pub struct RedisStreamsSink {
-    client: redis::Client,
+    server: RedisServer,
     options: RedisStreamsOptions,
-    connection: Mutex<Option<MultiplexedConnection>>,
     describe: String,
 }
 
@@ -119,7 +116,7 @@ impl RedisStreamsSink {
     /// fails (an untrusted or expired certificate, a wrong host name) or the server refuses
     /// the credentials at start.
     pub async fn connect(url: &str) -> Result<Self, SinkError> {
-        let (_, options, _) = parse_url(url)?;
+        let (_, options) = parse_url(url)?;
         Self::connect_with(url, options).await
     }
 
@@ -129,138 +126,27 @@ impl RedisStreamsSink {
     /// # Errors
     /// As [`RedisStreamsSink::connect`].
     pub async fn connect_with(url: &str, options: RedisStreamsOptions) -> Result<Self, SinkError> {
-        let (redis_url, _, files) = parse_url(url)?;
-        let invalid = |reason: String| SinkError::InvalidUrl {
-            url: redact(url),
-            reason,
-        };
-        let tls = redis_url.starts_with("rediss://");
-        let client = if tls {
-            super::tls::install_provider();
-            let config = Arc::new(files.client_config().map_err(|e| invalid(e.to_string()))?);
-            let certificates = redis::TlsCertificates {
-                client_tls: files
-                    .identity_pem()
-                    .map_err(|e| invalid(e.to_string()))?
-                    .map(|(client_cert, client_key)| redis::ClientTlsConfig {
-                        client_cert,
-                        client_key,
-                    }),
-                root_cert: files.ca_pem().map_err(|e| invalid(e.to_string()))?,
-            };
-            let client = redis::Client::build_with_tls(redis_url.as_str(), certificates)
-                .map_err(|e| invalid(e.to_string()))?;
-            let info = client.get_connection_info();
-            if let redis::ConnectionAddr::TcpTls { host, port, .. } = info.addr() {
-                super::tls::check_handshake(
-                    host,
-                    *port,
-                    config,
-                    super::tls::Preamble::None,
-                    files.ca.as_deref(),
-                )
-                .await
-                .map_err(|e| SinkError::Open {
-                    url: redact(url),
-                    source: Box::new(e),
-                })?;
-            }
-            client
-        } else {
-            if files.named() {
-                return Err(invalid("ca, cert and key need a rediss:// URL".into()));
-            }
-            redis::Client::open(redis_url.as_str()).map_err(|e| invalid(e.to_string()))?
-        };
-        let info = client.get_connection_info();
+        let (parts, _) = parse_url(url)?;
+        let server = RedisServer::open(
+            url,
+            &parts,
+            options.connect_timeout,
+            options.response_timeout,
+            &redact(url),
+        )
+        .await?;
         let describe = format!(
-            "{}://{}/{}{}",
-            if tls { "rediss" } else { "redis" },
-            info.addr(),
-            info.redis_settings().db(),
+            "{}{}",
+            server.address,
             options
                 .maxlen
                 .map_or(String::new(), |n| format!(" maxlen ~{n}"))
         );
-        let sink = RedisStreamsSink {
-            client,
+        Ok(RedisStreamsSink {
+            server,
             options,
-            connection: Mutex::new(None),
             describe,
-        };
-        match sink.open_connection().await {
-            Ok(mut c) => {
-                // A server that wants credentials the URL did not give answers the first
-                // command with NOAUTH: that never gets better by retrying either.
-                let ping: RedisResult<String> = redis::cmd("PING").query_async(&mut c).await;
-                if let Err(e) = &ping
-                    && (e.code() == Some("NOAUTH")
-                        || e.kind() == redis::ErrorKind::AuthenticationFailed)
-                {
-                    return Err(SinkError::Open {
-                        url: redact(url),
-                        source: format!(
-                            "the Redis server requires credentials the URL does not give (USER:PASS@, or password_file=): {e}"
-                        )
-                        .into(),
-                    });
-                }
-                *sink.connection.lock().await = Some(c);
-            }
-            // Wrong credentials never get better by retrying: say so now.
-            Err(e)
-                if e.kind() == redis::ErrorKind::AuthenticationFailed
-                    || e.code() == Some("WRONGPASS")
-                    || e.code() == Some("NOAUTH") =>
-            {
-                return Err(SinkError::Open {
-                    url: redact(url),
-                    source: format!("the Redis server refused the credentials: {e}").into(),
-                });
-            }
-            Err(e) => {
-                if let redis::ConnectionAddr::Tcp(host, port) =
-                    sink.client.get_connection_info().addr()
-                    && super::tls::speaks_tls(host, *port).await
-                {
-                    return Err(SinkError::Open {
-                        url: redact(url),
-                        source: format!("{host}:{port} speaks TLS: use rediss:// ({e})").into(),
-                    });
-                }
-                tracing::warn!(sink = %sink.describe, error = %e, "Redis not reachable yet; each batch will retry");
-            }
-        }
-        Ok(sink)
-    }
-
-    /// The current connection, or a new one.
-    async fn connection(&self) -> Result<MultiplexedConnection, PublishError> {
-        let mut slot = self.connection.lock().await;
-        if let Some(c) = slot.as_ref() {
-            return Ok(c.clone());
-        }
-        let c = self.open_connection().await.map_err(|e| {
-            PublishError::unavailable(format!("cannot connect to {}: {e}", self.describe))
-                .with_code(PublishCode::NotConnected)
-        })?;
-        *slot = Some(c.clone());
-        Ok(c)
-    }
-
-    /// A new connection, within the connect and response timeouts.
-    async fn open_connection(&self) -> RedisResult<MultiplexedConnection> {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.options.connect_timeout))
-            .set_response_timeout(Some(self.options.response_timeout));
-        self.client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-    }
-
-    /// Forgets the connection, so the next batch makes a new one.
-    async fn reset(&self) {
-        *self.connection.lock().await = None;
+        })
     }
 
     fn xadd(&self, pipe: &mut redis::Pipeline, m: &OutgoingMessage) {
@@ -330,7 +216,7 @@ impl Sink for RedisStreamsSink {
             sent.push(i);
         }
         if !sent.is_empty() {
-            let mut conn = match self.connection().await {
+            let mut conn = match self.server.connection().await {
                 Ok(c) => c,
                 Err(e) => {
                     // What was decided without the server stays (a message too large is
@@ -353,7 +239,7 @@ impl Sink for RedisStreamsSink {
                                 "unexpected XADD reply {other:?}"
                             ))
                             .with_code(PublishCode::Other)),
-                            Err(e) => Err(classify_reply(&e, &batch[*i].topic)),
+                            Err(e) => Err(classify_xadd(&e, &batch[*i].topic)),
                         });
                     }
                 }
@@ -371,7 +257,7 @@ impl Sink for RedisStreamsSink {
                 Err(e) => {
                     // No usable reply at all: the entries may or may not have been added (a
                     // retry can duplicate them; consumers deduplicate on message_id).
-                    self.reset().await;
+                    self.server.reset().await;
                     let e = PublishError::unavailable(format!(
                         "Redis pipeline to {} failed: {e}",
                         self.describe
@@ -410,76 +296,41 @@ fn topic_problem(topic: &str) -> Option<&'static str> {
 }
 
 /// What one failed XADD means.
-fn classify_reply(e: &RedisError, topic: &str) -> PublishError {
-    let code = e.code().unwrap_or("");
-    let text = e.to_string();
-    match code {
-        "WRONGTYPE" => PublishError::permanent(format!(
+fn classify_xadd(e: &redis::RedisError, topic: &str) -> PublishError {
+    classify_reply(
+        e,
+        &format!("XADD to {topic:?}"),
+        format!(
             "Redis key {topic:?} exists and is not a stream (WRONGTYPE): rename or delete that key, or use another topic"
-        )).with_code(PublishCode::WrongType),
-        "NOPERM" => PublishError::permanent(format!("Redis refused XADD to {topic:?}: {text}")).with_code(PublishCode::NotAuthorized),
-        // Not authenticated at all: the sink's credentials, not the message.
-        "NOAUTH" => PublishError::unavailable(format!(
-            "Redis wants authentication (put the password in the sink URL): {text}"
-        )).with_code(PublishCode::NotAuthorized),
-        "OOM" | "LOADING" | "BUSY" | "MISCONF" | "READONLY" | "MASTERDOWN" | "TRYAGAIN"
-        | "CLUSTERDOWN" | "MOVED" | "ASK" => {
-            PublishError::unavailable(format!("Redis cannot take writes now: {text}")).with_code(PublishCode::DestinationBusy)
-        }
-        // No reply within the response timeout: judged by the router like any timeout.
-        _ if e.is_timeout() => PublishError::timed_out(format!("Redis did not reply: {text}")),
-        _ if e.is_io_error() || e.is_connection_dropped() => {
-            PublishError::unavailable(format!("Redis connection failed: {text}")).with_code(PublishCode::NotConnected)
-        }
-        _ => PublishError::transient(format!("Redis XADD to {topic:?}: {text}")),
-    }
+        ),
+    )
 }
 
-/// Splits our parameters off `url`; returns the URL for the client, the options and the
-/// TLS files (the password of `password_file` is put into the URL returned).
-fn parse_url(url: &str) -> Result<(String, RedisStreamsOptions, super::tls::TlsFiles), SinkError> {
+/// Splits our parameters off `url`: the parts the client gets and the options.
+fn parse_url(url: &str) -> Result<(super::redis_client::RedisUrl, RedisStreamsOptions), SinkError> {
     let invalid = |reason: String| SinkError::InvalidUrl {
         url: redact(url),
         reason,
     };
-    if !url.starts_with("redis://") && !url.starts_with("rediss://") {
-        return Err(invalid(
-            "expected redis://HOST:PORT[/DB] or rediss://…".into(),
-        ));
-    }
-    let original = url::Url::parse(url).map_err(|e| invalid(e.to_string()))?;
-    let mut parsed = original.clone();
-    let files = super::tls::take_settings(&mut parsed).map_err(|e| invalid(e.to_string()))?;
-    // The text as written unless a parameter was taken out.
-    let cleaned = parsed.to_string();
-    let url = if parsed == original {
-        url
-    } else {
-        cleaned.as_str()
-    };
-    let base = url.split_once('?').map_or(url, |(base, _)| base);
+    let parts = split_url(url, "redis", "rediss")?;
     let mut options = RedisStreamsOptions::default();
-    let mut kept = url::form_urlencoded::Serializer::new(String::new());
     let mut envelope = None;
     let mut source = None;
-    for (k, v) in parsed.query_pairs() {
+    for (k, v) in &parts.params {
         let positive = |what: &str| {
             v.parse::<u64>()
                 .ok()
                 .filter(|n| *n > 0)
                 .ok_or_else(|| invalid(format!("{what} {v:?} is not a positive integer")))
         };
-        match k.as_ref() {
+        match k.as_str() {
             "maxlen" => options.maxlen = Some(positive("maxlen")?),
             "max_message_bytes" => {
                 options.max_message_bytes = usize::try_from(positive("max_message_bytes")?)
                     .map_err(|_| invalid(format!("max_message_bytes {v:?} is too large")))?;
             }
-            "protocol" => {
-                kept.append_pair(&k, &v);
-            }
-            crate::cloudevents::ENVELOPE_PARAM => envelope = Some(v),
-            crate::cloudevents::SOURCE_PARAM => source = Some(v),
+            crate::cloudevents::ENVELOPE_PARAM => envelope = Some(v.clone()),
+            crate::cloudevents::SOURCE_PARAM => source = Some(v.clone()),
             k => {
                 return Err(invalid(format!(
                     "unknown parameter {k:?} (known: maxlen, max_message_bytes, protocol)"
@@ -493,13 +344,7 @@ fn parse_url(url: &str) -> Result<(String, RedisStreamsOptions, super::tls::TlsF
         source.as_deref(),
     )
     .map_err(invalid)?;
-    let kept = kept.finish();
-    let redis_url = if kept.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{kept}")
-    };
-    Ok((redis_url, options, files))
+    Ok((parts, options))
 }
 
 #[cfg(test)]
@@ -521,19 +366,19 @@ mod tests {
 
     #[test]
     fn url_parameters_are_split_off() {
-        let (u, o, _) = parse_url("redis://:pw@127.0.0.1:6379/3?maxlen=1000").unwrap();
-        assert_eq!(u, "redis://:pw@127.0.0.1:6379/3");
+        let (u, o) = parse_url("redis://:pw@127.0.0.1:6379/3?maxlen=1000").unwrap();
+        assert_eq!(u.client_url, "redis://:pw@127.0.0.1:6379/3");
         assert_eq!(o.maxlen, Some(1000));
-        let (u, o, _) = parse_url("redis://h:1?protocol=resp3&max_message_bytes=10").unwrap();
-        assert_eq!(u, "redis://h:1?protocol=resp3");
+        let (u, o) = parse_url("redis://h:1?protocol=resp3&max_message_bytes=10").unwrap();
+        assert_eq!(u.client_url, "redis://h:1?protocol=resp3");
         assert_eq!(o.maxlen, None);
         assert_eq!(o.max_message_bytes, 10);
         assert!(parse_url("redis://h?maxlen=0").is_err());
         assert!(parse_url("redis://h?maxln=5").is_err());
-        let (u, _, files) = parse_url("rediss://h:6380?ca=/etc/ca.pem&maxlen=5").unwrap();
-        assert_eq!(u, "rediss://h:6380");
+        let (u, _) = parse_url("rediss://h:6380?ca=/etc/ca.pem&maxlen=5").unwrap();
+        assert_eq!(u.client_url, "rediss://h:6380");
         assert_eq!(
-            files.ca.as_deref(),
+            u.files.ca.as_deref(),
             Some(std::path::Path::new("/etc/ca.pem"))
         );
         assert_eq!(redact("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");

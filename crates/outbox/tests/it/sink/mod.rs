@@ -22,6 +22,7 @@ mod sink_kafka;
 mod sink_mqtt;
 mod sink_rabbitmq;
 mod sink_redis;
+mod sink_sidekiq;
 mod slow_destinations;
 mod timeout_after_send;
 pub(crate) mod tls;

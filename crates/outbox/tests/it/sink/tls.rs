@@ -431,6 +431,30 @@ async fn redis_over_tls_with_an_acl_user() {
         .unwrap();
     assert_eq!(len, 7);
 
+    // The Sidekiq sink reaches the same server the same ways: TLS, client certificate,
+    // ACL user, password file.
+    deliver(
+        &format!(
+            "sidekiqs://{USER}@127.0.0.1:{port}?{}&password_file={}&class=TlsJob&queue=tls",
+            pki.params(),
+            pki.show("redis-pw")
+        ),
+        "tls.sidekiq",
+        3,
+    )
+    .await;
+    let jobs: u64 = redis::cmd("LLEN")
+        .arg("queue:tls")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(jobs, 3);
+    let e = open_error(&format!(
+        "sidekiq://{USER}:{PASSWORD}@127.0.0.1:{port}?class=TlsJob"
+    ))
+    .await;
+    assert!(e.contains("speaks TLS: use sidekiqs://"), "{e}");
+
     let e = open_error(&format!(
         "rediss://{USER}:{PASSWORD}@127.0.0.1:{port}?{}",
         pki.wrong_ca_params()
