@@ -185,16 +185,16 @@ fn payload_value(
     let says_json = content_type
         .as_deref()
         .map(|t| t == "application/json" || t.ends_with("+json"));
-    match says_json {
-        Some(true) => serde_json::from_slice(&m.payload).map_err(|e| {
+    // Parsed once, only when the content-type says JSON or says nothing.
+    let parsed = (says_json != Some(false)).then(|| serde_json::from_slice::<Json>(&m.payload));
+    match (says_json, parsed) {
+        (Some(true), Some(parsed)) => parsed.map_err(|e| {
             PublishError::permanent(format!(
                 "the payload's content-type says JSON but it does not parse: {e}"
             ))
             .with_code(PublishCode::Rejected)
         }),
-        None if serde_json::from_slice::<Json>(&m.payload).is_ok() => {
-            Ok(serde_json::from_slice(&m.payload).unwrap_or(Json::Null))
-        }
+        (None, Some(Ok(value))) => Ok(value),
         _ => Ok(match std::str::from_utf8(&m.payload) {
             Ok(text) => Json::String(text.to_owned()),
             Err(_) => {
