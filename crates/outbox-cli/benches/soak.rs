@@ -1111,6 +1111,16 @@ async fn admin(world: &World, db_url: &str, args: &[&str]) -> Result<(), String>
     Err(err)
 }
 
+impl World {
+    /// Counts a fault that began at `t0` (unix s) and ended now, and keeps its window for
+    /// placing the duplicates.
+    fn outage_ended(&self, t0: f64, count: impl FnOnce(&mut Happened)) {
+        let mut h = self.happened.lock().expect("lock");
+        count(&mut h);
+        h.windows.push((t0, unix_now()));
+    }
+}
+
 async fn inject(world: Arc<World>, db_url: String, fault: Fault) {
     match fault {
         Fault::KillRelay { relay, down } => {
@@ -1119,9 +1129,7 @@ async fn inject(world: Arc<World>, db_url: String, fault: Fault) {
             r.stop(libc::SIGKILL);
             tokio::time::sleep(Duration::from_millis(down)).await;
             r.start();
-            let mut h = world.happened.lock().expect("lock");
-            h.kills += 1;
-            h.windows.push((t0, unix_now()));
+            world.outage_ended(t0, |h| h.kills += 1);
         }
         Fault::RestartDatabase { down } => {
             let mut db = world.db.lock().await;
@@ -1129,9 +1137,7 @@ async fn inject(world: Arc<World>, db_url: String, fault: Fault) {
             db.crash();
             tokio::time::sleep(Duration::from_millis(down)).await;
             db.restart().await;
-            let mut h = world.happened.lock().expect("lock");
-            h.db_restarts += 1;
-            h.windows.push((t0, unix_now()));
+            world.outage_ended(t0, |h| h.db_restarts += 1);
         }
         Fault::StopBroker { down } => {
             let mut b = world.broker.lock().await;
@@ -1139,9 +1145,7 @@ async fn inject(world: Arc<World>, db_url: String, fault: Fault) {
             b.stop();
             tokio::time::sleep(Duration::from_millis(down)).await;
             b.restart().await;
-            let mut h = world.happened.lock().expect("lock");
-            h.broker_stops += 1;
-            h.windows.push((t0, unix_now()));
+            world.outage_ended(t0, |h| h.broker_stops += 1);
         }
         Fault::PauseTopic { ms } => {
             let paused = admin(
