@@ -145,6 +145,12 @@ impl Incoming for crate::message::Envelope {
     }
 }
 
+impl Incoming for crate::job::Job {
+    fn message_id(&self) -> Uuid {
+        self.message_id
+    }
+}
+
 impl Incoming for crate::message::OutgoingMessage {
     fn message_id(&self) -> Uuid {
         self.message_id

@@ -81,6 +81,8 @@
 //! - **Only the CLI reads the config file** (`outbox.toml`).
 //! - **[`events`] and [`inbox`] name no store:** each store implements their traits in
 //!   its own folder (`store/<db>/enqueue.rs`).
+//! - **[`job`] is a sink:** a job [`job::Handler`] implements [`Sink`]; `job` stands on
+//!   [`sink`] and the vocabulary, and no sink imports it back.
 //! - **[`relay`] knows no SQL and no broker:** it talks to the store's role traits and to
 //!   [`Sink`] only.
 //!
@@ -88,7 +90,8 @@
 //! [`topic`] (row states, topic patterns), [`error`], [`events`] (integration events kept
 //! until the commit), [`transaction`] (retried transactions), [`store`] (where messages
 //! live), [`sink`] (where they go), [`relay`] (the loop between), [`envelope`] and
-//! [`inbox`] (the consumer's side), [`cloudevents`] (the opt-in CloudEvents 1.0 envelope of
+//! [`inbox`] (the consumer's side), [`job`] (handlers: the relay runs your code as a
+//! destination), [`cloudevents`] (the opt-in CloudEvents 1.0 envelope of
 //! the sinks that have a protocol binding), [`trace`] (trace context in headers, producer spans),
 //! [`metrics`], [`backoff`], [`redact`] (what of a URL may be shown).
 //!
@@ -146,6 +149,7 @@ pub mod error;
 pub mod events;
 pub mod ident;
 pub mod inbox;
+pub mod job;
 pub mod message;
 pub mod metrics;
 pub mod redact;
@@ -231,3 +235,7 @@ struct GuideConsumingDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../../../docs/guide/src/traces.md")]
 struct GuideTracesDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/guide/src/jobs.md")]
+struct GuideJobsDoctests;

@@ -306,6 +306,7 @@ pub(crate) fn system_of(describe: &str) -> &'static str {
         "mqtt" | "mqtts" => "mqtt",
         "http" | "https" => "http",
         "file" | "stdout" => "file",
+        "handler" => "handler",
         _ => "other",
     }
 }

@@ -99,13 +99,17 @@ pub enum PublishCode {
     NoRoute,
     /// `no_outcome`: the sink returned without an outcome for the message (the router).
     NoOutcome,
+    /// `handler_failed`: a job handler returned an error ([`crate::job`]).
+    HandlerFailed,
+    /// `handler_panicked`: a job handler panicked ([`crate::job`]).
+    HandlerPanicked,
     /// `other`: no sink named a reason.
     Other,
 }
 
 impl PublishCode {
     /// Every code, in declaration order.
-    pub const ALL: [PublishCode; 25] = [
+    pub const ALL: [PublishCode; 27] = [
         PublishCode::TooLarge,
         PublishCode::NoDestination,
         PublishCode::Unroutable,
@@ -130,6 +134,8 @@ impl PublishCode {
         PublishCode::BreakerOpen,
         PublishCode::NoRoute,
         PublishCode::NoOutcome,
+        PublishCode::HandlerFailed,
+        PublishCode::HandlerPanicked,
         PublishCode::Other,
     ];
 
@@ -161,6 +167,8 @@ impl PublishCode {
             PublishCode::BreakerOpen => "breaker_open",
             PublishCode::NoRoute => "no_route",
             PublishCode::NoOutcome => "no_outcome",
+            PublishCode::HandlerFailed => "handler_failed",
+            PublishCode::HandlerPanicked => "handler_panicked",
             PublishCode::Other => "other",
         }
     }
@@ -248,7 +256,8 @@ pub struct PublishError {
     /// `wrong_type`, `rate_limited`, `http_4xx`, `http_5xx`, `http_other`,
     /// `not_connected`, `destination_down`, `destination_busy`, `io_error`, `timeout`,
     /// `timed_out_after_send` ([`TIMED_OUT_AFTER_SEND`]), `in_flight` ([`IN_FLIGHT`]); the
-    /// router adds `breaker_open`, `no_route`, `no_outcome`. `other` unless a sink names
+    /// router adds `breaker_open`, `no_route`, `no_outcome`; job handlers ([`crate::job`])
+    /// `handler_failed`, `handler_panicked`. `other` unless a sink names
     /// one ([`PublishError::with_code`]). Compares equal to its name
     /// (`e.code == "too_large"`).
     pub code: PublishCode,

@@ -55,6 +55,14 @@ pub enum SinkError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A route's topic pattern that cannot be used ([`router::RouterBuilder::build`]).
+    #[error("invalid route pattern {pattern:?}: {reason}")]
+    InvalidPattern {
+        /// The pattern as given.
+        pattern: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The sink could not be opened (file not writable, …).
     #[error("cannot open sink {:?}: {source}", crate::redact::redact_url(url))]
     Open {
@@ -149,6 +157,28 @@ impl Confirmations {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Records several outcomes under one lock with one wake-up (what
+    /// [`Confirmations::set`] does for each, for outcomes known together). Slots that
+    /// already had one, or are out of range, are left as they were.
+    pub fn set_many(&self, outcomes: impl IntoIterator<Item = (usize, Result<(), PublishError>)>) {
+        let mut filled = false;
+        {
+            let mut slots = self.lock();
+            let now = std::time::Instant::now();
+            for (i, outcome) in outcomes {
+                let Some(g) = self.global(i) else { continue };
+                if let Some(slot @ None) = slots.outcome.get_mut(g) {
+                    *slot = Some(outcome);
+                    slots.at[g] = Some(now);
+                    filled = true;
+                }
+            }
+        }
+        if filled {
+            self.filled.notify_waiters();
         }
     }
 

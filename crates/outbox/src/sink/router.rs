@@ -179,6 +179,73 @@ impl From<Box<dyn Sink>> for Router {
     }
 }
 
+/// Builds a [`Router`] ([`Router::builder`]).
+#[derive(Default)]
+pub struct RouterBuilder {
+    routes: Vec<(String, Arc<dyn Sink>)>,
+    options: RouterOptions,
+}
+
+impl RouterBuilder {
+    /// Topics matching `pattern` (a [`TopicPattern`]: `orders.*`, `orders.>`, `>`) go to
+    /// `sink`. Routes given the same `Arc` share one destination (one breaker).
+    #[must_use]
+    pub fn route(mut self, pattern: &str, sink: Arc<dyn Sink>) -> Self {
+        self.routes.push((pattern.to_owned(), sink));
+        self
+    }
+
+    /// Topics matching `pattern` run through `handler` in this process: a
+    /// [`crate::job::Handler`] (any [`Sink`] value is taken, as [`RouterBuilder::route`]
+    /// takes one behind an `Arc`).
+    #[must_use]
+    pub fn handle(self, pattern: &str, handler: impl Sink) -> Self {
+        self.route(pattern, Arc::new(handler))
+    }
+
+    /// Breaker settings (default [`RouterOptions::default`]).
+    #[must_use]
+    pub fn options(mut self, options: RouterOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The router.
+    ///
+    /// # Errors
+    /// [`SinkError::InvalidPattern`] for a pattern [`TopicPattern::parse`] refuses, or no
+    /// route at all.
+    pub fn build(self) -> Result<Router, SinkError> {
+        if self.routes.is_empty() {
+            return Err(SinkError::InvalidPattern {
+                pattern: String::new(),
+                reason: "a router needs at least one route".to_owned(),
+            });
+        }
+        let mut routes = Vec::with_capacity(self.routes.len());
+        for (pattern, sink) in self.routes {
+            let p = TopicPattern::parse(&pattern)
+                .map_err(|reason| SinkError::InvalidPattern { pattern, reason })?;
+            routes.push((p, sink));
+        }
+        Ok(Router::new(routes, self.options))
+    }
+}
+
+impl std::fmt::Debug for RouterBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let routes: Vec<(&str, String)> = self
+            .routes
+            .iter()
+            .map(|(p, s)| (p.as_str(), s.describe()))
+            .collect();
+        f.debug_struct("RouterBuilder")
+            .field("routes", &routes)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
 impl Router {
     /// A router over `routes`, tried in order (first match wins). Routes given the same
     /// `Arc` share one destination (one breaker).
@@ -225,6 +292,29 @@ impl Router {
             labels,
             options,
         }
+    }
+
+    /// A router built route by route: brokers' sinks ([`RouterBuilder::route`]) and job
+    /// handlers ([`RouterBuilder::handle`]), tried in the order given.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), outbox::sink::SinkError> {
+    /// use outbox::job::{Handler, Job, JobError};
+    /// use outbox::sink::router::Router;
+    /// use std::sync::Arc;
+    ///
+    /// let nats = Arc::from(outbox::sink::open("nats://127.0.0.1:4222").await?);
+    /// let router = Router::builder()
+    ///     .handle("emails.>", Handler::new("send_email", |job: Job| async move {
+    ///         let _ = job.payload; // … send it
+    ///         Ok::<(), JobError>(())
+    ///     }))
+    ///     .route("orders.>", nats)
+    ///     .build()?;
+    /// # let _ = router; Ok(()) }
+    /// ```
+    pub fn builder() -> RouterBuilder {
+        RouterBuilder::default()
     }
 
     /// Every topic to `sink`, with default breaker settings.

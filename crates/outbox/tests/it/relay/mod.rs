@@ -9,6 +9,7 @@ mod concurrent_relays;
 mod confirm_crash;
 mod hostile_sizes;
 mod idle_relay;
+mod jobs_e2e;
 pub(crate) mod ordering;
 mod relay_suite;
 mod sqlite_e2e;

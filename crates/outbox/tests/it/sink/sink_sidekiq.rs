@@ -185,8 +185,36 @@ impl Drop for SidekiqProcess {
     }
 }
 
+/// The jobs the worker ran so far (one JSON line each), once at least `n` did, within 60 s.
+async fn jobs_run(dir: &std::path::Path, jobs_file: &std::path::Path, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = std::fs::read_to_string(jobs_file).unwrap_or_default();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        if lines.len() >= n {
+            return lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Sidekiq ran {} of {n} jobs in 60 s; its log:\n{}{}",
+            lines.len(),
+            std::fs::read_to_string(dir.join("sidekiq.log")).unwrap_or_default(),
+            std::fs::read_to_string(dir.join("sidekiq.err")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// 500 messages relayed with nothing failing are run by a real Sidekiq worker once each
+/// by `jid`, with the payload and the envelope as arguments; then 500 more, the relay
+/// stopped dead mid-way (its task aborted: no release, no mark, claims left under their
+/// lease) and a second relay finishing after the lease: every job runs, none is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidekiq_worker_runs_each_message_the_relay_delivers() {
+    const N: usize = 500;
     let queue = Queue::new();
     let dir = tempfile::tempdir().unwrap();
     let worker = dir.path().join("worker.rb");
@@ -206,15 +234,15 @@ async fn a_sidekiq_worker_runs_each_message_the_relay_delivers() {
         });
     let _sidekiq = SidekiqProcess(child);
 
-    let (store, _db) = sqlite_store().await;
+    let (sqlite, _db) = sqlite_store().await;
     let mut sent = HashMap::new();
-    for i in 0..40 {
+    for i in 0..N {
         let msg = if i % 2 == 0 {
             Message::json("emails.welcome", &json!({"user_id": i})).unwrap()
         } else {
             Message::new("emails.welcome", format!("text {i}").into_bytes())
         };
-        let e = store
+        let e = sqlite
             .enqueue_alone(&msg.key(format!("user-{i}")))
             .await
             .unwrap();
@@ -225,41 +253,24 @@ async fn a_sidekiq_worker_runs_each_message_the_relay_delivers() {
         };
         sent.insert(e.message_id.to_string(), expected);
     }
-    let sink = Arc::new(
+    let sink: Arc<dyn Sink> = Arc::new(
         SidekiqSink::connect(&queue.url("OutboxTestJob"))
             .await
             .unwrap(),
     );
+    let store: Arc<dyn outbox::Store> = Arc::new(sqlite.clone());
     let mut cfg = relay_config("sidekiq-e2e");
     cfg.drain = true;
-    let stats = Relay::new(Arc::new(store), sink, cfg)
+    let stats = Relay::new(store.clone(), sink.clone(), cfg)
         .spawn()
         .wait()
         .await
         .unwrap();
-    assert_eq!(stats.dispatched, 40);
+    assert_eq!(stats.dispatched, N as u64);
 
     // Sidekiq runs them: each job once, with the payload and the envelope.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let ran = loop {
-        let text = std::fs::read_to_string(&jobs_file).unwrap_or_default();
-        let lines: Vec<Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        if lines.len() >= 40 {
-            break lines;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "Sidekiq ran {} of 40 jobs in 60 s; its log:\n{}{}",
-            lines.len(),
-            std::fs::read_to_string(dir.path().join("sidekiq.log")).unwrap_or_default(),
-            std::fs::read_to_string(dir.path().join("sidekiq.err")).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert_eq!(ran.len(), 40, "each job once");
+    let ran = jobs_run(dir.path(), &jobs_file, N).await;
+    assert_eq!(ran.len(), N, "each job once");
     for job in &ran {
         let id = job["envelope"]["message_id"].as_str().unwrap();
         let expected = sent
@@ -276,4 +287,47 @@ async fn a_sidekiq_worker_runs_each_message_the_relay_delivers() {
         );
     }
     assert!(sent.is_empty(), "never run: {sent:?}");
+
+    // 500 more; the relay dies mid-way (small batches, so it has pushed some and holds
+    // others), a second one finishes after its lease.
+    let mut second = std::collections::HashSet::new();
+    for i in 0..N {
+        let msg = Message::json("emails.welcome", &json!({"user_id": N + i})).unwrap();
+        let e = sqlite.enqueue_alone(&msg).await.unwrap();
+        second.insert(e.message_id.to_string().replace('-', ""));
+    }
+    let mut cfg = relay_config("sidekiq-killed");
+    (cfg.batch_size, cfg.lease) = (20, Duration::from_millis(1_500));
+    let killed = tokio::spawn(
+        Relay::new(store.clone(), sink.clone(), cfg)
+            .run(tokio_util::sync::CancellationToken::new()),
+    );
+    jobs_run(dir.path(), &jobs_file, N + 100).await;
+    killed.abort();
+    let _ = killed.await;
+    let c = store.counts().await.unwrap();
+    assert!(c.dispatched < 2 * N as i64, "killed before the end: {c:?}");
+    let mut cfg = relay_config("sidekiq-after");
+    cfg.batch_size = 20;
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let after = tokio::spawn(Relay::new(store.clone(), sink.clone(), cfg).run(cancel.clone()));
+    crate::common::wait_dispatched("all 1,000 pushed", &store, 2 * N, Duration::from_secs(60))
+        .await;
+    cancel.cancel();
+    after.await.unwrap().unwrap();
+    let ran = jobs_run(dir.path(), &jobs_file, 2 * N).await;
+    let jids: std::collections::HashSet<String> = ran[N..]
+        .iter()
+        .map(|j| j["jid"].as_str().unwrap().to_owned())
+        .collect();
+    let lost: Vec<_> = second.difference(&jids).collect();
+    assert!(lost.is_empty(), "jobs never run after the kill: {lost:?}");
+    assert!(jids.is_subset(&second), "only the second 500 ran again");
+    // Duplicates (a job pushed, its mark not written before the kill) keep their jid.
+    eprintln!(
+        "after the kill: {} runs of {} jobs ({} duplicates, each with its message's jid)",
+        ran.len() - N,
+        jids.len(),
+        ran.len() - N - jids.len()
+    );
 }

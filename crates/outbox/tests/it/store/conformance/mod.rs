@@ -48,6 +48,8 @@ mod ordering;
 pub(crate) use ordering::*;
 mod lookup;
 pub(crate) use lookup::*;
+mod jobs;
+pub(crate) use jobs::*;
 
 use crate::common::{RecordingSink, messages, relay_config, wait_until};
 use async_trait::async_trait;
@@ -568,6 +570,10 @@ macro_rules! conformance_cases {
             concurrent_ordered_claims_keep_each_key_in_order,
             parked_rows_wait_behind_dead_letters_until_released,
             messages_are_found_where_they_are_and_minutes_counted,
+            job_handlers_settle_each_outcome,
+            a_job_past_its_timeout_counts_like_a_publish_timeout,
+            job_handlers_keep_their_concurrency_limit,
+            shutdown_waits_for_running_jobs_and_gives_back_the_rest,
         );
     };
     (@each $backend:ty; $($case:ident),* $(,)?) => {
