@@ -155,7 +155,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     });
     match args.as_slice() {
         ["signup", n] => {
-            for i in 0..n.parse::<u32>()? {
+            let n: u32 = n
+                .parse()
+                .map_err(|_| format!("signup N: {n:?} is not a count"))?;
+            for i in 0..n {
                 sign_up(&store, &format!("user{i}@example.com")).await?;
             }
         }

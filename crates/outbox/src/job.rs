@@ -35,13 +35,25 @@
 //!   letter once it has used `max_attempts`, with the error kept (`outbox dead list`,
 //!   `outbox replay` runs it again).
 //! - [`JobError::permanent`]: quarantined as a dead letter at once, with the error.
-//! - A **panic**: transient, with the panic's message; the relay does not crash (each
-//!   call runs in its own tokio task).
-//! - Running past the handler's [`Handler::timeout`]: the call is dropped (cancelled at
-//!   its next `.await`) and counts like a publish timeout after sending: the relay's
-//!   router gives the attempt back for the first
+//! - A **panic**: transient, with the panic's message; the relay does not crash (the call
+//!   runs under `catch_unwind`).
+//! - Running past the handler's [`Handler::timeout`] (default [`DEFAULT_TIMEOUT`]): the
+//!   call is dropped (cancelled at its next `.await`) and counts like a publish timeout
+//!   after sending: the relay's router gives the attempt back for the first
 //!   [`TIMEOUT_REFUNDS`](crate::sink::router::TIMEOUT_REFUNDS) such timeouts of a message,
 //!   then counts them, so a job that always hangs ends as a dead letter.
+//! - **Not started**: a job that waited for a free slot (the [`Handler::concurrency`]
+//!   limit) for as long as the handler's timeout is given back without running, its
+//!   attempt refunded (code `not_started`), and claimed again after 500 ms, by this relay or
+//!   another: a claim larger than the handler can run in time costs no attempts.
+//!
+//! The handler's own timeout bounds its jobs, not the relay's publish timeout
+//! (`RelayConfig::publish_timeout`, which bounds the brokers' publishes): a batch of jobs
+//! ends within twice the handler's timeout (a job waits at most one timeout for its slot,
+//! then runs at most one).
+//!
+//! Error texts (a returned error, a panic's message) are kept as the row's `last_error`
+//! and logged, cut to [`MAX_ERROR_BYTES`].
 //!
 //! The relay's guarantees hold as for a broker: the claim's lease is renewed while
 //! handlers run; per-key ordering (`RelayConfig::ordering`) runs a key's jobs one after
@@ -53,9 +65,11 @@
 //! the message id in the inbox ([`crate::inbox`]) in the same transaction as its work.
 //!
 //! Handlers run as futures on the relay's worker tasks (a batch's jobs concurrently, up to
-//! [`Handler::concurrency`]), not each on a task of its own: a job that computes for long
-//! or calls blocking code should do that part in `tokio::task::spawn_blocking`, or it
-//! holds up the relay's worker meanwhile.
+//! [`Handler::concurrency`]), not each on a task of its own. A job that computes for long
+//! without an `.await`, or calls blocking code (`std::thread::sleep`, a synchronous
+//! client), holds that worker: meanwhile its timeout cannot fire and the claim's lease is
+//! not renewed, so past the lease another relay (or another worker of the same relay)
+//! claims and runs the job again. Do that part in `tokio::task::spawn_blocking`.
 //!
 //! Metrics and spans name the destination `handler:NAME`.
 
@@ -80,6 +94,28 @@ use uuid::Uuid;
 /// Default [`Handler::concurrency`]: calls of one handler running at once.
 pub const DEFAULT_CONCURRENCY: usize = 16;
 
+/// Default [`Handler::timeout`]: 30 s.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The longest error text kept from a job (a returned error or a panic's message): 2,048
+/// bytes; a longer one is cut at a character boundary and says how long it was.
+pub const MAX_ERROR_BYTES: usize = 2_048;
+
+/// The longest [`JobError::after`]: 24 hours.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// `text` cut to [`MAX_ERROR_BYTES`].
+fn bounded(text: String) -> String {
+    if text.len() <= MAX_ERROR_BYTES {
+        return text;
+    }
+    let mut end = MAX_ERROR_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… (cut; {} bytes in all)", &text[..end], text.len())
+}
+
 /// One job: the message a handler runs, as the relay claimed it.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -103,6 +139,21 @@ pub struct Job {
 }
 
 impl Job {
+    /// A job of `topic` and `payload` as a relay would hand it over for its first attempt:
+    /// a new message id, no key, no headers, enqueued now. For testing handlers.
+    pub fn new(topic: impl Into<String>, payload: impl Into<Bytes>) -> Self {
+        Job {
+            id: 0,
+            message_id: Uuid::now_v7(),
+            topic: topic.into(),
+            key: None,
+            headers: BTreeMap::new(),
+            payload: payload.into(),
+            occurred_at: Utc::now(),
+            attempt: 1,
+        }
+    }
+
     fn of(m: &OutgoingMessage) -> Self {
         Job {
             id: m.id,
@@ -159,10 +210,11 @@ impl JobError {
         }
     }
 
-    /// Retry no sooner than `delay` from now (a retried failure only).
+    /// Retry no sooner than `delay` from now (a retried failure only), at most
+    /// [`MAX_RETRY_AFTER`].
     #[must_use]
     pub fn after(mut self, delay: Duration) -> Self {
-        self.retry_after = Some(delay);
+        self.retry_after = Some(delay.min(MAX_RETRY_AFTER));
         self
     }
 
@@ -210,13 +262,13 @@ pub struct Handler {
     run: Arc<HandlerFn>,
     permits: Arc<Semaphore>,
     concurrency: usize,
-    timeout: Option<Duration>,
+    timeout: Duration,
 }
 
 impl Handler {
     /// A handler named `name` (in logs, metrics and spans as `handler:NAME`) that runs
-    /// `f` for each message, at most [`DEFAULT_CONCURRENCY`] at once, bounded only by the
-    /// relay's publish timeout until [`Handler::timeout`] says otherwise.
+    /// `f` for each message, at most [`DEFAULT_CONCURRENCY`] at once, each for at most
+    /// [`DEFAULT_TIMEOUT`].
     pub fn new<F, Fut>(name: impl Into<String>, f: F) -> Self
     where
         F: Fn(Job) -> Fut + Send + Sync + 'static,
@@ -227,12 +279,13 @@ impl Handler {
             run: Arc::new(move |job| Box::pin(f(job))),
             permits: Arc::new(Semaphore::new(DEFAULT_CONCURRENCY)),
             concurrency: DEFAULT_CONCURRENCY,
-            timeout: None,
+            timeout: DEFAULT_TIMEOUT,
         }
     }
 
     /// At most `n` calls running at once (at least 1), across every batch and relay
-    /// worker of this process.
+    /// worker of this process. Clones made after this call share the limit; calling it
+    /// on a clone gives that clone a limit of its own.
     #[must_use]
     pub fn concurrency(mut self, n: usize) -> Self {
         let n = n.clamp(1, Semaphore::MAX_PERMITS);
@@ -241,13 +294,13 @@ impl Handler {
         self
     }
 
-    /// A call running longer than `timeout` is dropped and counts like a publish timeout
-    /// (see the [module docs](self)). The relay's publish timeout
-    /// (`RelayConfig::publish_timeout`) bounds a whole batch, so a handler's timeout
-    /// should be below it; without one, the publish timeout alone applies.
+    /// A call running longer than `timeout` (default [`DEFAULT_TIMEOUT`], at least 1 ms)
+    /// is dropped and counts like a publish timeout; a job that waited that long for a
+    /// free slot is given back unstarted (see the [module docs](self)). The relay's
+    /// publish timeout does not apply to handlers.
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
+        self.timeout = timeout.max(Duration::from_millis(1));
         self
     }
 
@@ -262,28 +315,18 @@ impl Handler {
     }
 
     /// Runs one job under the timeout; `Err` is the outcome the relay settles.
-    async fn call(
-        run: Arc<HandlerFn>,
-        job: Job,
-        timeout: Option<Duration>,
-    ) -> Result<(), PublishError> {
-        let fut = run(job);
-        let outcome = match timeout {
-            Some(t) => match tokio::time::timeout(t, fut).await {
-                Ok(o) => o,
-                Err(_) => {
-                    return Err(PublishError::timed_out_after_send(format!(
-                        "the handler ran past its timeout of {t:?}"
-                    )));
-                }
-            },
-            None => fut.await,
+    async fn call(run: Arc<HandlerFn>, job: Job, timeout: Duration) -> Result<(), PublishError> {
+        let Ok(outcome) = tokio::time::timeout(timeout, run(job)).await else {
+            return Err(PublishError::timed_out_after_send(format!(
+                "the handler ran past its timeout of {timeout:?}"
+            )));
         };
         outcome.map_err(|e| {
+            let message = bounded(e.message);
             let err = if e.permanent {
-                PublishError::permanent(e.message)
+                PublishError::permanent(message)
             } else {
-                PublishError::transient(e.message)
+                PublishError::transient(message)
             };
             let err = err.with_code(PublishCode::HandlerFailed);
             match e.retry_after {
@@ -304,22 +347,29 @@ impl fmt::Debug for Handler {
     }
 }
 
-/// The text of a panic's payload (`panic!("…")` gives a `&str` or a `String`).
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
-    payload
+/// The text of a panic's payload (`panic!("…")` gives a `&str` or a `String`), bounded;
+/// the payload is dropped under `catch_unwind` (a payload whose `Drop` panics must not
+/// take the relay down with it; what such a drop panics with is leaked, not dropped).
+fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+    let text = payload
         .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("a panic without a message")
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned());
+    if let Err(again) = std::panic::catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(again);
+    }
+    bounded(text)
 }
 
 #[async_trait]
 impl Sink for Handler {
     /// Runs the messages of `batch` concurrently, at most the concurrency limit at once,
     /// each call's panic caught, and records each outcome as it comes (outcomes ready
-    /// together, under one lock). Dropping the returned future (the relay's publish
-    /// timeout or shutdown grace passed) drops the calls still running and those not
-    /// started: their slots stay empty, so the relay gives them back.
+    /// together, under one lock). A job that waited the handler's timeout for a slot is
+    /// given back unstarted. Dropping the returned future (the shutdown grace passed)
+    /// drops the calls still running and those not started: their slots stay empty, so
+    /// the relay gives them back.
     async fn publish(&self, batch: &[OutgoingMessage], confirm: &Confirmations) {
         let mut running: FuturesUnordered<_> = batch
             .iter()
@@ -327,9 +377,19 @@ impl Sink for Handler {
             .map(|(i, m)| {
                 let job = Job::of(m);
                 async move {
+                    let permit = tokio::time::timeout(self.timeout, self.permits.acquire()).await;
                     // The semaphore is never closed: acquire fails only if it were.
-                    let Ok(_permit) = self.permits.acquire().await else {
-                        return (i, Err(PublishError::transient("the handler is closed")));
+                    let Ok(Ok(_permit)) = permit else {
+                        return (
+                            i,
+                            Err(PublishError::unavailable(format!(
+                                "not started: {} had all {} slots busy for its timeout of {:?} (given back, attempt refunded)",
+                                self.describe(),
+                                self.concurrency,
+                                self.timeout
+                            ))
+                            .with_code(PublishCode::NotStarted)),
+                        );
                     };
                     // Started: a timeout from now on is the job's, not an outage.
                     confirm.mark_sent(i);
@@ -340,7 +400,7 @@ impl Sink for Handler {
                             .unwrap_or_else(|panic| {
                                 Err(PublishError::transient(format!(
                                     "the handler panicked: {}",
-                                    panic_text(panic.as_ref())
+                                    panic_text(panic)
                                 ))
                                 .with_code(PublishCode::HandlerPanicked))
                             });
@@ -359,7 +419,53 @@ impl Sink for Handler {
         }
     }
 
+    /// Twice the handler's timeout, and a second: a job waits at most one timeout for a
+    /// slot and runs at most one, so the router's own bound never cuts a job short.
+    fn publish_timeout(&self, _relay: Duration) -> Duration {
+        self.timeout
+            .saturating_mul(2)
+            .saturating_add(Duration::from_secs(1))
+    }
+
     fn describe(&self) -> String {
         format!("handler:{}", self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_texts_are_cut_at_a_character_boundary() {
+        let short = "x".repeat(MAX_ERROR_BYTES);
+        assert_eq!(bounded(short.clone()), short);
+        let long = "é".repeat(MAX_ERROR_BYTES); // 2 bytes each
+        let cut = bounded(long);
+        assert!(
+            cut.ends_with(&format!("… (cut; {} bytes in all)", 2 * MAX_ERROR_BYTES)),
+            "{cut}"
+        );
+        assert!(cut.len() < MAX_ERROR_BYTES + 40, "{}", cut.len());
+    }
+
+    #[test]
+    fn a_panic_payload_whose_drop_panics_is_contained() {
+        struct Bomb;
+        impl Drop for Bomb {
+            fn drop(&mut self) {
+                panic!("the payload panicked on drop");
+            }
+        }
+        let payload = std::panic::catch_unwind(|| std::panic::panic_any(Bomb)).unwrap_err();
+        assert_eq!(panic_text(payload), "a panic without a message");
+        let payload = std::panic::catch_unwind(|| panic!("plain {}", 1)).unwrap_err();
+        assert_eq!(panic_text(payload), "plain 1");
+    }
+
+    #[test]
+    fn retry_after_is_bounded() {
+        let e = JobError::retry("later").after(Duration::MAX);
+        assert_eq!(e.retry_after, Some(MAX_RETRY_AFTER));
     }
 }

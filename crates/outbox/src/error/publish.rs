@@ -103,13 +103,16 @@ pub enum PublishCode {
     HandlerFailed,
     /// `handler_panicked`: a job handler panicked ([`crate::job`]).
     HandlerPanicked,
+    /// `not_started`: not sent, the sink had no room to start it in time (a job handler at
+    /// its concurrency limit, [`crate::job`]); given back, neutral for the breaker.
+    NotStarted,
     /// `other`: no sink named a reason.
     Other,
 }
 
 impl PublishCode {
     /// Every code, in declaration order.
-    pub const ALL: [PublishCode; 27] = [
+    pub const ALL: [PublishCode; 28] = [
         PublishCode::TooLarge,
         PublishCode::NoDestination,
         PublishCode::Unroutable,
@@ -136,6 +139,7 @@ impl PublishCode {
         PublishCode::NoOutcome,
         PublishCode::HandlerFailed,
         PublishCode::HandlerPanicked,
+        PublishCode::NotStarted,
         PublishCode::Other,
     ];
 
@@ -169,6 +173,7 @@ impl PublishCode {
             PublishCode::NoOutcome => "no_outcome",
             PublishCode::HandlerFailed => "handler_failed",
             PublishCode::HandlerPanicked => "handler_panicked",
+            PublishCode::NotStarted => "not_started",
             PublishCode::Other => "other",
         }
     }
@@ -257,7 +262,7 @@ pub struct PublishError {
     /// `not_connected`, `destination_down`, `destination_busy`, `io_error`, `timeout`,
     /// `timed_out_after_send` ([`TIMED_OUT_AFTER_SEND`]), `in_flight` ([`IN_FLIGHT`]); the
     /// router adds `breaker_open`, `no_route`, `no_outcome`; job handlers ([`crate::job`])
-    /// `handler_failed`, `handler_panicked`. `other` unless a sink names
+    /// `handler_failed`, `handler_panicked`, `not_started`. `other` unless a sink names
     /// one ([`PublishError::with_code`]). Compares equal to its name
     /// (`e.code == "too_large"`).
     pub code: PublishCode,

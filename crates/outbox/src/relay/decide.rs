@@ -45,6 +45,11 @@ impl Policy {
 /// a breaker is open).
 const UNAVAILABLE_RETRY: Duration = Duration::from_millis(500);
 
+/// The longest delay a destination's `retry_after` can put on a retry: 24 hours (a longer
+/// one, or one past what a timestamp holds, would park the row; the stores' date columns
+/// could not take it).
+pub(crate) const MAX_RETRY_DELAY: Duration = Duration::from_secs(24 * 3600);
+
 /// Splits a claim's messages into those to publish and those already past
 /// `max_attempts` (earlier claims ended without an outcome: the relay crashed or lost its
 /// lease each time), which are quarantined unpublished.
@@ -118,7 +123,10 @@ pub(crate) fn decide(
             Ok(()) => s.dispatched.push(m.id),
             Err(e) if e.kind == ErrorKind::Unavailable => s.retries.push(Retry {
                 id: m.id,
-                delay: e.retry_after.unwrap_or(UNAVAILABLE_RETRY),
+                delay: e
+                    .retry_after
+                    .unwrap_or(UNAVAILABLE_RETRY)
+                    .min(MAX_RETRY_DELAY),
                 error: e.to_string(),
                 refund_attempt: true,
             }),
@@ -126,7 +134,7 @@ pub(crate) fn decide(
                 let mut delay =
                     backoff::jittered(m.attempts, policy.backoff_base, policy.backoff_max);
                 if let Some(after) = e.retry_after {
-                    delay = delay.max(after);
+                    delay = delay.max(after.min(MAX_RETRY_DELAY));
                 }
                 s.retries.push(Retry {
                     id: m.id,
@@ -259,6 +267,22 @@ mod tests {
         let s = decide(&batch, &outcomes, &[], Ending::Finished, &POLICY);
         assert_eq!(s.retries[0].delay, Duration::from_secs(30));
         assert!(!s.retries[0].refund_attempt);
+    }
+
+    #[test]
+    fn a_retry_after_beyond_a_day_is_cut_to_a_day() {
+        let batch = [msg(1, 1), msg(2, 1)];
+        let outcomes = vec![
+            Some(Err(
+                PublishError::transient("later").with_retry_after(Duration::MAX)
+            )),
+            Some(Err(
+                PublishError::unavailable("down").with_retry_after(Duration::MAX)
+            )),
+        ];
+        let s = decide(&batch, &outcomes, &[], Ending::Finished, &POLICY);
+        assert_eq!(s.retries[0].delay, MAX_RETRY_DELAY);
+        assert_eq!(s.retries[1].delay, MAX_RETRY_DELAY);
     }
 
     #[test]

@@ -350,6 +350,14 @@ pub trait Sink: Send + Sync + 'static {
             .collect()
     }
 
+    /// How long the router waits for one publish of this sink, given the relay's publish
+    /// timeout (`RelayConfig::publish_timeout`): that timeout, unless the sink bounds its
+    /// own work otherwise (a job [`Handler`](crate::job::Handler) bounds each job by its
+    /// own timeout and answers for the rest itself).
+    fn publish_timeout(&self, relay: std::time::Duration) -> std::time::Duration {
+        relay
+    }
+
     /// Flushes and closes; called once when the relay stops.
     async fn close(&self) {}
 

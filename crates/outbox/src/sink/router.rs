@@ -495,6 +495,7 @@ impl Router {
             return;
         }
         let sent = Instant::now();
+        let timeout = sink.publish_timeout(timeout);
         // Done when the sink returns, or as soon as every message has its outcome (a sink
         // may still be tidying up), or at the timeout.
         let finished = tokio::time::timeout(timeout, async {
@@ -581,7 +582,9 @@ impl Router {
                     }
                 }
                 // Nothing sent: says nothing about the destination's health.
-                Some(Err(e)) if e.kind == ErrorKind::Unavailable && e.code == PublishCode::InFlight => {}
+                Some(Err(e))
+                    if e.kind == ErrorKind::Unavailable
+                        && matches!(e.code, PublishCode::InFlight | PublishCode::NotStarted) => {}
                 Some(Err(e)) if e.kind == ErrorKind::Unavailable => {
                     unavailable += 1;
                     retry_after = retry_after.max(e.retry_after);

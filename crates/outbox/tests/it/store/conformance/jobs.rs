@@ -343,3 +343,64 @@ pub(crate) async fn shutdown_waits_for_running_jobs_and_gives_back_the_rest<B: B
         "given back, attempt refunded: {long:?}"
     );
 }
+
+/// Jobs wait for a slot at most the handler's timeout: those a batch cannot start in time
+/// are given back unstarted, their attempt refunded, and run later; none is charged for
+/// waiting and none is cut short. The relay's publish timeout does not bound handlers: a
+/// job longer than it, within the handler's own timeout, runs to the end once.
+pub(crate) async fn jobs_behind_the_concurrency_limit_cost_no_attempts<B: Backend>() {
+    let b = B::create("jobs_queued", DEFAULT_MAX).await;
+    let store = b.store();
+    let runs: Arc<Mutex<HashMap<Uuid, u32>>> = Arc::default();
+    let (r1, r2) = (runs.clone(), runs.clone());
+    let router = Router::builder()
+        .handle(
+            "jobs.queued",
+            Handler::new("queued", move |job: Job| {
+                *r1.lock().unwrap().entry(job.message_id).or_default() += 1;
+                async move {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Ok(())
+                }
+            })
+            .concurrency(1)
+            .timeout(Duration::from_secs(1)),
+        )
+        .handle(
+            "jobs.long",
+            Handler::new("long", move |job: Job| {
+                *r2.lock().unwrap().entry(job.message_id).or_default() += 1;
+                async move {
+                    tokio::time::sleep(Duration::from_millis(1_500)).await;
+                    Ok(())
+                }
+            })
+            .timeout(Duration::from_secs(10)),
+        )
+        .build()
+        .unwrap();
+    let mut cfg = jobs_config("jobs-queued");
+    cfg.max_attempts = 1;
+    cfg.publish_timeout = Duration::from_secs(1);
+    let handle = Relay::with_router(store.clone(), router, cfg).spawn();
+    // 15 jobs of 100 ms, one at a time: more than one timeout's worth in one claim.
+    let queued = b.enqueue_all(&messages("jobs.queued", 15)).await;
+    let long = b.enqueue_all(&messages("jobs.long", 1)).await;
+    crate::common::wait_settled("16 jobs done", &store, 16, 0, Duration::from_secs(60)).await;
+    let stats = handle.shutdown().await.unwrap();
+    assert!(
+        stats.retried >= 1,
+        "some jobs were given back unstarted: {stats:?}"
+    );
+    let runs = runs.lock().unwrap().clone();
+    for e in queued.iter().chain(&long) {
+        assert_eq!(runs.get(&e.message_id), Some(&1), "each job ran once");
+    }
+    for r in rows_of(&b, "jobs.queued")
+        .await
+        .into_iter()
+        .chain(rows_of(&b, "jobs.long").await)
+    {
+        assert_eq!((r.status, r.attempts), (status::DISPATCHED, 1), "{r:?}");
+    }
+}

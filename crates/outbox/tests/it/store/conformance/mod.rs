@@ -574,6 +574,7 @@ macro_rules! conformance_cases {
             a_job_past_its_timeout_counts_like_a_publish_timeout,
             job_handlers_keep_their_concurrency_limit,
             shutdown_waits_for_running_jobs_and_gives_back_the_rest,
+            jobs_behind_the_concurrency_limit_cost_no_attempts,
         );
     };
     (@each $backend:ty; $($case:ident),* $(,)?) => {
