@@ -8,7 +8,8 @@
 //! cargo run -p outbox --example jobs                 # sign up 3 users, run their jobs, exit
 //! cargo run -p outbox --example jobs -- signup 100   # only write 100 sign-ups
 //! cargo run -p outbox --example jobs -- work         # run jobs until Ctrl-C
-//! cargo run -p outbox --example jobs -- work --drain # run the jobs due, then exit
+//! cargo run -p outbox --example jobs -- work --drain # run the jobs due, then exit (jobs
+//!                                                    # waiting for a retry stay pending)
 //! ```
 //!
 //! What each outcome of the handler does: `Ok` marks the job done; an error returned with
@@ -27,9 +28,9 @@ use outbox::sink::router::Router;
 use outbox::sqlite::SqliteStore;
 use outbox::store::prelude::*;
 use outbox::{Accepted, Message, Relay, RelayConfig, StoreConfig};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 /// The job's payload.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -95,14 +96,14 @@ pub async fn send_welcome(store: SqliteStore, job: Job, delay: Duration) -> Resu
     Ok(())
 }
 
-/// Runs the jobs until `cancel` fires (or, with `drain`, until none is due); returns how
-/// many ran to success.
+/// Runs the jobs until `stop` completes (or, with `drain`, until none is due: jobs waiting
+/// for a retry stay pending); returns how many ran to success.
 pub async fn work(
     store: SqliteStore,
     drain: bool,
     lease: Duration,
     delay: Duration,
-    cancel: CancellationToken,
+    stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<u64, Box<dyn std::error::Error + Send + Sync>> {
     let handler_store = store.clone();
     let router = Router::builder()
@@ -121,9 +122,14 @@ pub async fn work(
         lease,
         ..RelayConfig::default()
     };
-    let stats = Relay::with_router(Arc::new(store), router, config)
-        .run(cancel)
-        .await?;
+    let relay = Relay::with_router(Arc::new(store), router, config).spawn();
+    let token = relay.cancellation_token();
+    let stopper = tokio::spawn(async move {
+        stop.await;
+        token.cancel(); // a graceful shutdown: running jobs get the grace, the rest go back
+    });
+    let stats = relay.wait().await?;
+    stopper.abort();
     Ok(stats.dispatched)
 }
 
@@ -147,12 +153,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     );
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let cancel = CancellationToken::new();
-    let on_signal = cancel.clone();
-    tokio::spawn(async move {
+    let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
-        on_signal.cancel();
-    });
+    };
     match args.as_slice() {
         ["signup", n] => {
             let n: u32 = n
@@ -161,11 +164,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             for i in 0..n {
                 sign_up(&store, &format!("user{i}@example.com")).await?;
             }
+            println!("{n} sign-ups written, each with its welcome job");
         }
-        ["work"] => drop(work(store, false, lease, delay, cancel).await?),
+        ["work"] => println!(
+            "{} jobs ran",
+            work(store, false, lease, delay, ctrl_c).await?
+        ),
         ["work", "--drain"] => println!(
             "{} jobs ran",
-            work(store, true, lease, delay, cancel).await?
+            work(store, true, lease, delay, ctrl_c).await?
         ),
         [] => {
             for email in ["ada@example.com", "grace@example.com", "edsger@example.com"] {
@@ -173,7 +180,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             }
             println!(
                 "{} jobs ran",
-                work(store, true, lease, delay, cancel).await?
+                work(store, true, lease, delay, ctrl_c).await?
             );
         }
         _ => return Err("usage: jobs [signup N | work [--drain]]".into()),

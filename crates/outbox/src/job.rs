@@ -141,14 +141,15 @@ pub struct Job {
 impl Job {
     /// A job of `topic` and `payload` as a relay would hand it over for its first attempt:
     /// a new message id, no key, no headers, enqueued now. For testing handlers.
-    pub fn new(topic: impl Into<String>, payload: impl Into<Bytes>) -> Self {
+    /// `payload` is anything that reads as bytes (`b"…"`, `&str`, `String`, `Vec<u8>`).
+    pub fn new(topic: impl Into<String>, payload: impl AsRef<[u8]>) -> Self {
         Job {
             id: 0,
             message_id: Uuid::now_v7(),
             topic: topic.into(),
             key: None,
             headers: BTreeMap::new(),
-            payload: payload.into(),
+            payload: Bytes::copy_from_slice(payload.as_ref()),
             occurred_at: Utc::now(),
             attempt: 1,
         }
@@ -182,7 +183,8 @@ impl Job {
 ///
 /// Any `std::error::Error` converts into a retried one, so `?` works in a handler on the
 /// errors of the libraries it calls. It does not implement `std::error::Error` itself
-/// (that conversion would then conflict with the identity one).
+/// (that conversion would then conflict with the identity one), but converts into
+/// `Box<dyn Error>` (and `+ Send + Sync`), so `?` works on it in a test or `main` too.
 pub struct JobError {
     permanent: bool,
     message: String,
@@ -235,6 +237,31 @@ impl<E: std::error::Error> From<E> for JobError {
     }
 }
 
+/// A [`JobError`] as a `std::error::Error`: what `?` turns it into in a function that
+/// returns `Box<dyn Error>` (a test of a handler, `main`).
+#[derive(Debug)]
+struct FailedJob(String);
+
+impl fmt::Display for FailedJob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for FailedJob {}
+
+impl From<JobError> for Box<dyn std::error::Error + Send + Sync> {
+    fn from(e: JobError) -> Self {
+        Box::new(FailedJob(e.to_string()))
+    }
+}
+
+impl From<JobError> for Box<dyn std::error::Error> {
+    fn from(e: JobError) -> Self {
+        Box::new(FailedJob(e.to_string()))
+    }
+}
+
 impl fmt::Debug for JobError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JobError")
@@ -246,8 +273,10 @@ impl fmt::Debug for JobError {
 }
 
 impl fmt::Display for JobError {
+    /// `permanent: …` or `retry: …` and the message.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
+        let kind = if self.permanent { "permanent" } else { "retry" };
+        write!(f, "{kind}: {}", self.message)
     }
 }
 
@@ -425,6 +454,13 @@ impl Sink for Handler {
         self.timeout
             .saturating_mul(2)
             .saturating_add(Duration::from_secs(1))
+    }
+
+    fn slow_hint(&self) -> String {
+        format!(
+            "if its jobs need longer, raise the handler's timeout (Handler::timeout, now {:?})",
+            self.timeout
+        )
     }
 
     fn describe(&self) -> String {

@@ -177,6 +177,9 @@ pub use store::{
     AnyStore, Counts, Maintenance, Operations, Registry, Relaying, SettleShortcuts, Store,
     StoreConfig, Views,
 };
+/// The token that stops a relay ([`Relay::run`]), re-exported so that a service needs no
+/// direct dependency on `tokio-util` for it.
+pub use tokio_util::sync::CancellationToken;
 
 #[cfg(feature = "mysql")]
 pub use store::mysql;

@@ -358,6 +358,12 @@ pub trait Sink: Send + Sync + 'static {
         relay
     }
 
+    /// What to change when this destination keeps taking messages and not answering in
+    /// time (the router's "timed out after the request was sent" errors and warnings).
+    fn slow_hint(&self) -> String {
+        "if it is this slow, raise --publish-timeout-ms and the sink's own timeout (a webhook's outbox_timeout_ms)".to_owned()
+    }
+
     /// Flushes and closes; called once when the relay stops.
     async fn close(&self) {}
 

@@ -558,8 +558,9 @@ impl Router {
                         } else {
                             after_send += 1;
                             *slot = Some(Err(PublishError::transient(format!(
-                                "timed out after the request was sent: {} (the destination took it and did not answer in time; if it is this slow, raise --publish-timeout-ms and the sink's own timeout)",
-                                e.message
+                                "timed out after the request was sent: {} (the destination took it and did not answer in time; {})",
+                                e.message,
+                                sink.slow_hint()
                             ))
                             .with_code(PublishCode::TimedOutAfterSend)));
                         }
@@ -608,7 +609,8 @@ impl Router {
                     destination = %sink.describe(),
                     timed_out = health.slow_unwarned,
                     timeout = ?timeout,
-                    "messages were sent and not answered within the publish timeout: the destination is reachable but slow (not an outage); each message is sent once at a time and, after {TIMEOUT_REFUNDS} such timeouts, counts attempts; if the destination is expected to take this long, raise --publish-timeout-ms and the sink's own timeout (a webhook's outbox_timeout_ms)"
+                    hint = %sink.slow_hint(),
+                    "messages were sent and not answered within the publish timeout: the destination is reachable but slow (not an outage); each message is sent once at a time and, after {TIMEOUT_REFUNDS} such timeouts, counts attempts"
                 );
                 health.slow_warned = Some(Instant::now());
                 health.slow_unwarned = 0;

@@ -40,12 +40,15 @@ pub mod sqlite;
 
 pub use seam::{Maintenance, Operations, Registry, Relaying, SettleShortcuts, Store, Views};
 
-/// The store seam's traits, for code that calls them on a concrete store
-/// (`use outbox::store::prelude::*;`).
+/// The store seam's traits, and the producer's and consumer's ([`crate::events::Enqueue`]:
+/// `enqueue_in`, `enqueue_alone`; [`crate::inbox::Inbox`]: `accept_in`), for code that calls
+/// them on a concrete store (`use outbox::store::prelude::*;`).
 pub mod prelude {
     pub use super::seam::{
         Maintenance, Operations, Registry, Relaying, SettleShortcuts, Store, Views,
     };
+    pub use crate::events::Enqueue;
+    pub use crate::inbox::Inbox;
 }
 
 pub use ops::{

@@ -11,7 +11,6 @@ use crate::common::wait_until;
 use std::io::BufRead as _;
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 /// The database URL a worker process runs against (set only for the child).
 const CHILD: &str = "OUTBOX_TEST_JOBS_WORKER_URL";
@@ -33,7 +32,7 @@ async fn jobs_worker_process() {
         false,
         LEASE,
         Duration::from_secs(3600),
-        CancellationToken::new(),
+        std::future::pending(),
     )
     .await
     .unwrap();
@@ -104,13 +103,15 @@ async fn a_worker_killed_mid_job_loses_no_job() {
     );
 
     // Another worker: after the lease, every job runs, each e-mail once.
-    let cancel = CancellationToken::new();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let worker = tokio::spawn(example::work(
         store.clone(),
         false,
         Duration::from_secs(30),
         Duration::ZERO,
-        cancel.clone(),
+        async {
+            let _ = stopped.await;
+        },
     ));
     wait_until("6 welcome e-mails", Duration::from_secs(30), || {
         let pool = pool.clone();
@@ -122,7 +123,7 @@ async fn a_worker_killed_mid_job_loses_no_job() {
         }
     })
     .await;
-    cancel.cancel();
+    stop.send(()).unwrap();
     assert_eq!(worker.await.unwrap().unwrap(), 6);
     let rows: Vec<(String, i64, i64)> = sqlx::query_as(
         "SELECT m.message_id, m.status, m.attempts FROM outbox_messages m

@@ -229,6 +229,10 @@ pub(crate) async fn a_job_past_its_timeout_counts_like_a_publish_timeout<B: Back
     assert_eq!(row.status, status::DEAD, "{row:?}");
     let err = row.last_error.clone().unwrap_or_default();
     assert!(err.contains("ran past its timeout of 100ms"), "{err}");
+    assert!(
+        err.contains("Handler::timeout") && !err.contains("--publish-timeout-ms"),
+        "the hint names the handler's timeout, not the relay's: {err}"
+    );
     let runs = calls.load(Ordering::SeqCst);
     let refunds = outbox::sink::router::TIMEOUT_REFUNDS as usize;
     assert_eq!(
