@@ -408,3 +408,69 @@ pub(crate) async fn jobs_behind_the_concurrency_limit_cost_no_attempts<B: Backen
         assert_eq!((r.status, r.attempts), (status::DISPATCHED, 1), "{r:?}");
     }
 }
+
+/// A relay that dies while its handlers run (its task dropped: no settle, no release, as
+/// a SIGKILL leaves it) leaves the jobs claimed; after the lease another relay runs each
+/// again, same message id, as attempt 2, and marks it done.
+pub(crate) async fn a_relay_killed_mid_job_leaves_it_to_run_again_after_the_lease<B: Backend>() {
+    let b = B::create("jobs_killed", DEFAULT_MAX).await;
+    let store = b.store();
+    let first: Arc<Mutex<Vec<Uuid>>> = Arc::default();
+    let f = first.clone();
+    let router = Router::builder()
+        .handle(
+            "jobs.>",
+            Handler::new("hangs", move |job: Job| {
+                f.lock().unwrap().push(job.message_id);
+                std::future::pending::<Result<(), JobError>>()
+            }),
+        )
+        .build()
+        .unwrap();
+    let mut cfg = jobs_config("jobs-killed");
+    cfg.lease = Duration::from_secs(1);
+    let killed = tokio::spawn(
+        Relay::with_router(store.clone(), router, cfg).run(outbox::CancellationToken::new()),
+    );
+    let jobs = b.enqueue_all(&messages("jobs.killed", 3)).await;
+    wait_until("3 jobs running", Duration::from_secs(10), || {
+        let f = first.clone();
+        async move {
+            match f.lock().unwrap().len() {
+                3 => Ok(()),
+                n => Err(format!("{n} running")),
+            }
+        }
+    })
+    .await;
+    killed.abort();
+    assert!(killed.await.unwrap_err().is_cancelled());
+    for r in rows_of(&b, "jobs.killed").await {
+        assert_eq!(r.attempts, 1, "{r:?}");
+        assert!(
+            r.claim_token.is_some() && r.status < status::DISPATCHED,
+            "still claimed: {r:?}"
+        );
+    }
+
+    let again: Arc<Mutex<Vec<(Uuid, i32)>>> = Arc::default();
+    let a = again.clone();
+    let router = Router::builder()
+        .handle(
+            "jobs.>",
+            Handler::new("quick", move |job: Job| {
+                a.lock().unwrap().push((job.message_id, job.attempt));
+                async { Ok(()) }
+            }),
+        )
+        .build()
+        .unwrap();
+    let handle = Relay::with_router(store.clone(), router, jobs_config("jobs-after")).spawn();
+    crate::common::wait_settled("3 jobs done", &store, 3, 0, Duration::from_secs(20)).await;
+    handle.shutdown().await.unwrap();
+    let mut again = again.lock().unwrap().clone();
+    again.sort();
+    let mut expected: Vec<(Uuid, i32)> = jobs.iter().map(|e| (e.message_id, 2)).collect();
+    expected.sort();
+    assert_eq!(again, expected, "each job once more, same id, attempt 2");
+}

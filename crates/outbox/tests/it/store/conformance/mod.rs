@@ -575,6 +575,7 @@ macro_rules! conformance_cases {
             job_handlers_keep_their_concurrency_limit,
             shutdown_waits_for_running_jobs_and_gives_back_the_rest,
             jobs_behind_the_concurrency_limit_cost_no_attempts,
+            a_relay_killed_mid_job_leaves_it_to_run_again_after_the_lease,
         );
     };
     (@each $backend:ty; $($case:ident),* $(,)?) => {
