@@ -536,6 +536,11 @@ impl Database {
     }
 
     /// The messages table as SQL, and how its message id reads as text.
+    /// The store over this database, as the checker opens it.
+    async fn store(&self) -> outbox::Result<AnyStore> {
+        AnyStore::connect(&self.url, StoreConfig::default()).await
+    }
+
     fn messages(&self) -> (&'static str, &'static str) {
         match self.kind {
             StoreKind::Postgres => ("outbox.messages", "message_id::text"),
@@ -1259,68 +1264,73 @@ async fn read_stream(port: u16) -> Vec<Delivery> {
 }
 
 /// A row of the messages table at the end: (logical state, attempts).
+/// `sqlx::query_as(sql).fetch_all(…)` on the pool of whichever store `$store` (an
+/// [`AnyStore`]) is; the row type comes from the caller.
+macro_rules! fetch_all {
+    ($store:expr, $sql:expr) => {
+        match &$store {
+            AnyStore::Postgres(s) => {
+                sqlx::query_as(sqlx::AssertSqlSafe($sql))
+                    .fetch_all(s.pool())
+                    .await
+            }
+            AnyStore::MySql(s) => {
+                sqlx::query_as(sqlx::AssertSqlSafe($sql))
+                    .fetch_all(s.pool())
+                    .await
+            }
+            AnyStore::Sqlite(s) => {
+                sqlx::query_as(sqlx::AssertSqlSafe($sql))
+                    .fetch_all(s.pool())
+                    .await
+            }
+            _ => unreachable!("the soak opens PostgreSQL, MariaDB or SQLite"),
+        }
+    };
+}
+
 /// The rows still live (pending or claimed) at the end, grouped by topic, state, attempts,
 /// whether they are due and the start of their last error: what a failed verdict needs to
 /// say why they were not delivered.
 async fn live_rows_detail(db: &Database) -> Vec<String> {
     let (table, _) = db.messages();
     let state = "CASE WHEN claim_token IS NULL THEN 'pending' ELSE 'claimed' END";
-    let (due, lease) = match db.kind {
+    // Per dialect: the clock, the text of "due in N s", the text type.
+    let sqlite_now = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)";
+    let (now, due_in, text) = match db.kind {
         StoreKind::Postgres => (
-            "CASE WHEN available_at <= now() THEN 'due' \
-             ELSE 'due in ' || ceil(extract(epoch FROM max(available_at) - now()))::text || ' s' END",
-            "coalesce(bool_or(locked_until > now()), false)::int",
+            "now()",
+            "'due in ' || ceil(extract(epoch FROM max(available_at) - now()))::text || ' s'"
+                .to_owned(),
+            "TEXT",
         ),
         StoreKind::MySql => (
-            "CASE WHEN max(available_at) <= now(6) THEN 'due' \
-             ELSE concat('due in ', ceil(timestampdiff(microsecond, now(6), max(available_at)) / 1e6), ' s') END",
-            "coalesce(max(locked_until > now(6)), 0)",
+            "now(6)",
+            "concat('due in ', ceil(timestampdiff(microsecond, now(6), max(available_at)) / 1e6), ' s')"
+                .to_owned(),
+            "CHAR",
         ),
         StoreKind::Sqlite => (
-            "CASE WHEN max(available_at) <= CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) THEN 'due' \
-             ELSE 'due in ' || ((max(available_at) - CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)) / 1000 + 1) || ' s' END",
-            "coalesce(max(locked_until > CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)), 0)",
+            sqlite_now,
+            format!("'due in ' || ((max(available_at) - {sqlite_now}) / 1000 + 1) || ' s'"),
+            "TEXT",
         ),
     };
-    let due = if db.kind == StoreKind::Postgres {
-        due.replace("WHEN available_at", "WHEN max(available_at)")
-    } else {
-        due.to_owned()
-    };
+    let due = format!("CASE WHEN max(available_at) <= {now} THEN 'due' ELSE {due_in} END");
+    let lease = format!("coalesce(max(CASE WHEN locked_until > {now} THEN 1 ELSE 0 END), 0)");
     let sql = format!(
-        "SELECT CAST(topic AS CHAR), CAST({state} AS CHAR), CAST(attempts AS CHAR), CAST({due} AS CHAR), \
-                CAST({lease} AS CHAR), CAST(coalesce(substr(max(last_error), 1, 120), '') AS CHAR), \
-                CAST(count(*) AS CHAR) \
+        "SELECT CAST(topic AS {text}), CAST({state} AS {text}), CAST(attempts AS {text}), \
+                CAST({due} AS {text}), CAST({lease} AS {text}), \
+                CAST(coalesce(substr(max(last_error), 1, 120), '') AS {text}), \
+                CAST(count(*) AS {text}) \
          FROM {table} WHERE status <= 1 \
          GROUP BY topic, {state}, attempts ORDER BY count(*) DESC LIMIT 20"
-    )
-    .replace("AS CHAR", if db.kind == StoreKind::Postgres { "AS TEXT" } else { "AS CHAR" });
-    let sql = if db.kind == StoreKind::Sqlite {
-        sql.replace("AS CHAR", "AS TEXT")
-    } else {
-        sql
-    };
+    );
     type Row = (String, String, String, String, String, String, String);
-    let rows: Result<Vec<Row>, sqlx::Error> =
-        match AnyStore::connect(&db.url, StoreConfig::default()).await {
-            Ok(AnyStore::Postgres(s)) => {
-                sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                    .fetch_all(s.pool())
-                    .await
-            }
-            Ok(AnyStore::MySql(s)) => {
-                sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                    .fetch_all(s.pool())
-                    .await
-            }
-            Ok(AnyStore::Sqlite(s)) => {
-                sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                    .fetch_all(s.pool())
-                    .await
-            }
-            Ok(_) => unreachable!(),
-            Err(e) => return vec![format!("cannot open the store: {e}")],
-        };
+    let rows: Result<Vec<Row>, sqlx::Error> = match db.store().await {
+        Ok(store) => fetch_all!(store, sql),
+        Err(e) => return vec![format!("cannot open the store: {e}")],
+    };
     match rows {
         Ok(rows) => rows
             .into_iter()
@@ -1356,28 +1366,11 @@ async fn read_rows(db: &Database) -> HashMap<String, (i64, i64)> {
         }
         StoreKind::Sqlite => format!("SELECT {id}, {state}, attempts FROM {table}"),
     };
-    let mut out = HashMap::new();
-    macro_rules! rows {
-        ($pool:expr) => {{
-            let rows: Vec<(String, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
-                .fetch_all($pool)
-                .await
-                .expect("messages");
-            for (id, state, attempts) in rows {
-                out.insert(id, (state, attempts));
-            }
-        }};
-    }
-    match AnyStore::connect(&db.url, StoreConfig::default())
-        .await
-        .expect("store")
-    {
-        AnyStore::Postgres(s) => rows!(s.pool()),
-        AnyStore::MySql(s) => rows!(s.pool()),
-        AnyStore::Sqlite(s) => rows!(s.pool()),
-        _ => unreachable!(),
-    }
-    out
+    let store = db.store().await.expect("store");
+    let rows: Vec<(String, i64, i64)> = fetch_all!(store, sql).expect("messages");
+    rows.into_iter()
+        .map(|(id, state, attempts)| (id, (state, attempts)))
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------

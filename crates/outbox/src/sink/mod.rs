@@ -144,27 +144,20 @@ impl Confirmations {
     /// Records message `i`'s outcome. Returns false (and changes nothing) when the slot
     /// already had one or `i` is out of range.
     pub fn set(&self, i: usize, outcome: Result<(), PublishError>) -> bool {
-        let Some(g) = self.global(i) else {
-            return false;
-        };
-        let mut slots = self.lock();
-        match slots.outcome.get_mut(g) {
-            Some(slot @ None) => {
-                *slot = Some(outcome);
-                slots.at[g] = Some(std::time::Instant::now());
-                drop(slots);
-                self.filled.notify_waiters();
-                true
-            }
-            _ => false,
-        }
+        self.fill(std::iter::once((i, outcome))) == 1
     }
 
     /// Records several outcomes under one lock with one wake-up (what
     /// [`Confirmations::set`] does for each, for outcomes known together). Slots that
     /// already had one, or are out of range, are left as they were.
     pub fn set_many(&self, outcomes: impl IntoIterator<Item = (usize, Result<(), PublishError>)>) {
-        let mut filled = false;
+        self.fill(outcomes);
+    }
+
+    /// Fills the empty slots among `outcomes` under one lock, wakes the waiters once if any
+    /// was filled, and returns how many were.
+    fn fill(&self, outcomes: impl IntoIterator<Item = (usize, Result<(), PublishError>)>) -> usize {
+        let mut filled = 0;
         {
             let mut slots = self.lock();
             let now = std::time::Instant::now();
@@ -173,13 +166,14 @@ impl Confirmations {
                 if let Some(slot @ None) = slots.outcome.get_mut(g) {
                     *slot = Some(outcome);
                     slots.at[g] = Some(now);
-                    filled = true;
+                    filled += 1;
                 }
             }
         }
-        if filled {
+        if filled > 0 {
             self.filled.notify_waiters();
         }
+        filled
     }
 
     /// Records that message `i` was handed to the destination (written to a connection
