@@ -417,10 +417,23 @@ async fn one_connection_store(db: &PgBackend) -> (PgPool, PgStore) {
 /// A claim writes no indexed column (schema version 10), so PostgreSQL updates every
 /// claimed row in place, as a heap-only tuple with no index entry; a lease renewal too.
 /// The table's statistics count each such update as HOT.
+///
+/// Each row is updated twice here. At the schema's fillfactor (50) its page has room for
+/// one new version per row; the second fits only once the first's dead version is pruned,
+/// which an open transaction elsewhere on the server can prevent (other tests run
+/// beside this one). The test's table is filled to 30% so that both versions fit without
+/// pruning: what is measured is that no update writes an index entry.
 #[tokio::test]
 async fn postgres_claim_and_renew_update_rows_in_place() {
     const N: usize = 200;
     let db = PgBackend::create("hotclaim", crate::store::conformance::DEFAULT_MAX).await;
+    sqlx::query(AssertSqlSafe(format!(
+        "ALTER TABLE {}.messages SET (fillfactor = 30)",
+        db.s()
+    )))
+    .execute(&db.app)
+    .await
+    .unwrap();
     // One connection, so the statistics it keeps can be flushed on demand.
     let (pool, store) = one_connection_store(&db).await;
     let msgs: Vec<Message> = (0..N)
